@@ -1,0 +1,396 @@
+//! The training-job configuration: one schema for TOML parsing, defaults and validation.
+//!
+//! Invariants:
+//! - CF-1: the defaults of every section are the quickstart job; an empty TOML file is valid.
+//! - CF-2: an unknown key anywhere is an error naming that key (serde `deny_unknown_fields`).
+//! - CF-3: `TrainConfig::validate` rejects every out-of-range value with an error that names the
+//!   key as it is written in TOML (`section.key`) and the allowed range.
+//! - CF-4: `TrainConfig::config_hash` is a stable function of the effective configuration; it is
+//!   recorded in every checkpoint so that a resume under a different config can be detected.
+
+use keel_learner::{Algo, LearnerConfig, ModelConfig};
+use serde::{Deserialize, Serialize};
+
+/// An invalid configuration value, naming the TOML key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be parsed (syntax, unknown key, wrong type).
+    #[error("config is not valid TOML for keel: {0}")]
+    Parse(String),
+    /// A value is out of its allowed range.
+    #[error("config key `{key}`: {reason}")]
+    OutOfRange {
+        /// The key as written in TOML, e.g. `rollout.group_size`.
+        key: String,
+        /// What is allowed and what was given.
+        reason: String,
+    },
+}
+
+/// Whether generation waits for the learner (sync) or runs ahead of it (async).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Generate with version v, train, publish v+1, repeat: every token is on-policy.
+    Sync,
+    /// Generators sample while the learner trains, at most `staleness_bound` versions behind.
+    Async,
+}
+
+/// `[run]`: the job as a whole.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    /// Name of the run (recorded in every batch).
+    pub name: String,
+    /// Seed of everything: model init, task order, sampling, minibatch order.
+    pub seed: u64,
+    /// Number of RL steps (learner updates) in total.
+    pub steps: u64,
+    /// `sync` or `async`.
+    pub mode: Mode,
+    /// Async mode: the most policy versions between a sampled token and the update using it.
+    pub staleness_bound: u64,
+    /// Commit a checkpoint every this many RL steps (and at the end).
+    pub checkpoint_every: u64,
+    /// `cpu`, `cuda` or `auto` (CUDA when available).
+    pub device: String,
+    /// Torch intra-op threads (0 = torch's default).
+    pub threads: usize,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            name: "quickstart".into(),
+            seed: 7,
+            steps: 40,
+            mode: Mode::Sync,
+            staleness_bound: 1,
+            checkpoint_every: 10,
+            device: "auto".into(),
+            threads: 0,
+        }
+    }
+}
+
+/// `[env]`: which environment and how hard.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvSection {
+    /// Environment name (`keel env list`): `calc`.
+    pub name: String,
+    /// Number of operations per task (the horizon is n_ops + 1 turns).
+    pub n_ops: usize,
+}
+
+impl Default for EnvSection {
+    fn default() -> Self {
+        Self { name: "calc".into(), n_ops: 2 }
+    }
+}
+
+/// `[model]`: the built-in decoder-only transformer (vocabulary comes from the env).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Longest token sequence (prompt + all turns).
+    pub context_len: usize,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Residual width.
+    pub d_model: usize,
+    /// Attention heads (must divide d_model).
+    pub n_head: usize,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self { context_len: 64, n_layer: 2, d_model: 64, n_head: 4 }
+    }
+}
+
+/// `[sft]`: the warm start on noised oracle demonstrations.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftSection {
+    /// Optimizer steps (0 skips the warm start).
+    pub steps: u64,
+    /// Demonstrations per step.
+    pub batch_size: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Demonstrations generated (from train task seeds).
+    pub demos: usize,
+    /// Probability that a demonstrated turn is replaced by a plausible mistake.
+    pub noise: f64,
+}
+
+impl Default for SftSection {
+    fn default() -> Self {
+        Self { steps: 150, batch_size: 32, lr: 3e-3, demos: 2000, noise: 0.3 }
+    }
+}
+
+/// `[rollout]`: how generators sample.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Distinct tasks per rollout batch.
+    pub tasks_per_batch: usize,
+    /// Episodes per task (a GRPO group).
+    pub group_size: usize,
+    /// Sampling temperature (1.0 = the policy itself).
+    pub temperature: f64,
+    /// Most tokens the model may emit in one turn.
+    pub max_turn_tokens: usize,
+    /// Generator actors.
+    pub generators: usize,
+    /// Environment-shard actors.
+    pub env_shards: usize,
+    /// Held-out tasks used for each evaluation.
+    pub eval_tasks: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            tasks_per_batch: 16,
+            group_size: 8,
+            temperature: 1.0,
+            max_turn_tokens: 6,
+            generators: 1,
+            env_shards: 1,
+            eval_tasks: 256,
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Serve `/metrics` at all.
+    pub enabled: bool,
+    /// Address to bind (loopback unless you mean otherwise).
+    pub bind: String,
+    /// Port (9464 by default; 0 picks a free port).
+    pub port: u16,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { enabled: true, bind: "127.0.0.1".into(), port: 9464 }
+    }
+}
+
+/// The whole job configuration (`keel config show` prints it).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// `[run]`
+    pub run: RunSection,
+    /// `[env]`
+    pub env: EnvSection,
+    /// `[model]`
+    pub model: ModelSection,
+    /// `[sft]`
+    pub sft: SftSection,
+    /// `[rollout]`
+    pub rollout: RolloutSection,
+    /// `[learner]`
+    pub learner: LearnerConfig,
+    /// `[metrics]`
+    pub metrics: MetricsSection,
+}
+
+/// The learner defaults of the quickstart (GRPO, tuned for the built-in tiny model).
+pub fn default_learner_config() -> LearnerConfig {
+    LearnerConfig {
+        algo: Algo::Grpo,
+        lr: 1e-3,
+        weight_decay: 0.0,
+        max_grad_norm: 1.0,
+        clip_low: 0.2,
+        clip_high: 0.28,
+        gamma: 1.0,
+        lam: 1.0,
+        value_coef: 0.5,
+        value_clip: 0.2,
+        entropy_coef: 0.0,
+        epochs: 1,
+        minibatches: 2,
+        grpo_normalize_std: true,
+    }
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            run: RunSection::default(),
+            env: EnvSection::default(),
+            model: ModelSection::default(),
+            sft: SftSection::default(),
+            rollout: RolloutSection::default(),
+            learner: default_learner_config(),
+            metrics: MetricsSection::default(),
+        }
+    }
+}
+
+fn range_err(key: &str, reason: String) -> ConfigError {
+    ConfigError::OutOfRange { key: key.into(), reason }
+}
+
+fn check_at_least(key: &str, value: u64, min: u64) -> Result<(), ConfigError> {
+    if value < min {
+        return Err(range_err(key, format!("must be at least {min}, got {value}")));
+    }
+    Ok(())
+}
+
+fn check_unit(key: &str, value: f64, lo_open: bool) -> Result<(), ConfigError> {
+    let ok = value.is_finite() && value <= 1.0 && if lo_open { value > 0.0 } else { value >= 0.0 };
+    if !ok {
+        let lo = if lo_open { "(0" } else { "[0" };
+        return Err(range_err(key, format!("must be in {lo}, 1], got {value}")));
+    }
+    Ok(())
+}
+
+impl TrainConfig {
+    /// Parses TOML text (CF-2) and validates it (CF-3).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: TrainConfig = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The effective configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    /// Checks every value's range (CF-3).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let r = &self.run;
+        if r.name.is_empty()
+            || !r.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(range_err("run.name", format!("must be non-empty [A-Za-z0-9_-], got {:?}", r.name)));
+        }
+        check_at_least("run.steps", r.steps, 1)?;
+        check_at_least("run.checkpoint_every", r.checkpoint_every, 1)?;
+        if r.mode == Mode::Async {
+            check_at_least("run.staleness_bound", r.staleness_bound, 1)?;
+        }
+        if !["cpu", "cuda", "auto"].contains(&r.device.as_str()) {
+            return Err(range_err("run.device", format!("must be cpu, cuda or auto, got {:?}", r.device)));
+        }
+        if self.env.name != "calc" {
+            return Err(range_err("env.name", format!("unknown environment {:?}; known: calc", self.env.name)));
+        }
+        if !(1..=4).contains(&self.env.n_ops) {
+            return Err(range_err("env.n_ops", format!("must be in 1..=4, got {}", self.env.n_ops)));
+        }
+        let m = &self.model;
+        check_at_least("model.context_len", m.context_len as u64, 16)?;
+        check_at_least("model.n_layer", m.n_layer as u64, 1)?;
+        check_at_least("model.n_head", m.n_head as u64, 1)?;
+        check_at_least("model.d_model", m.d_model as u64, 8)?;
+        if m.d_model % m.n_head != 0 {
+            return Err(range_err("model.d_model", format!("must be a multiple of model.n_head ({}), got {}", m.n_head, m.d_model)));
+        }
+        let s = &self.sft;
+        check_at_least("sft.batch_size", s.batch_size as u64, 1)?;
+        if s.steps > 0 {
+            check_at_least("sft.demos", s.demos as u64, 1)?;
+        }
+        check_unit("sft.lr", s.lr, true)?;
+        check_unit("sft.noise", s.noise, false)?;
+        let ro = &self.rollout;
+        check_at_least("rollout.tasks_per_batch", ro.tasks_per_batch as u64, 1)?;
+        check_at_least("rollout.group_size", ro.group_size as u64, 1)?;
+        check_at_least("rollout.max_turn_tokens", ro.max_turn_tokens as u64, 1)?;
+        check_at_least("rollout.generators", ro.generators as u64, 1)?;
+        check_at_least("rollout.env_shards", ro.env_shards as u64, 1)?;
+        check_at_least("rollout.eval_tasks", ro.eval_tasks as u64, 1)?;
+        if !(ro.temperature.is_finite() && ro.temperature > 0.0 && ro.temperature <= 10.0) {
+            return Err(range_err("rollout.temperature", format!("must be in (0, 10], got {}", ro.temperature)));
+        }
+        let horizon = (self.env.n_ops + 2) * (ro.max_turn_tokens + 3) + 16;
+        if horizon > m.context_len {
+            return Err(range_err(
+                "model.context_len",
+                format!("must be at least {horizon} for env.n_ops = {} and rollout.max_turn_tokens = {}, got {}", self.env.n_ops, ro.max_turn_tokens, m.context_len),
+            ));
+        }
+        self.learner.validate().map_err(|e| range_err("learner", e.to_string()))?;
+        if self.metrics.bind.parse::<std::net::IpAddr>().is_err() {
+            return Err(range_err("metrics.bind", format!("must be an IP address, got {:?}", self.metrics.bind)));
+        }
+        Ok(())
+    }
+
+    /// The model configuration for a vocabulary of `vocab_size` words.
+    pub fn model_config(&self, vocab_size: usize) -> ModelConfig {
+        ModelConfig {
+            vocab_size,
+            context_len: self.model.context_len,
+            n_layer: self.model.n_layer,
+            d_model: self.model.d_model,
+            n_head: self.model.n_head,
+            value_head: self.learner.algo == Algo::Ppo,
+        }
+    }
+
+    /// The staleness bound in force: 0 in sync mode.
+    pub fn staleness_bound(&self) -> u64 {
+        match self.run.mode {
+            Mode::Sync => 0,
+            Mode::Async => self.run.staleness_bound,
+        }
+    }
+
+    /// A stable hash of the effective configuration (CF-4), as 8 hex digits.
+    pub fn config_hash(&self) -> String {
+        let text = serde_json::to_string(self).unwrap_or_default();
+        format!("{:08x}", crc32fast::hash(text.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_toml_is_the_quickstart() {
+        let cfg = TrainConfig::from_toml("").expect("defaults are valid");
+        assert_eq!(cfg, TrainConfig::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = TrainConfig::from_toml("[rollout]\ngroup_sise = 4\n").unwrap_err().to_string();
+        assert!(err.contains("group_sise"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_value_is_named() {
+        let err = TrainConfig::from_toml("[rollout]\ngroup_size = 0\n").unwrap_err().to_string();
+        assert!(err.contains("rollout.group_size"), "{err}");
+        let err = TrainConfig::from_toml("[model]\nd_model = 30\nn_head = 4\n").unwrap_err().to_string();
+        assert!(err.contains("model.d_model"), "{err}");
+        let err = TrainConfig::from_toml("[run]\ndevice = \"tpu\"\n").unwrap_err().to_string();
+        assert!(err.contains("run.device"), "{err}");
+    }
+
+    #[test]
+    fn config_hash_is_stable_and_sensitive() {
+        let a = TrainConfig::default();
+        let mut b = TrainConfig::default();
+        assert_eq!(a.config_hash(), b.config_hash());
+        b.run.seed += 1;
+        assert_ne!(a.config_hash(), b.config_hash());
+    }
+}

@@ -1,0 +1,54 @@
+//! Errors of the actor runtime.
+
+use keel_envs::EnvError;
+use keel_learner::LearnerError;
+use keel_store::StoreError;
+
+/// Anything that can stop a training job.
+#[derive(Debug, thiserror::Error)]
+pub enum ActorError {
+    /// The object store failed (after its own retries).
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The learner failed (tch error, non-finite loss, bad checkpoint contents).
+    #[error("learner: {0}")]
+    Learner(#[from] LearnerError),
+    /// The environment layer failed (e.g. a word the tokenizer does not know).
+    #[error("environment: {0}")]
+    Env(#[from] EnvError),
+    /// The configuration is invalid.
+    #[error("config: {0}")]
+    Config(#[from] crate::config::ConfigError),
+    /// An actor's mailbox was closed (the actor died and was not restarted).
+    #[error("actor mailbox closed: {0}")]
+    Mailbox(String),
+    /// An actor kind panicked more often than its restart budget allows (SV-2).
+    #[error("{kind} actors restarted {restarts} times, over their budget of {budget}; see the log for the panics")]
+    RestartBudgetExhausted {
+        /// Actor kind.
+        kind: &'static str,
+        /// Restarts so far.
+        restarts: u32,
+        /// The budget.
+        budget: u32,
+    },
+    /// A batch was older than the staleness bound allows (AS-1).
+    #[error("batch {batch_seq} has a turn {lag} versions old, over the staleness bound {bound}")]
+    Stale {
+        /// The batch.
+        batch_seq: u64,
+        /// Its oldest turn's lag.
+        lag: u64,
+        /// The bound.
+        bound: u64,
+    },
+    /// A generator panicked mid-batch; the batch is retried.
+    #[error("generator panicked: {0}")]
+    GeneratorPanicked(String),
+    /// The checkpoint to resume from does not fit this run.
+    #[error("cannot resume: {0}")]
+    Resume(String),
+    /// A bug or an impossible state.
+    #[error("internal error: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,80 @@
+//! Progress events: what the runtime tells its front end (progress bar, logs, JSONL).
+
+use std::sync::Arc;
+
+use keel_learner::StepMetrics;
+use serde::Serialize;
+
+/// Something worth telling the user about.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TrainEvent {
+    /// The SFT warm start finished.
+    SftDone {
+        /// Steps taken.
+        steps: u64,
+        /// Final cross-entropy.
+        loss: f64,
+    },
+    /// A held-out evaluation finished.
+    Eval {
+        /// `before_rl` or `after_rl`.
+        phase: String,
+        /// Policy version evaluated.
+        version: u64,
+        /// Success rate.
+        success: f64,
+        /// Episodes evaluated.
+        episodes: usize,
+    },
+    /// The run resumed from a checkpoint.
+    Resumed {
+        /// Checkpoint id.
+        checkpoint: String,
+        /// Its step.
+        step: u64,
+        /// Stored batches reused.
+        reused_batches: usize,
+        /// Stored batches dropped.
+        dropped_batches: usize,
+    },
+    /// One RL step finished.
+    Step {
+        /// Learner step (= policy version).
+        step: u64,
+        /// Total steps planned.
+        total: u64,
+        /// The batch trained on.
+        batch_seq: u64,
+        /// Learner metrics.
+        metrics: StepMetrics,
+        /// Success rate of the trained batch.
+        success: f64,
+        /// Invalid actions per turn in the batch.
+        invalid_rate: f64,
+        /// Largest policy-version lag of a trained turn.
+        max_lag: u64,
+    },
+    /// A batch was dropped (staleness bound or lost future).
+    Dropped {
+        /// The batch.
+        batch_seq: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A checkpoint was committed.
+    Checkpoint {
+        /// Its id.
+        id: String,
+        /// Its step.
+        step: u64,
+    },
+}
+
+/// Receives events; must be cheap (called on the controller's thread).
+pub type EventSink = Arc<dyn Fn(&TrainEvent) + Send + Sync>;
+
+/// A sink that drops every event.
+pub fn no_events() -> EventSink {
+    Arc::new(|_| {})
+}

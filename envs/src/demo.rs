@@ -1,0 +1,269 @@
+//! Oracle demonstrations for the SFT warm start, in keel's trajectory token layout.
+//!
+//! The layout — THE trajectory layout used everywhere in keel (the generator renders its
+//! rollouts with [`render_prompt`] and [`render_observation`], so both agree):
+//!
+//! ```text
+//! [<bos>] + enc(prompt) + [<agent>]                                  mask 0
+//! per turn:  enc(action) + [<eot>]                                   mask 1
+//!            enc(observation) + [<agent>]   unless the episode is done, mask 0
+//! ```
+//!
+//! With probability `noise`, a turn's oracle action is replaced by a plausible mistake: one
+//! integer word of it shifted by a nonzero amount (±1..=5 for a `calc` operand, ±1..=3 for an
+//! answer), or, in one mistake out of ten, an invalid action (the oracle action minus its last
+//! word). The environment answers the mistake for real and the oracle continues from there.
+//!
+//! Invariants:
+//! - DM-1 `tokens.len() == loss_mask.len()`; mask 1 marks exactly the action tokens and their
+//!   `<eot>`; the trajectory ends with an `<eot>` (episodes always end on an agent turn).
+//! - DM-2 Demonstrations are a pure function of (environment config, task seeds, noise,
+//!   rng seed); the `i`-th uses its own random stream `i`, so it does not depend on the others.
+//! - DM-3 With `noise = 0` every demonstration is the oracle's and succeeds.
+//! - DM-4 `success` is the environment's verdict at the end of the episode.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::calc::{MAX_VALUE, MIN_VALUE};
+use crate::env::Env;
+use crate::error::EnvError;
+use crate::tokenizer::Tokenizer;
+
+/// Share of mistakes that are invalid actions rather than shifted numbers.
+const INVALID_SHARE: f64 = 0.1;
+
+/// One demonstrated episode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Demonstration {
+    /// The trajectory in the module's layout.
+    pub tokens: Vec<u32>,
+    /// 1 on action tokens (and their `<eot>`), 0 elsewhere.
+    pub loss_mask: Vec<u8>,
+    /// Whether the episode was solved.
+    pub success: bool,
+}
+
+/// `[<bos>] + enc(prompt) + [<agent>]`: the start of every trajectory.
+pub fn render_prompt(tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u32>, EnvError> {
+    let special = tokenizer.special();
+    let mut ids = vec![special.bos];
+    ids.extend(tokenizer.encode(prompt)?);
+    ids.push(special.agent);
+    Ok(ids)
+}
+
+/// `enc(observation) + [<agent>]`: what follows an agent turn that did not end the episode.
+pub fn render_observation(tokenizer: &Tokenizer, observation: &str) -> Result<Vec<u32>, EnvError> {
+    let mut ids = tokenizer.encode(observation)?;
+    ids.push(tokenizer.special().agent);
+    Ok(ids)
+}
+
+/// One demonstration per task seed (DM-1..DM-4); `noise` is the per-turn mistake probability.
+pub fn demonstrations(
+    env: &mut dyn Env,
+    tokenizer: &Tokenizer,
+    task_seeds: &[u64],
+    noise: f64,
+    rng_seed: u64,
+) -> Result<Vec<Demonstration>, EnvError> {
+    if !(0.0..=1.0).contains(&noise) {
+        return Err(EnvError::InvalidNoise { noise });
+    }
+    task_seeds
+        .iter()
+        .enumerate()
+        .map(|(i, &seed)| {
+            let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
+            rng.set_stream(i as u64);
+            demonstrate(env, tokenizer, seed, noise, &mut rng)
+        })
+        .collect()
+}
+
+fn demonstrate(
+    env: &mut dyn Env,
+    tokenizer: &Tokenizer,
+    task_seed: u64,
+    noise: f64,
+    rng: &mut ChaCha8Rng,
+) -> Result<Demonstration, EnvError> {
+    let mut tokens = render_prompt(tokenizer, &env.reset(task_seed))?;
+    let mut loss_mask = vec![0u8; tokens.len()];
+    // An env honouring EN-3 is done within max_turns; the bound guards against one that isn't.
+    for _ in 0..env.max_turns() {
+        let oracle = env.oracle_action();
+        let action = if rng.gen_bool(noise) {
+            mistake(&oracle, rng)
+        } else {
+            oracle
+        };
+        let mut action_ids = tokenizer.encode(&action)?;
+        action_ids.push(tokenizer.special().eot);
+        loss_mask.extend(std::iter::repeat_n(1, action_ids.len()));
+        tokens.extend(action_ids);
+        let out = env.step(&action);
+        if out.done {
+            break;
+        }
+        let obs_ids = render_observation(tokenizer, &out.observation)?;
+        loss_mask.extend(std::iter::repeat_n(0, obs_ids.len()));
+        tokens.extend(obs_ids);
+    }
+    Ok(Demonstration {
+        tokens,
+        loss_mask,
+        success: env.success(),
+    })
+}
+
+/// A plausible mistake derived from the oracle's action (see the module doc).
+fn mistake(oracle: &str, rng: &mut ChaCha8Rng) -> String {
+    let mut words: Vec<String> = oracle.split_whitespace().map(str::to_string).collect();
+    let numbers: Vec<usize> = (0..words.len())
+        .filter(|&i| words[i].parse::<i64>().is_ok())
+        .collect();
+    if numbers.is_empty() || rng.gen_bool(INVALID_SHARE) {
+        words.pop();
+        return words.join(" ");
+    }
+    let at = numbers[rng.gen_range(0..numbers.len())];
+    let max_shift = if words.first().map(String::as_str) == Some("answer") {
+        3
+    } else {
+        5
+    };
+    let shift = rng.gen_range(1..=max_shift) * if rng.gen_bool(0.5) { 1 } else { -1 };
+    let n = words[at].parse::<i64>().unwrap_or(0);
+    let shifted = if (MIN_VALUE..=MAX_VALUE).contains(&(n + shift)) {
+        n + shift
+    } else {
+        n - shift
+    };
+    words[at] = shifted.to_string();
+    words.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calc::{CalcConfig, CalcEnv};
+    use crate::split::{task_seed, Split};
+
+    fn seeds(n: u64) -> Vec<u64> {
+        (0..n).map(|i| task_seed(Split::Train, i)).collect()
+    }
+
+    /// Checks DM-1 and that the tokens follow the layout, replaying the env; returns turns.
+    fn check_layout(tok: &Tokenizer, env: &mut CalcEnv, seed: u64, d: &Demonstration) -> usize {
+        let s = tok.special();
+        assert_eq!(d.tokens.len(), d.loss_mask.len());
+        let prompt = render_prompt(tok, &env.reset(seed)).unwrap();
+        assert_eq!(&d.tokens[..prompt.len()], &prompt[..]);
+        assert!(d.loss_mask[..prompt.len()].iter().all(|&m| m == 0));
+        let mut pos = prompt.len();
+        let mut turns = 0;
+        loop {
+            let end = pos + d.tokens[pos..].iter().position(|&t| t == s.eot).unwrap();
+            assert!(d.loss_mask[pos..=end].iter().all(|&m| m == 1));
+            let out = env.step(&tok.decode_action(&d.tokens[pos..=end]));
+            turns += 1;
+            pos = end + 1;
+            if out.done {
+                assert_eq!(pos, d.tokens.len(), "tokens after the final turn");
+                assert_eq!(env.success(), d.success);
+                return turns;
+            }
+            let obs = render_observation(tok, &out.observation).unwrap();
+            assert_eq!(&d.tokens[pos..pos + obs.len()], &obs[..]);
+            assert!(d.loss_mask[pos..pos + obs.len()].iter().all(|&m| m == 0));
+            pos += obs.len();
+        }
+    }
+
+    #[test]
+    fn dm3_noiseless_demonstrations_succeed_and_follow_the_layout() {
+        let tok = Tokenizer::calc();
+        for n_ops in 1..=4 {
+            let mut env = CalcEnv::new(CalcConfig { n_ops });
+            let seeds = seeds(100);
+            let demos = demonstrations(&mut env, &tok, &seeds, 0.0, 1).unwrap();
+            assert_eq!(demos.len(), seeds.len());
+            for (d, &seed) in demos.iter().zip(&seeds) {
+                assert!(d.success);
+                assert_eq!(check_layout(&tok, &mut env, seed, d), n_ops + 1);
+                assert_eq!(d.tokens[0], tok.special().bos);
+            }
+        }
+    }
+
+    #[test]
+    fn noisy_demonstrations_sometimes_fail_and_follow_the_layout() {
+        let tok = Tokenizer::calc();
+        let mut env = CalcEnv::new(CalcConfig { n_ops: 2 });
+        let seeds = seeds(300);
+        let demos = demonstrations(&mut env, &tok, &seeds, 0.3, 2).unwrap();
+        let solved = demos.iter().filter(|d| d.success).count();
+        assert!(solved > 60 && solved < 270, "solved {solved}/300");
+        for (d, &seed) in demos.iter().zip(&seeds) {
+            check_layout(&tok, &mut env, seed, d);
+        }
+        let all_noise = demonstrations(&mut env, &tok, &seeds, 1.0, 2).unwrap();
+        assert!(all_noise.iter().all(|d| !d.success));
+    }
+
+    #[test]
+    fn dm2_deterministic_and_independent_per_task() {
+        let tok = Tokenizer::calc();
+        let mut env = CalcEnv::new(CalcConfig { n_ops: 3 });
+        let seeds = seeds(50);
+        let a = demonstrations(&mut env, &tok, &seeds, 0.3, 9).unwrap();
+        let b = demonstrations(&mut env, &tok, &seeds, 0.3, 9).unwrap();
+        assert_eq!(a, b);
+        let prefix = demonstrations(&mut env, &tok, &seeds[..10], 0.3, 9).unwrap();
+        assert_eq!(&a[..10], &prefix[..]);
+        let c = demonstrations(&mut env, &tok, &seeds, 0.3, 10).unwrap();
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn mistakes_are_plausible() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (mut invalid, mut shifted) = (0, 0);
+        for _ in 0..1_000 {
+            let m = mistake("calc 999 * 9", &mut rng);
+            assert_ne!(m, "calc 999 * 9");
+            match m.split_whitespace().collect::<Vec<_>>()[..] {
+                ["calc", a, "*", b] => {
+                    let (a, b): (i64, i64) = (a.parse().unwrap(), b.parse().unwrap());
+                    assert!((a == 999) != (b == 9));
+                    assert!((994..=999).contains(&a) && (4..=14).contains(&b));
+                    shifted += 1;
+                }
+                ["calc", "999", "*"] => invalid += 1,
+                _ => panic!("unexpected mistake {m:?}"),
+            }
+            let m = mistake("answer -99", &mut rng);
+            assert!(
+                m == "answer"
+                    || ["-98", "-97", "-96"]
+                        .iter()
+                        .any(|n| m == format!("answer {n}"))
+            );
+        }
+        assert!(invalid > 50 && shifted > 800);
+    }
+
+    #[test]
+    fn noise_must_be_a_probability() {
+        let tok = Tokenizer::calc();
+        let mut env = CalcEnv::new(CalcConfig::default());
+        for noise in [-0.1, 1.1, f64::NAN] {
+            assert!(matches!(
+                demonstrations(&mut env, &tok, &[1], noise, 0),
+                Err(EnvError::InvalidNoise { .. })
+            ));
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The one error type of `keel-envs`.
+//!
+//! Every message says what went wrong and what to do about it; tests pin the texts.
+
+use thiserror::Error;
+
+/// Longest prefix of a user-supplied word quoted back in an error message.
+const QUOTE_LIMIT: usize = 40;
+
+/// Everything that can fail in `keel-envs`.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum EnvError {
+    /// A configuration value is outside its allowed range.
+    #[error("invalid {env} config: {field} = {value}, expected {expected}; fix the `{field}` key")]
+    InvalidConfig {
+        /// The environment whose config is wrong.
+        env: &'static str,
+        /// The offending key.
+        field: &'static str,
+        /// The offending value, as text.
+        value: String,
+        /// What the key accepts.
+        expected: &'static str,
+    },
+    /// A word of the text to encode is not in the tokenizer vocabulary.
+    #[error(
+        "word `{word}` is not in the tokenizer vocabulary; only environment text can be encoded"
+    )]
+    UnknownWord {
+        /// The word (its first 40 characters).
+        word: String,
+    },
+    /// No environment has the requested name.
+    #[error("unknown environment `{name}`; known environments: {known}")]
+    UnknownEnv {
+        /// The requested name (its first 40 characters).
+        name: String,
+        /// The known names, comma separated.
+        known: String,
+    },
+    /// The demonstration noise probability is not in `[0, 1]`.
+    #[error("demonstration noise = {noise}, expected a probability in [0, 1]")]
+    InvalidNoise {
+        /// The offending probability.
+        noise: f64,
+    },
+}
+
+/// The first [`QUOTE_LIMIT`] characters of `text`, with `…` when cut, for quoting in errors.
+pub(crate) fn quote(text: &str) -> String {
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(QUOTE_LIMIT).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_pinned() {
+        let e = EnvError::InvalidConfig {
+            env: "calc",
+            field: "n_ops",
+            value: "7".into(),
+            expected: "an integer in 1..=4",
+        };
+        assert_eq!(
+            e.to_string(),
+            "invalid calc config: n_ops = 7, expected an integer in 1..=4; fix the `n_ops` key"
+        );
+        let e = EnvError::UnknownWord { word: "foo".into() };
+        assert_eq!(
+            e.to_string(),
+            "word `foo` is not in the tokenizer vocabulary; only environment text can be encoded"
+        );
+        let e = EnvError::UnknownEnv {
+            name: "maze".into(),
+            known: "calc".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "unknown environment `maze`; known environments: calc"
+        );
+        let e = EnvError::InvalidNoise { noise: 1.5 };
+        assert_eq!(
+            e.to_string(),
+            "demonstration noise = 1.5, expected a probability in [0, 1]"
+        );
+    }
+
+    #[test]
+    fn quote_cuts_long_text() {
+        assert_eq!(quote("abc"), "abc");
+        let long = "x".repeat(100);
+        assert_eq!(quote(&long).chars().count(), QUOTE_LIMIT + 1);
+    }
+}

@@ -1,0 +1,197 @@
+//! A word-level tokenizer covering the whole vocabulary of the built-in environments.
+//!
+//! Vocabulary, in this fixed order (ids are positions):
+//! `<pad>`=0, `<bos>`=1, `<eot>`=2 (ends an agent turn), `<agent>`=3 (the agent speaks next),
+//! then `task calc answer result error invalid action out of range + - *` (ids 4..=16), then
+//! every integer from -99 to 999 in increasing order (ids 17..=1115; `n` has id `n + 116`).
+//!
+//! Invariants:
+//! - TK-1 The vocabulary and its order never change: ids are stable across runs and versions.
+//! - TK-2 `decode(encode(t)) == t` for every text `t` of vocabulary words separated by single
+//!   spaces; `encode` splits on any whitespace.
+//! - TK-3 `encode` fails with `EnvError::UnknownWord` on the first word outside the vocabulary;
+//!   `decode` never fails (ids out of range decode as `<unk>`).
+//! - TK-4 `decode_action` stops at the first `<eot>` and drops special tokens, so a generated
+//!   turn decodes to exactly the action text the environment receives.
+
+use std::collections::HashMap;
+
+use crate::calc::{MAX_VALUE, MIN_VALUE};
+use crate::error::{quote, EnvError};
+
+const SPECIAL_WORDS: [&str; 4] = ["<pad>", "<bos>", "<eot>", "<agent>"];
+const KEYWORDS: [&str; 13] = [
+    "task", "calc", "answer", "result", "error", "invalid", "action", "out", "of", "range", "+",
+    "-", "*",
+];
+/// What `decode` writes for an id outside the vocabulary.
+const UNKNOWN: &str = "<unk>";
+
+/// Ids of the special tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// Padding.
+    pub pad: u32,
+    /// Start of a trajectory.
+    pub bos: u32,
+    /// End of an agent turn.
+    pub eot: u32,
+    /// Marks that the agent speaks next.
+    pub agent: u32,
+}
+
+/// A word-level tokenizer with a fixed vocabulary.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    words: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+impl Tokenizer {
+    /// The vocabulary of the `calc` environment (see the module doc).
+    pub fn calc() -> Tokenizer {
+        let words: Vec<String> = SPECIAL_WORDS
+            .iter()
+            .chain(KEYWORDS.iter())
+            .map(|w| w.to_string())
+            .chain((MIN_VALUE..=MAX_VALUE).map(|n| n.to_string()))
+            .collect();
+        let ids = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.clone(), i as u32))
+            .collect();
+        Tokenizer { words, ids }
+    }
+
+    /// Number of ids.
+    pub fn vocab_size(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Ids of the special tokens.
+    pub fn special(&self) -> SpecialTokens {
+        SpecialTokens {
+            pad: 0,
+            bos: 1,
+            eot: 2,
+            agent: 3,
+        }
+    }
+
+    /// Ids of the whitespace-separated words of `text` (TK-3).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EnvError> {
+        text.split_whitespace()
+            .map(|w| {
+                self.token(w)
+                    .ok_or_else(|| EnvError::UnknownWord { word: quote(w) })
+            })
+            .collect()
+    }
+
+    /// Words of `ids` joined by single spaces (TK-3).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let words: Vec<&str> = ids.iter().map(|&id| self.word(id)).collect();
+        words.join(" ")
+    }
+
+    /// The action text of a generated turn: decodes up to (excluding) the first `<eot>`,
+    /// dropping special tokens (TK-4).
+    pub fn decode_action(&self, ids: &[u32]) -> String {
+        let eot = self.special().eot;
+        let words: Vec<&str> = ids
+            .iter()
+            .take_while(|&&id| id != eot)
+            .filter(|&&id| id as usize >= SPECIAL_WORDS.len())
+            .map(|&id| self.word(id))
+            .collect();
+        words.join(" ")
+    }
+
+    /// The id of one word, if it is in the vocabulary.
+    pub fn token(&self, word: &str) -> Option<u32> {
+        self.ids.get(word).copied()
+    }
+
+    fn word(&self, id: u32) -> &str {
+        self.words.get(id as usize).map_or(UNKNOWN, String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tk1_vocabulary_layout_is_fixed() {
+        let t = Tokenizer::calc();
+        assert_eq!(t.vocab_size(), 4 + 13 + 1099);
+        assert_eq!(
+            t.special(),
+            SpecialTokens {
+                pad: 0,
+                bos: 1,
+                eot: 2,
+                agent: 3
+            }
+        );
+        assert_eq!(t.token("<pad>"), Some(0));
+        assert_eq!(t.token("<agent>"), Some(3));
+        assert_eq!(t.token("task"), Some(4));
+        assert_eq!(t.token("*"), Some(16));
+        assert_eq!(t.token("-99"), Some(17));
+        assert_eq!(t.token("0"), Some(116));
+        assert_eq!(t.token("999"), Some(1115));
+        assert_eq!(t.token("1000"), None);
+        assert_eq!(t.token("007"), None);
+    }
+
+    #[test]
+    fn tk2_round_trip() {
+        let t = Tokenizer::calc();
+        for text in [
+            "task 3 + 4 * 5 - 2",
+            "calc -7 * 9",
+            "result -63",
+            "error out of range",
+            "",
+        ] {
+            let ids = t.encode(text).unwrap();
+            assert_eq!(t.decode(&ids), text);
+        }
+        let all: Vec<u32> = (0..t.vocab_size() as u32).collect();
+        assert_eq!(t.encode(&t.decode(&all)).unwrap(), all);
+        assert_eq!(
+            t.encode("  calc\t1\n+  2 ").unwrap(),
+            t.encode("calc 1 + 2").unwrap()
+        );
+    }
+
+    #[test]
+    fn tk3_unknown_words_and_ids() {
+        let t = Tokenizer::calc();
+        assert_eq!(
+            t.encode("calc 1 / 2"),
+            Err(EnvError::UnknownWord { word: "/".into() })
+        );
+        assert!(matches!(
+            t.encode("ünïcode"),
+            Err(EnvError::UnknownWord { .. })
+        ));
+        assert_eq!(t.decode(&[4, 99_999]), "task <unk>");
+    }
+
+    #[test]
+    fn tk4_decode_action_stops_at_eot() {
+        let t = Tokenizer::calc();
+        let s = t.special();
+        let mut ids = vec![s.bos];
+        ids.extend(t.encode("answer 12").unwrap());
+        ids.push(s.pad);
+        ids.push(s.eot);
+        ids.extend(t.encode("result 3").unwrap());
+        assert_eq!(t.decode_action(&ids), "answer 12");
+        assert_eq!(t.decode_action(&[s.eot]), "");
+        assert_eq!(t.decode_action(&[]), "");
+    }
+}

@@ -1,0 +1,307 @@
+//! AdamW over tch tensors with explicit, serialisable state (tch's built-in optimizers cannot
+//! save theirs, and an exact resume needs it).
+//!
+//! One step, with `t` the step counter after incrementing, for each parameter `p` with a
+//! defined gradient `g`:
+//! ```text
+//! p ← p · (1 − lr·wd)                         (decoupled decay; only parameters with ≥ 2 dims)
+//! m ← β1·m + (1 − β1)·g
+//! v ← β2·v + (1 − β2)·g²
+//! p ← p − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)
+//! ```
+//!
+//! Invariants:
+//! - OP-1: the state is exactly (step counter, `m` and `v` per parameter); `to_safetensors`
+//!   writes all of it (moments as `<param>.exp_avg` / `<param>.exp_avg_sq`, the counter in the
+//!   metadata) and `load_safetensors` restores it, so a resumed run continues bit-identically.
+//!   Hyper-parameters are the caller's and are not restored.
+//! - OP-2: weight decay applies to matrices and embeddings (≥ 2 dims), never to biases or
+//!   LayerNorm parameters (1 dim).
+//! - OP-3: parameters are kept in name order; a parameter whose gradient has never been
+//!   defined is skipped by `step`. `zero_grad` zeroes gradients in place (tch cannot reset them
+//!   to None), so once a gradient exists the parameter keeps moving with its momentum in later
+//!   steps even if it gets no new gradient — PyTorch's `set_to_none=False` behaviour.
+//! - OP-4: `clip_grad_norm` returns the pre-clip global L2 norm and rescales only when that norm
+//!   is finite and above the bound (coefficient `max_norm / (norm + 1e-6)`, as PyTorch).
+
+use std::collections::HashMap;
+
+use tch::{nn, Tensor};
+
+use crate::error::LearnerError;
+use crate::tensor_io;
+
+/// AdamW hyper-parameters.
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct AdamWConfig {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay coefficient (see OP-2).
+    pub weight_decay: f64,
+}
+
+struct ParamState {
+    name: String,
+    param: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    decay: bool,
+}
+
+/// AdamW with decoupled weight decay and bias correction.
+pub struct AdamW {
+    cfg: AdamWConfig,
+    params: Vec<ParamState>,
+    steps: u64,
+}
+
+impl AdamW {
+    /// Tracks every trainable variable of `vs`, with zeroed moments and step counter 0.
+    pub fn new(vs: &nn::VarStore, cfg: AdamWConfig) -> Self {
+        let mut vars: Vec<(String, Tensor)> =
+            vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = tch::no_grad(|| {
+            vars.into_iter()
+                .map(|(name, param)| ParamState {
+                    decay: param.dim() >= 2,
+                    exp_avg: param.zeros_like(),
+                    exp_avg_sq: param.zeros_like(),
+                    name,
+                    param,
+                })
+                .collect()
+        });
+        AdamW { cfg, params, steps: 0 }
+    }
+
+    /// Sets the learning rate used by the next `step`.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+
+    /// The current hyper-parameters.
+    pub fn config(&self) -> AdamWConfig {
+        self.cfg
+    }
+
+    /// Number of `step` calls so far (restored by `load_safetensors`).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Zeroes every defined gradient in place (OP-3).
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.params {
+            p.param.zero_grad();
+        }
+    }
+
+    /// Global L2 norm of all defined gradients before clipping; rescales them to `max_norm`
+    /// when larger (OP-4). A non-finite norm is returned as is and nothing is rescaled.
+    pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        let grads: Vec<Tensor> = self.params.iter().map(|p| p.param.grad()).filter(|g| g.defined()).collect();
+        if grads.is_empty() {
+            return 0.0;
+        }
+        let norms: Vec<Tensor> = grads.iter().map(|g| g.norm().to_kind(tch::Kind::Double)).collect();
+        let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
+        if total.is_finite() && total > max_norm {
+            let coef = max_norm / (total + 1e-6);
+            tch::no_grad(|| {
+                for mut g in grads {
+                    let _ = g.mul_(coef);
+                }
+            });
+        }
+        total
+    }
+
+    /// Applies one AdamW update to every parameter with a defined gradient.
+    pub fn step(&mut self) {
+        self.steps += 1;
+        let t = self.steps as i32;
+        let AdamWConfig { lr, beta1, beta2, eps, weight_decay } = self.cfg;
+        let bc1 = 1.0 - beta1.powi(t);
+        let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
+        tch::no_grad(|| {
+            for p in &mut self.params {
+                let g = p.param.grad();
+                if !g.defined() {
+                    continue;
+                }
+                if p.decay && weight_decay != 0.0 {
+                    let _ = p.param.mul_(1.0 - lr * weight_decay);
+                }
+                let _ = p.exp_avg.mul_(beta1);
+                let _ = p.exp_avg.add_(&(&g * (1.0 - beta1)));
+                let _ = p.exp_avg_sq.mul_(beta2);
+                let _ = p.exp_avg_sq.add_(&(g.square() * (1.0 - beta2)));
+                let denom = p.exp_avg_sq.sqrt() / bc2_sqrt + eps;
+                let _ = p.param.sub_(&(&p.exp_avg / denom * (lr / bc1)));
+            }
+        });
+    }
+
+    fn state_names(&self) -> Vec<(String, Vec<i64>)> {
+        let mut out = Vec::with_capacity(2 * self.params.len());
+        for p in &self.params {
+            out.push((format!("{}.exp_avg", p.name), p.exp_avg.size()));
+            out.push((format!("{}.exp_avg_sq", p.name), p.exp_avg_sq.size()));
+        }
+        out
+    }
+
+    /// The whole state (OP-1) as an in-memory safetensors buffer.
+    pub fn to_safetensors(&self) -> Result<Vec<u8>, LearnerError> {
+        let mut tensors = Vec::with_capacity(2 * self.params.len());
+        for p in &self.params {
+            tensors.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
+            tensors.push((format!("{}.exp_avg_sq", p.name), p.exp_avg_sq.shallow_clone()));
+        }
+        let meta = HashMap::from([
+            ("format".to_string(), "keel.adamw.v1".to_string()),
+            ("steps".to_string(), self.steps.to_string()),
+        ]);
+        tensor_io::encode(&tensors, Some(meta))
+    }
+
+    /// Checks a state buffer against this optimizer's parameters without changing anything.
+    pub(crate) fn decode_state(&self, bytes: &[u8]) -> Result<(Vec<Tensor>, u64), LearnerError> {
+        let decoded = tensor_io::decode_checked(bytes, &self.state_names(), "optimizer")?;
+        let steps = decoded
+            .metadata
+            .get("steps")
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| LearnerError::mismatch("optimizer.safetensors", "metadata `steps` is missing or not an integer"))?;
+        Ok((decoded.tensors, steps))
+    }
+
+    /// Installs state checked by `decode_state`.
+    pub(crate) fn commit_state(&mut self, tensors: &[Tensor], steps: u64) -> Result<(), LearnerError> {
+        let targets: Vec<Tensor> = self
+            .params
+            .iter()
+            .flat_map(|p| [p.exp_avg.shallow_clone(), p.exp_avg_sq.shallow_clone()])
+            .collect();
+        tensor_io::commit(&targets, tensors)?;
+        self.steps = steps;
+        Ok(())
+    }
+
+    /// Restores moments and step counter (OP-1). On error nothing is changed.
+    pub fn load_safetensors(&mut self, bytes: &[u8]) -> Result<(), LearnerError> {
+        let (tensors, steps) = self.decode_state(bytes)?;
+        self.commit_state(&tensors, steps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn cfg(lr: f64, wd: f64) -> AdamWConfig {
+        AdamWConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: wd }
+    }
+
+    fn store(init: &[f32]) -> (nn::VarStore, Tensor) {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let x = vs.root().var_copy("x", &Tensor::from_slice(init).view([1, -1]));
+        (vs, x)
+    }
+
+    fn values(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(&t.flatten(0, -1).to_kind(Kind::Double)).expect("values")
+    }
+
+    #[test]
+    fn converges_on_a_quadratic() {
+        tch::set_num_threads(1);
+        let (vs, x) = store(&[3.0, -2.0, 0.5]);
+        let target = Tensor::from_slice(&[1.0f32, 1.0, -1.0]).view([1, 3]);
+        let mut opt = AdamW::new(&vs, cfg(0.05, 0.0));
+        for _ in 0..600 {
+            opt.zero_grad();
+            (&x - &target).square().sum(Kind::Float).backward();
+            opt.step();
+        }
+        for (got, want) in values(&x).iter().zip([1.0, 1.0, -1.0]) {
+            assert!((got - want).abs() < 1e-2, "{got} vs {want}");
+        }
+        assert_eq!(opt.steps(), 600);
+    }
+
+    #[test]
+    fn two_steps_match_the_formula() {
+        tch::set_num_threads(1);
+        let (vs, x) = store(&[1.0, -2.0]);
+        let c = cfg(0.1, 0.01);
+        let mut opt = AdamW::new(&vs, c);
+        // loss = Σ x³/3 → g = x².
+        let mut p = [1.0f64, -2.0];
+        let (mut m, mut v) = ([0.0f64; 2], [0.0f64; 2]);
+        for t in 1..=2 {
+            opt.zero_grad();
+            (x.pow_tensor_scalar(3) / 3.0).sum(Kind::Float).backward();
+            opt.step();
+            for i in 0..2 {
+                let g = p[i] * p[i];
+                p[i] *= 1.0 - c.lr * c.weight_decay;
+                m[i] = c.beta1 * m[i] + (1.0 - c.beta1) * g;
+                v[i] = c.beta2 * v[i] + (1.0 - c.beta2) * g * g;
+                let mh = m[i] / (1.0 - c.beta1.powi(t));
+                let vh = v[i] / (1.0 - c.beta2.powi(t));
+                p[i] -= c.lr * mh / (vh.sqrt() + c.eps);
+            }
+        }
+        for (got, want) in values(&x).iter().zip(p) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn clip_returns_pre_clip_norm_and_rescales() {
+        tch::set_num_threads(1);
+        let (vs, x) = store(&[3.0, 4.0]);
+        let mut opt = AdamW::new(&vs, cfg(0.1, 0.0));
+        (x.square() / 2.0).sum(Kind::Float).backward(); // g = x, |g| = 5
+        let n = opt.clip_grad_norm(1.0);
+        assert!((n - 5.0).abs() < 1e-6);
+        let g = values(&x.grad());
+        assert!(((g[0] * g[0] + g[1] * g[1]).sqrt() - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn state_round_trip_continues_identically() {
+        tch::set_num_threads(1);
+        let run = |opt: &mut AdamW, x: &Tensor, n: usize| {
+            for _ in 0..n {
+                opt.zero_grad();
+                (x.square() * x).sum(Kind::Float).backward();
+                opt.step();
+            }
+        };
+        let (vs_a, xa) = store(&[0.3, -0.7, 1.1]);
+        let mut a = AdamW::new(&vs_a, cfg(0.01, 0.1));
+        run(&mut a, &xa, 3);
+        let (vs_b, xb) = store(&[0.0, 0.0, 0.0]);
+        let mut b = AdamW::new(&vs_b, cfg(0.01, 0.1));
+        tch::no_grad(|| xb.shallow_clone().copy_(&xa));
+        b.load_safetensors(&a.to_safetensors().expect("save")).expect("load");
+        assert_eq!(b.steps(), 3);
+        run(&mut a, &xa, 4);
+        run(&mut b, &xb, 4);
+        assert_eq!(values(&xa), values(&xb));
+        let (vs_c, _) = store(&[0.0, 0.0]);
+        let mut c = AdamW::new(&vs_c, cfg(0.01, 0.1));
+        let e = c.load_safetensors(&a.to_safetensors().expect("save")).expect_err("shape");
+        assert!(e.to_string().contains("x.exp_avg"), "{e}");
+    }
+}

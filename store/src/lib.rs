@@ -1,0 +1,34 @@
+//! `keel-store`: keel's object store — rollout-batch archives and checkpoints, on local disk or S3.
+//!
+//! Generators write [`RolloutBatch`]es with [`RunStore::put_batch`]; the learner lists them,
+//! reads them zero-copy through [`BatchBuf`], and commits [`CheckpointManifest`]s with
+//! [`RunStore::commit_checkpoint`]. Module map, in data-flow order:
+//!
+//! - [`batch`]: the rollout data model and the zero-copy view of a stored batch.
+//! - [`frame`]: the `.krb` byte format (magic, version, length, crc32, zstd(rkyv)).
+//! - [`root`]: a run root on an object store; batch keys, generic objects, key validation.
+//! - [`checkpoint`]: the checkpoint commit protocol (blobs, manifest, HEAD).
+//! - [`error`]: [`StoreError`].
+//!
+//! Invariants (each module states its own, numbered, and its tests are named after them):
+//! - KS-1: the store never overwrites a rollout batch or a checkpoint manifest (ST-1, CK-1).
+//! - KS-2: nothing read from the store is trusted before it is checked: batches by frame checks
+//!   and bytecheck (FR-1..FR-4), checkpoint blobs by size and crc32 (CK-4).
+//! - KS-3: no key a caller gives can leave the run root (ST-2, KY-1).
+
+#![deny(missing_docs)]
+
+pub mod batch;
+pub mod checkpoint;
+pub mod error;
+pub mod frame;
+mod key;
+pub mod root;
+
+pub use batch::{
+    ArchivedRolloutBatch, ArchivedSource, ArchivedTrajectory, ArchivedTurn, BatchBuf, RolloutBatch,
+    Source, Trajectory, Turn,
+};
+pub use checkpoint::{CheckpointManifest, DataPosition, FileEntry, NewCheckpoint};
+pub use error::StoreError;
+pub use root::{BatchKey, RunStore};

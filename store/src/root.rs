@@ -1,0 +1,308 @@
+//! A run root: the directory (local) or bucket prefix (S3) that holds everything one run writes.
+//!
+//! ```text
+//! <root>/batches/0000000012.krb      rollout batches, framed (see `frame`)
+//! <root>/checkpoints/<id>/...        checkpoints (see `checkpoint`)
+//! <root>/<any rel key>               other objects, through put_object / get_object
+//! ```
+//!
+//! Invariants:
+//! - ST-1: a batch object is never overwritten: [`RunStore::put_batch`] writes with
+//!   `PutMode::Create`, so a second put of the same `batch_seq` fails with `AlreadyExists` and
+//!   leaves the first untouched.
+//! - ST-2: nothing a caller passes can name an object outside the run root: every relative key is
+//!   checked by KY-1 (see `key`), and batch keys are built from the sequence number alone.
+//! - ST-3: [`RunStore::list_batches`] returns every stored batch once, sorted by `batch_seq`
+//!   (numerically, not lexically), and ignores objects that are not `<digits>.krb`.
+//! - ST-4: [`RunStore::get_batch`] returns only batches that pass every frame check (FR-1..FR-4);
+//!   a failure names the corrupt key.
+//! - ST-5: writes are atomic (all or nothing) on both backends; the local backend also fsyncs
+//!   files and directories before a write returns, matching S3's durability.
+//! - ST-6: S3 settings come only from the standard `AWS_*` environment; they are never logged.
+
+use std::path::Path as FsPath;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutResult};
+
+use crate::batch::{BatchBuf, RolloutBatch};
+use crate::error::StoreError;
+use crate::frame::{decode_batch, encode_batch};
+use crate::key::{join, to_path, validate_rel_key};
+
+/// zstd level used for rollout batches: fast to write, ~3-4x on token streams.
+pub const BATCH_ZSTD_LEVEL: i32 = 3;
+
+/// The full key of a stored rollout batch, relative to the object store (prefix included),
+/// e.g. `run-7/batches/0000000012.krb`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchKey(pub String);
+
+impl BatchKey {
+    /// The batch sequence number encoded in the key's file name, if it has the `<digits>.krb` form.
+    pub fn batch_seq(&self) -> Option<u64> {
+        let name = self.0.rsplit('/').next()?;
+        let digits = name.strip_suffix(".krb")?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+}
+
+impl std::fmt::Display for BatchKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A handle on one run root. Cheap to clone; clones share the backend connection.
+#[derive(Clone)]
+pub struct RunStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn ObjectStore>,
+    /// Key prefix inside the backend, without leading or trailing `/`; empty for local roots.
+    prefix: String,
+    root_url: String,
+}
+
+impl std::fmt::Debug for RunStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The backend's Display names the bucket or directory only, never credentials (ST-6).
+        f.debug_struct("RunStore")
+            .field("root", &self.inner.root_url)
+            .field("backend", &self.inner.store.to_string())
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+impl RunStore {
+    /// Opens a run root: a local directory path (created if missing; relative paths allowed),
+    /// a `file://` URL, or `s3://bucket/prefix`.
+    ///
+    /// S3 settings come from the standard AWS environment (`AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` or
+    /// `AWS_ENDPOINT`); with an `http://` endpoint, plain HTTP and path-style requests are used.
+    pub fn open(root: &str) -> Result<RunStore, StoreError> {
+        let bad = |reason: String| StoreError::InvalidRoot {
+            root: root.to_string(),
+            reason,
+        };
+        if root.trim().is_empty() {
+            return Err(bad("the root is empty".into()));
+        }
+        let (store, prefix): (Arc<dyn ObjectStore>, String) = if root.contains("://") {
+            let url = url::Url::parse(root).map_err(|e| bad(format!("not a valid URL: {e}")))?;
+            match url.scheme() {
+                "s3" => open_s3(&url).map_err(bad)?,
+                "file" => {
+                    let path = url
+                        .to_file_path()
+                        .map_err(|()| bad("the file:// URL is not a local absolute path".into()))?;
+                    (open_local(&path).map_err(bad)?, String::new())
+                }
+                other => return Err(bad(format!("unsupported scheme {other:?}"))),
+            }
+        } else {
+            (open_local(FsPath::new(root)).map_err(bad)?, String::new())
+        };
+        tracing::debug!(root, backend = %store, "opened run root");
+        Ok(RunStore {
+            inner: Arc::new(Inner {
+                store,
+                prefix,
+                root_url: root.to_string(),
+            }),
+        })
+    }
+
+    /// The root as the user gave it, for messages.
+    pub fn root_url(&self) -> &str {
+        &self.inner.root_url
+    }
+
+    /// The key batch `batch_seq` is stored under: `<prefix>/batches/{batch_seq:010}.krb`.
+    pub fn batch_key(&self, batch_seq: u64) -> BatchKey {
+        BatchKey(self.full_key(&format!("batches/{batch_seq:010}.krb")))
+    }
+
+    /// Validates, encodes and stores `batch` under [`RunStore::batch_key`]; never overwrites (ST-1).
+    pub async fn put_batch(&self, batch: &RolloutBatch) -> Result<BatchKey, StoreError> {
+        let key = self.batch_key(batch.batch_seq);
+        let owned = batch.clone();
+        let framed = tokio::task::spawn_blocking(move || encode_batch(&owned, BATCH_ZSTD_LEVEL))
+            .await
+            .map_err(|e| StoreError::Encode(format!("encoder task failed: {e}")))??;
+        self.put_full(&key.0, Bytes::from(framed), PutMode::Create)
+            .await?;
+        tracing::debug!(key = %key, "stored rollout batch");
+        Ok(key)
+    }
+
+    /// Reads and fully checks a batch (ST-4). Decode failures come back as `CorruptBatch`.
+    pub async fn get_batch(&self, key: &BatchKey) -> Result<BatchBuf, StoreError> {
+        let bytes = self.get_full(&key.0).await?;
+        let decoded = tokio::task::spawn_blocking(move || decode_batch(&bytes))
+            .await
+            .map_err(|e| StoreError::InvalidArchive(format!("decoder task failed: {e}")));
+        match decoded {
+            Ok(Ok(buf)) => Ok(buf),
+            Ok(Err(source)) | Err(source) => Err(StoreError::CorruptBatch {
+                key: key.0.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// Every stored batch, sorted by `batch_seq` (ST-3).
+    pub async fn list_batches(&self) -> Result<Vec<BatchKey>, StoreError> {
+        let dir = self.full_key("batches");
+        let path = to_path(&dir)?;
+        let metas: Vec<_> = self
+            .inner
+            .store
+            .list(Some(&path))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::from_object_store(&dir, e))?;
+        let mut keys: Vec<(u64, BatchKey)> = metas
+            .into_iter()
+            .filter_map(|meta| {
+                let key = BatchKey(meta.location.to_string());
+                match key.batch_seq() {
+                    Some(seq) => Some((seq, key)),
+                    None => {
+                        tracing::debug!(key = %key, "ignoring non-batch object under batches/");
+                        None
+                    }
+                }
+            })
+            .collect();
+        keys.sort();
+        Ok(keys.into_iter().map(|(_, key)| key).collect())
+    }
+
+    /// Stores `bytes` at `rel_key` under the run root, overwriting any previous object.
+    pub async fn put_object(&self, rel_key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        validate_rel_key(rel_key)?;
+        self.put_full(&self.full_key(rel_key), bytes, PutMode::Overwrite)
+            .await?;
+        Ok(())
+    }
+
+    /// Reads the object at `rel_key` under the run root.
+    pub async fn get_object(&self, rel_key: &str) -> Result<Bytes, StoreError> {
+        validate_rel_key(rel_key)?;
+        self.get_full(&self.full_key(rel_key)).await
+    }
+
+    // ---- crate-internal primitives, shared with `checkpoint` --------------------------------
+
+    /// A run store over any backend, with an empty prefix (tests of backend-specific paths).
+    #[cfg(test)]
+    pub(crate) fn with_backend_for_tests(store: Arc<dyn ObjectStore>) -> RunStore {
+        let root_url = format!("test:{store}");
+        RunStore {
+            inner: Arc::new(Inner {
+                store,
+                prefix: String::new(),
+                root_url,
+            }),
+        }
+    }
+
+    /// The backend.
+    pub(crate) fn backend(&self) -> &dyn ObjectStore {
+        self.inner.store.as_ref()
+    }
+
+    /// Joins the run prefix and an already validated relative key.
+    pub(crate) fn full_key(&self, rel: &str) -> String {
+        join(&self.inner.prefix, rel)
+    }
+
+    /// Writes `bytes` at a full key with `mode`; backend errors are mapped, not retried.
+    pub(crate) async fn put_full(
+        &self,
+        full_key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError> {
+        let path = to_path(full_key)?;
+        let opts = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        self.backend()
+            .put_opts(&path, bytes.into(), opts)
+            .await
+            .map_err(|e| StoreError::from_object_store(full_key, e))
+    }
+
+    /// Reads the whole object at a full key.
+    pub(crate) async fn get_full(&self, full_key: &str) -> Result<Bytes, StoreError> {
+        let path = to_path(full_key)?;
+        let map = |e| StoreError::from_object_store(full_key, e);
+        self.backend()
+            .get(&path)
+            .await
+            .map_err(map)?
+            .bytes()
+            .await
+            .map_err(map)
+    }
+}
+
+fn open_local(dir: &FsPath) -> Result<Arc<dyn ObjectStore>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create directory: {e}"))?;
+    let fs = LocalFileSystem::new_with_prefix(dir)
+        .map_err(|e| format!("cannot use directory: {e}"))?
+        .with_fsync(true);
+    Ok(Arc::new(fs))
+}
+
+fn open_s3(url: &url::Url) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    let bucket = url
+        .host_str()
+        .filter(|b| !b.is_empty())
+        .ok_or("the s3:// URL has no bucket")?;
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("the s3:// URL must not have a query or fragment".into());
+    }
+    let prefix = url.path().trim_matches('/').to_string();
+    if !prefix.is_empty() {
+        validate_rel_key(&prefix).map_err(|e| format!("bad prefix: {e}"))?;
+    }
+    let s3 = configure_s3(AmazonS3Builder::from_env(), bucket)
+        .build()
+        .map_err(|e| format!("cannot configure S3 from the AWS_* environment: {e}"))?;
+    Ok((Arc::new(s3), prefix))
+}
+
+/// Sets the bucket and, for an `http://` endpoint (a local S3-compatible server), allows plain
+/// HTTP and uses path-style requests.
+fn configure_s3(builder: AmazonS3Builder, bucket: &str) -> AmazonS3Builder {
+    let builder = builder.with_bucket_name(bucket);
+    let endpoint = builder
+        .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
+        .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint));
+    if endpoint.is_some_and(|e| e.starts_with("http://")) {
+        builder
+            .with_allow_http(true)
+            .with_virtual_hosted_style_request(false)
+    } else {
+        builder
+    }
+}
+
+#[cfg(test)]
+#[path = "root_tests.rs"]
+mod tests;

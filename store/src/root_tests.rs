@@ -1,0 +1,234 @@
+//! Tests of `root`, named after its invariants (ST-n).
+
+use super::*;
+use crate::batch::tests::sample_batch;
+use object_store::ClientConfigKey;
+
+fn local() -> (tempfile::TempDir, RunStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RunStore::open(dir.path().to_str().expect("utf-8 path")).expect("open");
+    (dir, store)
+}
+
+#[tokio::test]
+async fn st3_st4_put_get_list_batches() {
+    let (_dir, store) = local();
+    assert!(store.list_batches().await.expect("empty list").is_empty());
+    for seq in [12, 3, 10_000_000_000, 7] {
+        let key = store.put_batch(&sample_batch(seq)).await.expect("put");
+        assert_eq!(key, store.batch_key(seq));
+    }
+    assert_eq!(store.batch_key(12).0, "batches/0000000012.krb");
+    let keys = store.list_batches().await.expect("list");
+    let seqs: Vec<_> = keys.iter().map(|k| k.batch_seq().expect("seq")).collect();
+    assert_eq!(seqs, vec![3, 7, 12, 10_000_000_000]);
+
+    let buf = store.get_batch(&store.batch_key(7)).await.expect("get");
+    assert_eq!(buf.to_owned().expect("deserialize"), sample_batch(7));
+    assert_eq!(buf.archived().batch_seq.to_native(), 7);
+
+    // Other objects under batches/ are ignored by the listing.
+    store
+        .put_object("batches/README", Bytes::from_static(b"hi"))
+        .await
+        .expect("put");
+    assert_eq!(store.list_batches().await.expect("list").len(), 4);
+}
+
+#[tokio::test]
+async fn st1_second_put_of_a_seq_is_already_exists() {
+    let (_dir, store) = local();
+    store.put_batch(&sample_batch(5)).await.expect("first put");
+    let mut other = sample_batch(5);
+    other.generator_id = 99;
+    match store.put_batch(&other).await {
+        Err(StoreError::AlreadyExists { key }) => assert_eq!(key, "batches/0000000005.krb"),
+        r => panic!("expected AlreadyExists, got {r:?}"),
+    }
+    let kept = store
+        .get_batch(&store.batch_key(5))
+        .await
+        .expect("get")
+        .to_owned()
+        .expect("owned");
+    assert_eq!(kept.generator_id, 3, "the first batch must be untouched");
+}
+
+#[tokio::test]
+async fn st4_corrupt_batch_names_its_key() {
+    let (dir, store) = local();
+    store.put_batch(&sample_batch(1)).await.expect("put");
+    let file = dir.path().join("batches/0000000001.krb");
+    let mut bytes = std::fs::read(&file).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&file, bytes).expect("write");
+    match store.get_batch(&store.batch_key(1)).await {
+        Err(e @ StoreError::CorruptBatch { .. }) => {
+            let StoreError::CorruptBatch { key, source } = &e else {
+                unreachable!()
+            };
+            assert_eq!(key, "batches/0000000001.krb");
+            assert!(
+                matches!(**source, StoreError::ChecksumMismatch { .. }),
+                "{source:?}"
+            );
+            assert!(e
+                .to_string()
+                .starts_with("rollout batch batches/0000000001.krb is corrupt"));
+        }
+        r => panic!("expected CorruptBatch, got {r:?}"),
+    }
+    assert!(matches!(
+        store.get_batch(&store.batch_key(2)).await,
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn st1_invalid_batches_are_not_stored() {
+    let (_dir, store) = local();
+    let mut b = sample_batch(1);
+    b.trajectories[0].loss_mask.clear();
+    assert!(matches!(
+        store.put_batch(&b).await,
+        Err(StoreError::InvalidBatch { .. })
+    ));
+    assert!(store.list_batches().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn st2_generic_objects_and_hostile_keys() {
+    let (dir, store) = local();
+    store
+        .put_object("lineage/run.json", Bytes::from_static(b"{}"))
+        .await
+        .expect("put");
+    store
+        .put_object("lineage/run.json", Bytes::from_static(b"{\"a\":1}"))
+        .await
+        .expect("overwrite");
+    assert_eq!(
+        &store.get_object("lineage/run.json").await.expect("get")[..],
+        b"{\"a\":1}"
+    );
+    assert!(matches!(
+        store.get_object("nope").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    for key in ["../x", "/etc/passwd", "a//b", "a/../../b", "a\\b", ""] {
+        assert!(
+            matches!(
+                store.put_object(key, Bytes::new()).await,
+                Err(StoreError::InvalidKey { .. })
+            ),
+            "put {key:?}"
+        );
+        assert!(
+            matches!(
+                store.get_object(key).await,
+                Err(StoreError::InvalidKey { .. })
+            ),
+            "get {key:?}"
+        );
+    }
+    assert!(!dir.path().parent().expect("parent").join("x").exists());
+    let hostile = BatchKey("../outside.krb".into());
+    assert!(matches!(
+        store.get_batch(&hostile).await,
+        Err(StoreError::InvalidKey { .. })
+    ));
+}
+
+#[test]
+fn open_local_roots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nested = dir.path().join("a/b/run");
+    let store = RunStore::open(nested.to_str().expect("utf-8")).expect("open creates dirs");
+    assert!(nested.is_dir());
+    assert_eq!(store.root_url(), nested.to_str().expect("utf-8"));
+    let url = url::Url::from_directory_path(&nested)
+        .expect("url")
+        .to_string();
+    RunStore::open(&url).expect("file:// url");
+    assert!(format!("{store:?}").contains("LocalFileSystem"));
+
+    // Relative roots are resolved against the current directory.
+    let cwd_tmp = tempfile::Builder::new()
+        .prefix(".keel-store-test-")
+        .tempdir_in(".")
+        .expect("tmp");
+    let name = cwd_tmp
+        .path()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("utf-8 name");
+    let rel = format!("{name}/run");
+    RunStore::open(&rel).expect("relative root");
+    assert!(cwd_tmp.path().join("run").is_dir());
+}
+
+#[test]
+fn open_rejects_bad_roots() {
+    for root in [
+        "",
+        "   ",
+        "gs://bucket/x",
+        "s3:///nobucket",
+        "s3://bucket/a//b",
+        "s3://b/x?y=1",
+    ] {
+        assert!(
+            matches!(RunStore::open(root), Err(StoreError::InvalidRoot { .. })),
+            "{root:?} was accepted"
+        );
+    }
+}
+
+#[test]
+fn open_s3_builds_a_prefixed_store() {
+    let store = RunStore::open("s3://bucket/runs/r1/").expect("s3 root");
+    assert_eq!(store.root_url(), "s3://bucket/runs/r1/");
+    assert_eq!(store.batch_key(12).0, "runs/r1/batches/0000000012.krb");
+    let debug = format!("{store:?}");
+    assert!(
+        debug.contains("bucket") && debug.contains("runs/r1"),
+        "{debug}"
+    );
+    let bare = RunStore::open("s3://bucket").expect("no prefix");
+    assert_eq!(bare.batch_key(1).0, "batches/0000000001.krb");
+}
+
+#[test]
+fn s3_http_endpoints_use_plain_http_and_path_style() {
+    let local = configure_s3(
+        AmazonS3Builder::new().with_endpoint("http://127.0.0.1:8333"),
+        "b",
+    );
+    assert_eq!(
+        local
+            .get_config_value(&AmazonS3ConfigKey::Bucket)
+            .as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        local
+            .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+            .as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        local
+            .get_config_value(&AmazonS3ConfigKey::VirtualHostedStyleRequest)
+            .as_deref(),
+        Some("false")
+    );
+    local.build().expect("builds");
+
+    let aws = configure_s3(AmazonS3Builder::new().with_region("eu-west-1"), "b");
+    assert_ne!(
+        aws.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+            .as_deref(),
+        Some("true")
+    );
+}
