@@ -163,7 +163,7 @@ impl Handler<TrainOn> for LearnerActor {
         let buf = self.io.block_on(self.store.get_batch(&msg.key))?;
         let batch = buf.archived();
         let learner = self.learner()?;
-        let version = learner.step();
+        let version = learner.policy_version();
         let batch_seq = batch.batch_seq.to_native();
         let mut turn_lags = Vec::new();
         let mut task_ids = Vec::new();
@@ -193,9 +193,9 @@ impl Handler<TrainOn> for LearnerActor {
         let device = learner.model().device();
         let tensors = TrainBatch::from_archived(batch, device)?;
         let metrics = learner.train_step(&tensors)?;
-        let weights = PublishedWeights { version: learner.step(), safetensors: Arc::new(learner.weights_safetensors()?) };
+        let weights = PublishedWeights { version: learner.policy_version(), safetensors: Arc::new(learner.weights_safetensors()?) };
         Ok(Trained {
-            version: learner.step(),
+            version: learner.policy_version(),
             metrics,
             weights,
             turn_lags,
@@ -212,7 +212,7 @@ impl Handler<CurrentWeights> for LearnerActor {
 
     fn handle(&mut self, _msg: CurrentWeights, _ctx: &mut SyncContext<Self>) -> Self::Result {
         let learner = self.learner()?;
-        Ok(PublishedWeights { version: learner.step(), safetensors: Arc::new(learner.weights_safetensors()?) })
+        Ok(PublishedWeights { version: learner.policy_version(), safetensors: Arc::new(learner.weights_safetensors()?) })
     }
 }
 
@@ -230,6 +230,6 @@ impl Handler<Restore> for LearnerActor {
     fn handle(&mut self, msg: Restore, _ctx: &mut SyncContext<Self>) -> Self::Result {
         let learner = self.learner()?;
         learner.restore(&msg.0)?;
-        Ok(learner.step())
+        Ok(learner.policy_version())
     }
 }

@@ -147,7 +147,7 @@ mod tests {
     }
 
     #[test]
-    fn grpo_constant_group_is_zero_and_groups_are_independent() {
+    fn ad1_grpo_constant_group_is_zero_and_groups_are_independent() {
         let a = grpo_advantages(&[0.7, 0.7, 0.7, 1.0, 0.0], &[5, 5, 5, 9, 9], true, 1e-6);
         assert_eq!(&a[..3], &[0.0, 0.0, 0.0]);
         assert!(a[3] > 0.0 && a[4] < 0.0);
@@ -170,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn gae_ignores_masked_rewards_and_values() {
+    fn ad2_gae_ignores_masked_rewards_and_values() {
         let mask = Tensor::from_slice(&[1f32, 0., 1.]).view([1, 3]);
         let a = Tensor::from_slice(&[0f32, 5., 1.]).view([1, 3]);
         let v1 = Tensor::from_slice(&[0.1f32, 9., 0.3]).view([1, 3]);
@@ -182,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn whiten_has_zero_mean_unit_variance_on_mask() {
+    fn ad4_whiten_has_zero_mean_unit_variance_on_mask() {
         let x = Tensor::from_slice(&[1f32, 2., 100., 3.]).view([1, 4]);
         let m = Tensor::from_slice(&[1f32, 1., 0., 1.]).view([1, 4]);
         let w = Vec::<f32>::try_from(&masked_whiten(&x, &m).get(0)).expect("w");

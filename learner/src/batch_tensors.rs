@@ -8,8 +8,13 @@
 //!   rejected, never silently fixed.
 //! - BT-3: every trajectory is non-empty, its mask and behaviour log-probs have its token count,
 //!   mask values are 0 or 1, and behaviour log-probs are finite where the mask is 1.
-//! - BT-4: `n_tokens = Σ loss_mask`; `final_rewards[i]` and `group_ids[i]` belong to row `i`.
+//! - BT-4: `n_tokens = Σ loss_mask`; `final_rewards[i]` (finite) and `group_ids[i]` belong to
+//!   row `i`.
+//! - BT-5: `from_archived` reads the archive zero-copy and copies each value exactly once, into
+//!   the padded host buffers; every trajectory is used, whatever its `source` (anchor
+//!   trajectories are trained on like on-policy ones), and per-turn rewards are not used.
 
+use keel_store::ArchivedRolloutBatch;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::LearnerError;
@@ -48,6 +53,29 @@ impl TrainBatch {
     /// Whether the batch holds no trajectory (never true for a constructed batch).
     pub fn is_empty(&self) -> bool {
         self.final_rewards.is_empty()
+    }
+
+    /// Training batch from a stored rollout batch, read through its archived form (BT-5).
+    pub fn from_archived(batch: &ArchivedRolloutBatch, device: Device) -> Result<Self, LearnerError> {
+        let rows = batch
+            .trajectories
+            .iter()
+            .map(|t| Row {
+                tokens: t.tokens.iter().map(|x| x.to_native()).collect(),
+                mask: t.loss_mask.as_slice().to_vec(),
+                logp: t.behaviour_logprobs.iter().map(|x| x.to_native()).collect(),
+                reward: t.final_reward.to_native(),
+                group: t.group_id.to_native(),
+            })
+            .collect();
+        Self::from_rows(rows, device).map_err(|e| match e {
+            LearnerError::InvalidInput { reason } => LearnerError::input(format!(
+                "rollout batch {} of run {}: {reason}",
+                batch.batch_seq.to_native(),
+                batch.run_id.as_str()
+            )),
+            other => other,
+        })
     }
 
     /// SFT batch from `(tokens, loss_mask)` pairs: behaviour log-probs and rewards 0, each
@@ -91,6 +119,9 @@ impl TrainBatch {
                 return Err(LearnerError::input(format!(
                     "trajectory {i}: loss_mask[0] is 1, but the first token has no prediction to train (it must be a prompt token)"
                 )));
+            }
+            if !r.reward.is_finite() {
+                return Err(LearnerError::input(format!("trajectory {i}: final reward is {}", r.reward)));
             }
             if let Some(t) = (0..r.tokens.len()).find(|&t| r.mask[t] == 1 && !r.logp[t].is_finite()) {
                 return Err(LearnerError::input(format!("trajectory {i}: behaviour log-prob at token {t} is {}", r.logp[t])));
@@ -140,9 +171,56 @@ mod tests {
         assert_eq!(b.group_ids, vec![0, 1]);
     }
 
+    fn trajectory(id: u64, tokens: Vec<u32>, mask: Vec<u8>, reward: f32) -> keel_store::Trajectory {
+        let logp = mask.iter().map(|&m| if m == 1 { -0.5 } else { 0.0 }).collect();
+        let start = mask.iter().position(|&m| m == 1).unwrap_or(0) as u32;
+        keel_store::Trajectory {
+            trajectory_id: id,
+            group_id: 40 + id / 2,
+            task_id: id / 2,
+            env_name: "test".into(),
+            agent_id: 0,
+            turns: vec![keel_store::Turn { start, end: tokens.len() as u32, policy_version: 1, reward: 0.0, invalid_action: false }],
+            tokens,
+            loss_mask: mask,
+            behaviour_logprobs: logp,
+            final_reward: reward,
+            source: keel_store::Source::OnPolicy,
+        }
+    }
+
+    #[test]
+    fn bt5_reads_an_archived_rollout_batch() {
+        let batch = keel_store::RolloutBatch {
+            run_id: "r".into(),
+            batch_seq: 3,
+            generator_id: 0,
+            policy_version: 1,
+            created_unix_ms: 0,
+            trajectories: vec![
+                trajectory(0, vec![1, 4, 5, 6], vec![0, 1, 1, 1], 1.0),
+                trajectory(1, vec![1, 4, 7], vec![0, 1, 1], 0.0),
+            ],
+        };
+        let frame = keel_store::frame::encode_batch(&batch, 1).expect("encode");
+        let buf = keel_store::frame::decode_batch(&frame).expect("decode");
+        let b = TrainBatch::from_archived(buf.archived(), Device::Cpu).expect("train batch");
+        assert_eq!(Vec::<Vec<i64>>::try_from(&b.tokens).expect("tokens"), vec![vec![1, 4, 5, 6], vec![1, 4, 7, 0]]);
+        assert_eq!(
+            Vec::<Vec<f32>>::try_from(&b.behaviour_logp).expect("logp"),
+            vec![vec![0.0, -0.5, -0.5, -0.5], vec![0.0, -0.5, -0.5, 0.0]]
+        );
+        assert_eq!((b.final_rewards.clone(), b.group_ids.clone(), b.n_tokens), (vec![1.0, 0.0], vec![40, 40], 5));
+        // A batch whose first token is model-sampled is rejected, naming the batch (BT-2).
+        let bad = keel_store::RolloutBatch { trajectories: vec![trajectory(0, vec![1, 4], vec![1, 1], 1.0)], ..batch };
+        let buf = keel_store::frame::decode_batch(&keel_store::frame::encode_batch(&bad, 1).expect("encode")).expect("decode");
+        let Err(e) = TrainBatch::from_archived(buf.archived(), Device::Cpu) else { panic!("mask[0] = 1 accepted") };
+        assert!(e.to_string().contains("rollout batch 3 of run r"), "{e}");
+    }
+
     #[test]
     fn rejects_bad_rows() {
-        let e = TrainBatch::from_sequences(&[(vec![1, 2], vec![1, 1])], Device::Cpu).err().expect("mask[0]");
+        let Err(e) = TrainBatch::from_sequences(&[(vec![1, 2], vec![1, 1])], Device::Cpu) else { panic!("mask[0] = 1 accepted") };
         assert!(e.to_string().contains("loss_mask[0]"), "{e}");
         assert!(TrainBatch::from_sequences(&[(vec![1, 2], vec![0])], Device::Cpu).is_err());
         assert!(TrainBatch::from_sequences(&[], Device::Cpu).is_err());

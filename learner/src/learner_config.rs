@@ -113,7 +113,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_is_valid_and_messages_name_the_key() {
+    fn lc1_default_is_valid_and_messages_name_the_key() {
         LearnerConfig::default().validate().expect("defaults are valid");
         let c = LearnerConfig { lr: 5.0, ..LearnerConfig::default() };
         assert_eq!(c.validate().expect_err("lr").to_string(), "learner.lr must be in (0, 1], got 5");

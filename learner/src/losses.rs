@@ -130,7 +130,7 @@ mod tests {
     }
 
     #[test]
-    fn masked_positions_cannot_leak_nan() {
+    fn ls2_masked_positions_cannot_leak_nan() {
         let logp = t(&[-1.0, f64::NAN]).set_requires_grad(true);
         let out = ppo_clip_loss(&logp, &t(&[-1.0, 0.0]), &t(&[1.0, f64::INFINITY]), &t(&[1.0, 0.0]), 0.2, 0.2);
         assert!(out.loss.double_value(&[]).is_finite());

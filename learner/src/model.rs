@@ -342,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn init_is_deterministic_per_seed_and_follows_md1() {
+    fn md1_init_is_deterministic_per_seed() {
         tch::set_num_threads(1);
         let a = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 7).expect("a"));
         let b = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 7).expect("b"));
@@ -363,14 +363,14 @@ mod tests {
     }
 
     #[test]
-    fn forward_shapes_and_causality() {
+    fn md2_forward_shapes_and_causality() {
         tch::set_num_threads(1);
         let m = PolicyModel::new(&tiny(true), Device::Cpu, 1).expect("model");
         let toks = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]).view([2, 6]);
         let (logits, values) = m.forward(&toks);
         assert_eq!(logits.size(), vec![2, 6, 11]);
         assert_eq!(values.expect("value head").size(), vec![2, 6]);
-        let mut changed = toks.copy();
+        let changed = toks.copy();
         let _ = changed.get(0).get(4).fill_(3);
         let (logits2, _) = m.forward(&changed);
         let before = logits.narrow(1, 0, 4);
@@ -392,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn safetensors_round_trip_and_mismatch() {
+    fn md4_safetensors_round_trip_and_mismatch() {
         tch::set_num_threads(1);
         let a = PolicyModel::new(&tiny(true), Device::Cpu, 3).expect("a");
         let mut b = PolicyModel::new(&tiny(true), Device::Cpu, 4).expect("b");

@@ -153,14 +153,14 @@ mod tests {
     }
 
     #[test]
-    fn logprob_equals_learner_recomputation() {
+    fn sm1_logprob_equals_learner_recomputation() {
         tch::set_num_threads(1);
         let m = model();
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let a: Vec<u32> = vec![1, 4, 5];
         let b: Vec<u32> = vec![1, 7, 8, 9, 2, 3];
-        let mut ctx = vec![a, b];
-        let mut logps: Vec<Vec<f32>> = vec![vec![], vec![]];
+        let mut ctx = [a, b];
+        let mut logps: [Vec<f32>; 2] = [vec![], vec![]];
         for _ in 0..6 {
             let refs: Vec<&[u32]> = ctx.iter().map(|c| c.as_slice()).collect();
             let s = sample_next(&m, &refs, 1.0, &[0, 1], &mut rng).expect("sample");

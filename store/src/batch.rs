@@ -184,7 +184,7 @@ impl Trajectory {
                     while turns.peek().is_some_and(|t| t.end as usize <= k) {
                         turns.next();
                     }
-                    if !turns.peek().is_some_and(|t| t.start as usize <= k) {
+                    if turns.peek().is_none_or(|t| t.start as usize > k) {
                         return Err(format!("token {k} has loss_mask 1 but lies in no turn"));
                     }
                 }

@@ -53,6 +53,10 @@ pub struct DataPosition {
     pub next_batch_seq: u64,
     /// Batch seqs trained on since the parent checkpoint.
     pub consumed_batches: Vec<u64>,
+    /// First task ids of task ranges handed out to generators but not yet trained on when the
+    /// checkpoint was taken; a resumed run owes them first.
+    #[serde(default)]
+    pub pending_tasks: Vec<u64>,
 }
 
 /// One blob of a checkpoint, as recorded in its manifest.

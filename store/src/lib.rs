@@ -4,11 +4,11 @@
 //! reads them zero-copy through [`BatchBuf`], and commits [`CheckpointManifest`]s with
 //! [`RunStore::commit_checkpoint`]. Module map, in data-flow order:
 //!
-//! - [`batch`]: the rollout data model and the zero-copy view of a stored batch.
-//! - [`frame`]: the `.krb` byte format (magic, version, length, crc32, zstd(rkyv)).
-//! - [`root`]: a run root on an object store; batch keys, generic objects, key validation.
-//! - [`checkpoint`]: the checkpoint commit protocol (blobs, manifest, HEAD).
-//! - [`error`]: [`StoreError`].
+//! - [`batch`] — the rollout data model and the zero-copy view of a stored batch.
+//! - [`frame`] — the `.krb` byte format (magic, version, length, crc32, zstd(rkyv)).
+//! - [`root`] — a run root on an object store; batch keys, generic objects, key validation.
+//! - [`checkpoint`] — the checkpoint commit protocol (blobs, manifest, HEAD).
+//! - [`error`] — [`StoreError`].
 //!
 //! Invariants (each module states its own, numbered, and its tests are named after them):
 //! - KS-1: the store never overwrites a rollout batch or a checkpoint manifest (ST-1, CK-1).

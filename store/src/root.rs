@@ -101,6 +101,16 @@ impl RunStore {
         }
         let (store, prefix): (Arc<dyn ObjectStore>, String) = if root.contains("://") {
             let url = url::Url::parse(root).map_err(|e| bad(format!("not a valid URL: {e}")))?;
+            if !url.username().is_empty() || url.password().is_some() {
+                // Never echo credentials (ST-6): report the root without its user info.
+                let mut shown = url.clone();
+                let _ = shown.set_username("");
+                let _ = shown.set_password(None);
+                return Err(StoreError::InvalidRoot {
+                    root: shown.to_string(),
+                    reason: "credentials in the URL are not accepted; set AWS_* variables".into(),
+                });
+            }
             match url.scheme() {
                 "s3" => open_s3(&url).map_err(bad)?,
                 "file" => {

@@ -186,6 +186,17 @@ fn open_rejects_bad_roots() {
 }
 
 #[test]
+fn st6_credentials_in_the_url_are_rejected_and_not_echoed() {
+    match RunStore::open("s3://AKIAKEY:s3cr3t@bucket/run") {
+        Err(e @ StoreError::InvalidRoot { .. }) => {
+            let msg = e.to_string();
+            assert!(!msg.contains("s3cr3t") && !msg.contains("AKIAKEY"), "{msg}");
+        }
+        r => panic!("expected InvalidRoot, got {r:?}"),
+    }
+}
+
+#[test]
 fn open_s3_builds_a_prefixed_store() {
     let store = RunStore::open("s3://bucket/runs/r1/").expect("s3 root");
     assert_eq!(store.root_url(), "s3://bucket/runs/r1/");

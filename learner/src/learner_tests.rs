@@ -1,0 +1,188 @@
+//! End-to-end tests of `Learner` (invariants LR-1 … LR-5) on a tiny model.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::batch_tensors::{Row, TrainBatch};
+use crate::learner::Learner;
+use crate::learner_config::{Algo, LearnerConfig};
+use crate::logprobs::token_logprobs;
+use crate::model::{ModelConfig, PolicyModel};
+
+fn tiny(value_head: bool) -> ModelConfig {
+    ModelConfig { vocab_size: 12, context_len: 16, n_layer: 2, d_model: 32, n_head: 4, value_head }
+}
+
+fn cfg(algo: Algo) -> LearnerConfig {
+    LearnerConfig { algo, lr: 3e-3, ..LearnerConfig::default() }
+}
+
+/// On-policy behaviour log-probs of `model` for each row.
+fn behaviour(model: &PolicyModel, tokens: &[u32]) -> Vec<f32> {
+    let toks: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    let toks = Tensor::from_slice(&toks).view([1, -1]);
+    let (logits, _) = tch::no_grad(|| model.forward(&toks));
+    Vec::<f32>::try_from(&token_logprobs(&logits, &toks).get(0)).expect("logp")
+}
+
+/// Two groups: in group 7 trajectory 0 (response 3 4) has reward 1 and trajectory 1 (5 6)
+/// reward 0; group 8 is constant. Prompt `1 2`, then the response, then an observation 9 and
+/// one more model token.
+fn rl_batch(model: &PolicyModel) -> TrainBatch {
+    let specs: [(&[u32], f32, u64); 4] =
+        [(&[1, 2, 3, 4, 9, 10], 1.0, 7), (&[1, 2, 5, 6, 9, 11], 0.0, 7), (&[1, 8, 3, 5], 0.5, 8), (&[1, 8, 6], 0.5, 8)];
+    let rows = specs
+        .iter()
+        .map(|(tokens, reward, group)| {
+            let mask: Vec<u8> = (0..tokens.len()).map(|t| u8::from(t >= 2 && tokens[t] != 9)).collect();
+            let lp = behaviour(model, tokens);
+            let logp = lp.iter().zip(&mask).map(|(&l, &m)| if m == 1 { l } else { 0.0 }).collect();
+            Row { tokens: tokens.to_vec(), mask, logp, reward: *reward, group: *group }
+        })
+        .collect();
+    TrainBatch::from_rows(rows, Device::Cpu).expect("batch")
+}
+
+fn sequence_logp(model: &PolicyModel, tokens: &[u32], from: usize) -> f64 {
+    behaviour(model, tokens)[from..].iter().map(|&x| f64::from(x)).sum()
+}
+
+#[test]
+fn ppo_requires_a_value_head() {
+    let Err(e) = Learner::new(&tiny(false), cfg(Algo::Ppo), Device::Cpu, 0) else { panic!("PPO without a value head") };
+    assert!(e.to_string().starts_with("model.value_head must be true"), "{e}");
+}
+
+#[test]
+fn lr1_grpo_raises_the_rewarded_trajectory() {
+    tch::set_num_threads(1);
+    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 3).expect("learner");
+    let batch = rl_batch(l.model());
+    let good: &[u32] = &[1, 2, 3, 4];
+    let bad: &[u32] = &[1, 2, 5, 6];
+    let (g0, b0) = (sequence_logp(l.model(), good, 2), sequence_logp(l.model(), bad, 2));
+    let first = l.train_step(&batch).expect("step");
+    assert_eq!(first.clip_frac, 0.0, "on-policy behaviour log-probs give ratio 1 (LR-1)");
+    assert!(first.approx_kl.abs() < 1e-6, "kl {}", first.approx_kl);
+    for _ in 0..4 {
+        let m = l.train_step(&batch).expect("step");
+        assert!(m.loss.is_finite() && m.grad_norm.is_finite());
+    }
+    let (g1, b1) = (sequence_logp(l.model(), good, 2), sequence_logp(l.model(), bad, 2));
+    assert!(g1 > g0 + 1e-3, "good trajectory log-prob {g0} → {g1}");
+    assert!(b1 < b0 - 1e-3, "bad trajectory log-prob {b0} → {b1}");
+    assert_eq!(l.step(), 5);
+    assert_eq!(first.tokens, batch.n_tokens);
+    assert!((first.mean_reward - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn ppo_step_trains_policy_and_critic() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig { epochs: 2, minibatches: 2, entropy_coef: 0.01, gamma: 1.0, lam: 0.95, ..cfg(Algo::Ppo) };
+    let mut l = Learner::new(&tiny(true), c, Device::Cpu, 4).expect("learner");
+    let batch = rl_batch(l.model());
+    let first = l.train_step(&batch).expect("step");
+    assert!(first.value_loss > 0.0 && first.entropy > 0.0);
+    let mut last = first.clone();
+    for _ in 0..10 {
+        last = l.train_step(&batch).expect("step");
+        assert!(last.loss.is_finite());
+    }
+    assert!(last.value_loss < first.value_loss, "value loss {} → {}", first.value_loss, last.value_loss);
+    assert_eq!(l.step(), 11 * 4, "epochs × minibatches optimizer steps per call (LR-3)");
+}
+
+#[test]
+fn lr2_non_finite_loss_skips_the_step() {
+    tch::set_num_threads(1);
+    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 5).expect("learner");
+    let mut batch = rl_batch(l.model());
+    batch.final_rewards[0] = f32::NAN;
+    let before = l.weights_safetensors().expect("weights");
+    let e = l.train_step(&batch).expect_err("NaN reward");
+    assert!(matches!(e, crate::LearnerError::NonFinite { .. }), "{e}");
+    assert_eq!(before, l.weights_safetensors().expect("weights"), "weights untouched (LR-2)");
+    assert_eq!(l.step(), 0);
+}
+
+#[test]
+fn sft_decreases_loss() {
+    tch::set_num_threads(1);
+    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 6).expect("learner");
+    let seqs = vec![(vec![1, 2, 3, 4, 5], vec![0, 0, 1, 1, 1]), (vec![1, 7, 8], vec![0, 1, 1])];
+    let batch = TrainBatch::from_sequences(&seqs, Device::Cpu).expect("batch");
+    let first = l.sft_step(&batch, 1e-2).expect("sft");
+    let mut last = first.clone();
+    for _ in 0..20 {
+        last = l.sft_step(&batch, 1e-2).expect("sft");
+    }
+    assert!(last.loss < 0.5 * first.loss, "sft loss {} → {}", first.loss, last.loss);
+    assert_eq!((l.step(), l.sft_steps()), (0, 21));
+}
+
+#[test]
+fn lr4_restore_continues_bit_identically() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig { epochs: 2, minibatches: 3, weight_decay: 0.01, ..cfg(Algo::Ppo) };
+    let mut a = Learner::new(&tiny(true), c.clone(), Device::Cpu, 11).expect("a");
+    let batch = rl_batch(a.model());
+    let sft = TrainBatch::from_sequences(&[(vec![1, 2, 3], vec![0, 1, 1])], Device::Cpu).expect("sft");
+    a.train_step(&batch).expect("a1");
+    a.sft_step(&sft, 1e-3).expect("a sft");
+    a.train_step(&batch).expect("a2");
+    let files = a.state_files().expect("state");
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["model.safetensors", "optimizer.safetensors", "learner.json"]);
+
+    let mut b = Learner::new(&tiny(true), c, Device::Cpu, 999).expect("b");
+    b.restore(&files).expect("restore");
+    assert_eq!((b.step(), b.sft_steps()), (a.step(), a.sft_steps()));
+    for l in [&mut a, &mut b] {
+        l.train_step(&batch).expect("3");
+        l.sft_step(&sft, 1e-3).expect("sft");
+        l.train_step(&batch).expect("4");
+    }
+    assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"), "weights differ");
+    for ((name, x), (_, y)) in a.state_files().expect("a").iter().zip(&b.state_files().expect("b")) {
+        assert!(x == y, "{name} differs after restore");
+    }
+}
+
+#[test]
+fn lr5_restore_rejects_other_models_and_changes_nothing() {
+    tch::set_num_threads(1);
+    let a = Learner::new(&tiny(true), cfg(Algo::Grpo), Device::Cpu, 1).expect("a");
+    let other = ModelConfig { d_model: 16, ..tiny(true) };
+    let mut b = Learner::new(&other, cfg(Algo::Grpo), Device::Cpu, 2).expect("b");
+    let before = b.weights_safetensors().expect("w");
+    let e = b.restore(&a.state_files().expect("files")).expect_err("model mismatch");
+    assert!(e.to_string().contains("learner.json"), "{e}");
+    let mut files = a.state_files().expect("files");
+    files.retain(|(n, _)| n != "optimizer.safetensors");
+    let mut c = Learner::new(&tiny(true), cfg(Algo::Grpo), Device::Cpu, 2).expect("c");
+    let e = c.restore(&files).expect_err("missing file");
+    assert!(e.to_string().contains("optimizer.safetensors"), "{e}");
+    assert_eq!(before, b.weights_safetensors().expect("w"));
+}
+
+#[test]
+fn ls2_no_gradient_reaches_logits_predicting_mask0_tokens() {
+    tch::set_num_threads(1);
+    let model = PolicyModel::new(&tiny(false), Device::Cpu, 2).expect("model");
+    let batch = rl_batch(&model);
+    let (logits, _) = model.forward(&batch.tokens);
+    let logits = logits.detach().set_requires_grad(true);
+    let logp = token_logprobs(&logits, &batch.tokens);
+    let adv = Tensor::ones_like(&logp);
+    crate::losses::ppo_clip_loss(&logp, &batch.behaviour_logp, &adv, &batch.loss_mask, 0.2, 0.2).loss.backward();
+    // logits[b, t-1] predicts token t: its gradient is zero exactly where mask[b, t] = 0.
+    let g = logits.grad().abs().sum_dim_intlist(-1, false, Kind::Float);
+    let mask = Vec::<Vec<f32>>::try_from(&batch.loss_mask).expect("mask");
+    let g = Vec::<Vec<f32>>::try_from(&g).expect("grad");
+    for (b, row) in mask.iter().enumerate() {
+        for t in 1..row.len() {
+            assert_eq!(g[b][t - 1] == 0.0, row[t] == 0.0, "row {b} position {t}");
+        }
+        assert_eq!(g[b][row.len() - 1], 0.0, "the last position predicts nothing");
+    }
+}
