@@ -64,10 +64,10 @@ impl Default for RunSection {
         Self {
             name: "quickstart".into(),
             seed: 7,
-            steps: 40,
+            steps: 200,
             mode: Mode::Sync,
             staleness_bound: 1,
-            checkpoint_every: 10,
+            checkpoint_every: 25,
             device: "auto".into(),
             threads: 0,
         }
@@ -128,7 +128,7 @@ pub struct SftSection {
 
 impl Default for SftSection {
     fn default() -> Self {
-        Self { steps: 150, batch_size: 32, lr: 3e-3, demos: 2000, noise: 0.3 }
+        Self { steps: 300, batch_size: 32, lr: 3e-3, demos: 2000, noise: 0.3 }
     }
 }
 

@@ -45,12 +45,12 @@ d_model = 32
 n_head = 2
 
 [sft]
-steps = 20
+steps = 120
 batch_size = 16
-demos = 200
+demos = 400
 
 [rollout]
-tasks_per_batch = 4
+tasks_per_batch = 6
 group_size = 4
 max_turn_tokens = 5
 eval_tasks = 16

@@ -8,7 +8,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
     let trajectories = (0..6u64)
         .map(|i| {
             let tokens: Vec<u32> = (0..40).map(|t| ((t * 31 + i * 7) % 1116) as u32).collect();
-            let loss_mask: Vec<u8> = (0..40).map(|t| u8::from(t >= 8 && t % 7 != 0)).collect();
+            let loss_mask: Vec<u8> = (0..40).map(|t| u8::from((8..14).contains(&t) || (15..21).contains(&t))).collect();
             let behaviour_logprobs =
                 loss_mask.iter().enumerate().map(|(t, &m)| if m == 1 { -0.01 * t as f32 - 1e-7 } else { 0.0 }).collect();
             Trajectory {

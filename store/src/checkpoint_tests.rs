@@ -20,6 +20,7 @@ fn new_ckpt(step: u64, parent: Option<String>) -> NewCheckpoint {
             next_task_index: step * 10,
             next_batch_seq: step,
             consumed_batches: vec![step],
+            pending_tasks: vec![step * 10 + 4],
         },
         metrics: BTreeMap::from([("loss".to_string(), 0.5), ("reward".to_string(), -1.25)]),
         files: vec![
