@@ -5,13 +5,35 @@
 set -euo pipefail
 
 SEAWEED_DIR=$(mktemp -d "${TMPDIR:-/tmp}/keel-seaweed.XXXXXX")
-SEAWEED_S3_PORT=${SEAWEED_S3_PORT:-18333}
+# Free loopback ports chosen at run time (several test runs may share a machine). SeaweedFS also
+# listens on each port + 10000 (gRPC), so both must be free and below 65536.
+read -r SEAWEED_MASTER_PORT SEAWEED_VOLUME_PORT SEAWEED_FILER_PORT SEAWEED_FREE_S3 < <(python3 - <<'PY'
+import random, socket
+def free(p):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p)); return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+picked = []
+while len(picked) < 4:
+    p = random.randint(20000, 45000)
+    if p not in picked and p + 10000 not in picked and free(p) and free(p + 10000):
+        picked.append(p)
+print(*picked)
+PY
+)
+# Never inherit a port from an enclosing run (it would be taken); KEEL_SEAWEED_S3_PORT pins one.
+SEAWEED_S3_PORT=${KEEL_SEAWEED_S3_PORT:-$SEAWEED_FREE_S3}
 cat > "$SEAWEED_DIR/s3.json" <<JSON
 {"identities":[{"name":"keel","credentials":[{"accessKey":"keel-test","secretKey":"keel-test-secret"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
 JSON
 mkdir -p "$SEAWEED_DIR/data"
 weed mini -dir="$SEAWEED_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.config="$SEAWEED_DIR/s3.json" \
-  -admin.ui=false -webdav=false -master.port=18330 -volume.port=18331 -filer.port=18332 \
+  -admin.ui=false -webdav=false -master.port="$SEAWEED_MASTER_PORT" -volume.port="$SEAWEED_VOLUME_PORT" \
+  -filer.port="$SEAWEED_FILER_PORT" \
   -s3.port="$SEAWEED_S3_PORT" >"$SEAWEED_DIR/weed.log" 2>&1 &
 SEAWEED_PID=$!
 for _ in $(seq 1 60); do
@@ -21,7 +43,18 @@ done
 if ! curl -s -o /dev/null "http://127.0.0.1:$SEAWEED_S3_PORT/"; then
   echo "seaweedfs did not start; log:" >&2; tail -20 "$SEAWEED_DIR/weed.log" >&2; exit 1
 fi
-export SEAWEED_PID SEAWEED_DIR
+# Create the test bucket up front: auto-creation on first write races when many tests start at once.
+for _ in $(seq 1 20); do
+  if ! kill -0 "$SEAWEED_PID" 2>/dev/null; then
+    echo "seaweedfs exited; log:" >&2; tail -20 "$SEAWEED_DIR/weed.log" >&2; exit 1
+  fi
+  if echo "s3.bucket.create -name keel-test" | timeout 10 weed shell -master="127.0.0.1:$SEAWEED_MASTER_PORT" >>"$SEAWEED_DIR/weed.log" 2>&1 \
+     && echo "s3.bucket.list" | timeout 10 weed shell -master="127.0.0.1:$SEAWEED_MASTER_PORT" 2>/dev/null | grep -q keel-test; then
+    break
+  fi
+  sleep 0.5
+done
+export SEAWEED_PID SEAWEED_DIR SEAWEED_MASTER_PORT SEAWEED_VOLUME_PORT SEAWEED_FILER_PORT SEAWEED_S3_PORT
 export KEEL_TEST_S3_ENDPOINT="http://127.0.0.1:$SEAWEED_S3_PORT"
 export KEEL_TEST_S3_BUCKET=keel-test
 export AWS_ACCESS_KEY_ID=keel-test AWS_SECRET_ACCESS_KEY=keel-test-secret AWS_REGION=us-east-1

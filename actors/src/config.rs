@@ -8,8 +8,11 @@
 //! - CF-4: `TrainConfig::config_hash` is a stable function of the effective configuration; it is
 //!   recorded in every checkpoint so that a resume under a different config can be detected.
 
-use keel_learner::{Algo, LearnerConfig, ModelConfig};
+use keel_learner::{LearnerConfig, ModelConfig};
 use serde::{Deserialize, Serialize};
+
+pub use crate::faults::FaultsSection;
+pub use crate::guard::GuardSection;
 
 /// An invalid configuration value, naming the TOML key.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,11 @@ pub struct RunSection {
     pub device: String,
     /// Torch intra-op threads (0 = torch's default).
     pub threads: usize,
+    /// On SIGTERM/SIGINT (spot preemption): seconds to finish the current step, commit a
+    /// checkpoint and exit 0; past it the process exits 1.
+    pub sigterm_grace_s: u64,
+    /// Checkpoint blobs of at least this many bytes are uploaded as S3 multipart uploads.
+    pub checkpoint_multipart_bytes: u64,
 }
 
 impl Default for RunSection {
@@ -70,23 +78,99 @@ impl Default for RunSection {
             checkpoint_every: 25,
             device: "auto".into(),
             threads: 0,
+            sigterm_grace_s: 60,
+            checkpoint_multipart_bytes: 16 << 20,
         }
     }
 }
 
-/// `[env]`: which environment and how hard.
+/// `[env]`: which environment, how hard, and how its steps behave (`keel env list`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvSection {
-    /// Environment name (`keel env list`): `calc`.
+    /// Environment name (`keel env list`): calc, search-qa, household, shop, sokoban,
+    /// solver-verifier, search-team or external.
     pub name: String,
-    /// Number of operations per task (the horizon is n_ops + 1 turns).
-    pub n_ops: usize,
+    /// The difficulty knob (sets the horizon); `n_ops` is accepted as an alias (calc).
+    #[serde(alias = "n_ops")]
+    pub difficulty: usize,
+    /// Base URL of the env server for `name = "external"` (empty otherwise).
+    pub url: String,
+    /// External env: deadline of one request in milliseconds.
+    pub timeout_ms: u64,
+    /// External env: retries after a failed request.
+    pub retries: u32,
+    /// Episodes each env shard steps at once (threads); 1 steps them one after another.
+    pub concurrency: usize,
+    /// Simulated step latency: `none`, `lognormal` or `pareto`.
+    pub latency: String,
+    /// Latency median (lognormal) or minimum (pareto) in milliseconds.
+    pub latency_ms: f64,
+    /// Latency shape: sigma (lognormal) or tail index alpha (pareto).
+    pub latency_shape: f64,
+    /// Longest simulated delay in milliseconds.
+    pub latency_cap_ms: f64,
 }
 
 impl Default for EnvSection {
     fn default() -> Self {
-        Self { name: "calc".into(), n_ops: 2 }
+        Self {
+            name: "calc".into(),
+            difficulty: 2,
+            url: String::new(),
+            timeout_ms: 5_000,
+            retries: 3,
+            concurrency: 1,
+            latency: "none".into(),
+            latency_ms: 20.0,
+            latency_shape: 1.0,
+            latency_cap_ms: 1_000.0,
+        }
+    }
+}
+
+impl EnvSection {
+    /// The env to build (`keel_envs::make_env`).
+    pub fn env_config(&self) -> keel_envs::EnvConfig {
+        let external = (self.name == "external").then(|| keel_envs::ExternalConfig {
+            url: self.url.clone(),
+            timeout_ms: self.timeout_ms,
+            retries: self.retries,
+            ..keel_envs::ExternalConfig::default()
+        });
+        keel_envs::EnvConfig {
+            name: self.name.clone(),
+            difficulty: self.difficulty,
+            external,
+        }
+    }
+
+    /// The simulated latency of each step.
+    pub fn latency_model(&self) -> Result<keel_envs::LatencyModel, ConfigError> {
+        let (ms, shape, cap_ms) = (self.latency_ms, self.latency_shape, self.latency_cap_ms);
+        let model = match self.latency.as_str() {
+            "none" => keel_envs::LatencyModel::None,
+            "lognormal" => keel_envs::LatencyModel::Lognormal {
+                median_ms: ms,
+                sigma: shape,
+                cap_ms,
+            },
+            "pareto" => keel_envs::LatencyModel::Pareto {
+                scale_ms: ms,
+                alpha: shape,
+                cap_ms,
+            },
+            other => {
+                return Err(range_err(
+                    "env.latency",
+                    format!("must be none, lognormal or pareto, got {other:?}"),
+                ))
+            }
+        };
+        model
+            .validate()
+            .map_err(|e| range_err("env.latency_ms", e.to_string()))?;
+        Ok(model)
     }
 }
 
@@ -106,7 +190,12 @@ pub struct ModelSection {
 
 impl Default for ModelSection {
     fn default() -> Self {
-        Self { context_len: 64, n_layer: 2, d_model: 64, n_head: 4 }
+        Self {
+            context_len: 64,
+            n_layer: 2,
+            d_model: 64,
+            n_head: 4,
+        }
     }
 }
 
@@ -128,7 +217,13 @@ pub struct SftSection {
 
 impl Default for SftSection {
     fn default() -> Self {
-        Self { steps: 300, batch_size: 32, lr: 3e-3, demos: 2000, noise: 0.3 }
+        Self {
+            steps: 300,
+            batch_size: 32,
+            lr: 3e-3,
+            demos: 2000,
+            noise: 0.3,
+        }
     }
 }
 
@@ -176,11 +271,18 @@ pub struct MetricsSection {
     pub bind: String,
     /// Port (9464 by default; 0 picks a free port).
     pub port: u16,
+    /// Pushgateway base URL (`http://host:9091`) to push the final metrics to; empty = off.
+    pub pushgateway_url: String,
 }
 
 impl Default for MetricsSection {
     fn default() -> Self {
-        Self { enabled: true, bind: "127.0.0.1".into(), port: 9464 }
+        Self {
+            enabled: true,
+            bind: "127.0.0.1".into(),
+            port: 9464,
+            pushgateway_url: String::new(),
+        }
     }
 }
 
@@ -202,26 +304,16 @@ pub struct TrainConfig {
     pub learner: LearnerConfig,
     /// `[metrics]`
     pub metrics: MetricsSection,
+    /// `[guard]`
+    pub guard: GuardSection,
+    /// `[faults]` (testing aid)
+    pub faults: FaultsSection,
 }
 
-/// The learner defaults of the quickstart (GRPO, tuned for the built-in tiny model).
+/// The learner defaults of the quickstart: the `grpo` preset with the spec's defaults (the
+/// optimisation keys' defaults are tuned for the built-in tiny model, see `LearnerConfig`).
 pub fn default_learner_config() -> LearnerConfig {
-    LearnerConfig {
-        algo: Algo::Grpo,
-        lr: 1e-3,
-        weight_decay: 0.0,
-        max_grad_norm: 1.0,
-        clip_low: 0.2,
-        clip_high: 0.28,
-        gamma: 1.0,
-        lam: 1.0,
-        value_coef: 0.5,
-        value_clip: 0.2,
-        entropy_coef: 0.0,
-        epochs: 1,
-        minibatches: 2,
-        grpo_normalize_std: true,
-    }
+    LearnerConfig::default()
 }
 
 impl Default for TrainConfig {
@@ -234,17 +326,25 @@ impl Default for TrainConfig {
             rollout: RolloutSection::default(),
             learner: default_learner_config(),
             metrics: MetricsSection::default(),
+            guard: GuardSection::default(),
+            faults: FaultsSection::default(),
         }
     }
 }
 
 fn range_err(key: &str, reason: String) -> ConfigError {
-    ConfigError::OutOfRange { key: key.into(), reason }
+    ConfigError::OutOfRange {
+        key: key.into(),
+        reason,
+    }
 }
 
 fn check_at_least(key: &str, value: u64, min: u64) -> Result<(), ConfigError> {
     if value < min {
-        return Err(range_err(key, format!("must be at least {min}, got {value}")));
+        return Err(range_err(
+            key,
+            format!("must be at least {min}, got {value}"),
+        ));
     }
     Ok(())
 }
@@ -261,7 +361,8 @@ fn check_unit(key: &str, value: f64, lo_open: bool) -> Result<(), ConfigError> {
 impl TrainConfig {
     /// Parses TOML text (CF-2) and validates it (CF-3).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let cfg: TrainConfig = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let cfg: TrainConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -275,31 +376,62 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.run;
         if r.name.is_empty()
-            || !r.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            || r.name.len() > 64
+            || r.name.starts_with('-')
+            || !r
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(range_err("run.name", format!("must be non-empty [A-Za-z0-9_-], got {:?}", r.name)));
+            return Err(range_err(
+                "run.name",
+                format!(
+                    "must be 1 to 64 characters of [A-Za-z0-9_-], not starting with '-', got {:?}",
+                    r.name
+                ),
+            ));
         }
         check_at_least("run.steps", r.steps, 1)?;
         check_at_least("run.checkpoint_every", r.checkpoint_every, 1)?;
+        check_at_least("run.sigterm_grace_s", r.sigterm_grace_s, 1)?;
+        check_at_least(
+            "run.checkpoint_multipart_bytes",
+            r.checkpoint_multipart_bytes,
+            1,
+        )?;
         if r.mode == Mode::Async {
             check_at_least("run.staleness_bound", r.staleness_bound, 1)?;
         }
         if !["cpu", "cuda", "auto"].contains(&r.device.as_str()) {
-            return Err(range_err("run.device", format!("must be cpu, cuda or auto, got {:?}", r.device)));
+            return Err(range_err(
+                "run.device",
+                format!("must be cpu, cuda or auto, got {:?}", r.device),
+            ));
         }
-        if self.env.name != "calc" {
-            return Err(range_err("env.name", format!("unknown environment {:?}; known: calc", self.env.name)));
-        }
-        if !(1..=4).contains(&self.env.n_ops) {
-            return Err(range_err("env.n_ops", format!("must be in 1..=4, got {}", self.env.n_ops)));
-        }
+        let env_cfg = self.env.env_config();
+        env_cfg.validate().map_err(|e| {
+            let key = match &e {
+                keel_envs::EnvError::UnknownEnv { .. } => "env.name",
+                _ if self.env.name == "external" => "env.url",
+                _ => "env.difficulty",
+            };
+            range_err(key, e.to_string())
+        })?;
+        check_at_least("env.concurrency", self.env.concurrency as u64, 1)?;
+        self.env.latency_model()?;
         let m = &self.model;
         check_at_least("model.context_len", m.context_len as u64, 16)?;
         check_at_least("model.n_layer", m.n_layer as u64, 1)?;
         check_at_least("model.n_head", m.n_head as u64, 1)?;
         check_at_least("model.d_model", m.d_model as u64, 8)?;
         if m.d_model % m.n_head != 0 {
-            return Err(range_err("model.d_model", format!("must be a multiple of model.n_head ({}), got {}", m.n_head, m.d_model)));
+            return Err(range_err(
+                "model.d_model",
+                format!(
+                    "must be a multiple of model.n_head ({}), got {}",
+                    m.n_head, m.d_model
+                ),
+            ));
         }
         let s = &self.sft;
         check_at_least("sft.batch_size", s.batch_size as u64, 1)?;
@@ -316,19 +448,73 @@ impl TrainConfig {
         check_at_least("rollout.env_shards", ro.env_shards as u64, 1)?;
         check_at_least("rollout.eval_tasks", ro.eval_tasks as u64, 1)?;
         if !(ro.temperature.is_finite() && ro.temperature > 0.0 && ro.temperature <= 10.0) {
-            return Err(range_err("rollout.temperature", format!("must be in (0, 10], got {}", ro.temperature)));
-        }
-        let horizon = (self.env.n_ops + 2) * (ro.max_turn_tokens + 3) + 16;
-        if horizon > m.context_len {
             return Err(range_err(
-                "model.context_len",
-                format!("must be at least {horizon} for env.n_ops = {} and rollout.max_turn_tokens = {}, got {}", self.env.n_ops, ro.max_turn_tokens, m.context_len),
+                "rollout.temperature",
+                format!("must be in (0, 10], got {}", ro.temperature),
             ));
         }
-        self.learner.validate().map_err(|e| range_err("learner", e.to_string()))?;
-        if self.metrics.bind.parse::<std::net::IpAddr>().is_err() {
-            return Err(range_err("metrics.bind", format!("must be an IP address, got {:?}", self.metrics.bind)));
+        // A lower bound: every turn needs its action, `<eot>`, a short observation and `<agent>`.
+        if self.env.name != "external" {
+            let max_turns = keel_envs::build_env(&env_cfg)
+                .map_err(|e| range_err("env.name", e.to_string()))?
+                .max_turns();
+            let horizon = max_turns * (ro.max_turn_tokens + 3) + 16;
+            if horizon > m.context_len {
+                return Err(range_err(
+                    "model.context_len",
+                    format!("must be at least {horizon} for env {} at difficulty {} ({max_turns} turns) and rollout.max_turn_tokens = {}, got {}", self.env.name, self.env.difficulty, ro.max_turn_tokens, m.context_len),
+                ));
+            }
         }
+        self.learner
+            .validate()
+            .map_err(|e| range_err("learner", e.to_string()))?;
+        if self.metrics.bind.parse::<std::net::IpAddr>().is_err() {
+            return Err(range_err(
+                "metrics.bind",
+                format!("must be an IP address, got {:?}", self.metrics.bind),
+            ));
+        }
+        let url = &self.metrics.pushgateway_url;
+        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+            return Err(range_err(
+                "metrics.pushgateway_url",
+                format!("must be empty or start with http:// or https://, got {url:?}"),
+            ));
+        }
+        let g = &self.guard;
+        check_at_least(
+            "guard.max_consecutive_skips",
+            u64::from(g.max_consecutive_skips),
+            1,
+        )?;
+        check_at_least("guard.window", g.window as u64, 1)?;
+        for (key, v) in [
+            ("guard.grad_norm_spike_ratio", g.grad_norm_spike_ratio),
+            ("guard.kl_spike_ratio", g.kl_spike_ratio),
+        ] {
+            if !(v.is_finite() && (v == 0.0 || v > 1.0)) {
+                return Err(range_err(
+                    key,
+                    format!("must be 0 (off) or above 1, got {v}"),
+                ));
+            }
+        }
+        for (key, v) in [
+            ("guard.grad_norm_floor", g.grad_norm_floor),
+            ("guard.kl_floor", g.kl_floor),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(range_err(
+                    key,
+                    format!("must be a finite number >= 0, got {v}"),
+                ));
+            }
+        }
+        check_unit("guard.rewind_lr_factor", g.rewind_lr_factor, true)?;
+        let f = &self.faults;
+        check_at_least("faults.nan_loss_count", u64::from(f.nan_loss_count), 1)?;
+        check_unit("faults.lr_blowup_to", f.lr_blowup_to, true)?;
         Ok(())
     }
 
@@ -340,7 +526,7 @@ impl TrainConfig {
             n_layer: self.model.n_layer,
             d_model: self.model.d_model,
             n_head: self.model.n_head,
-            value_head: self.learner.algo == Algo::Ppo,
+            value_head: self.learner.resolve().needs_critic(),
         }
     }
 
@@ -371,18 +557,58 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named() {
-        let err = TrainConfig::from_toml("[rollout]\ngroup_sise = 4\n").unwrap_err().to_string();
+        let err = TrainConfig::from_toml("[rollout]\ngroup_sise = 4\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("group_sise"), "{err}");
     }
 
     #[test]
     fn out_of_range_value_is_named() {
-        let err = TrainConfig::from_toml("[rollout]\ngroup_size = 0\n").unwrap_err().to_string();
+        let err = TrainConfig::from_toml("[rollout]\ngroup_size = 0\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rollout.group_size"), "{err}");
-        let err = TrainConfig::from_toml("[model]\nd_model = 30\nn_head = 4\n").unwrap_err().to_string();
+        let err = TrainConfig::from_toml("[model]\nd_model = 30\nn_head = 4\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("model.d_model"), "{err}");
-        let err = TrainConfig::from_toml("[run]\ndevice = \"tpu\"\n").unwrap_err().to_string();
+        let err = TrainConfig::from_toml("[run]\ndevice = \"tpu\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("run.device"), "{err}");
+    }
+
+    #[test]
+    fn env_section_accepts_the_suite_and_names_bad_keys() {
+        let cfg =
+            TrainConfig::from_toml("[env]\nn_ops = 3\n").expect("n_ops is an alias of difficulty");
+        assert_eq!(cfg.env.difficulty, 3);
+        let cfg = TrainConfig::from_toml("[env]\nname = \"household\"\ndifficulty = 1\nlatency = \"pareto\"\n\n[model]\ncontext_len = 256\n")
+            .expect("household");
+        assert!(matches!(
+            cfg.env.latency_model(),
+            Ok(keel_envs::LatencyModel::Pareto { .. })
+        ));
+        let err = TrainConfig::from_toml("[env]\nname = \"maze\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("env.name") && err.contains("unknown environment `maze`"),
+            "{err}"
+        );
+        let err = TrainConfig::from_toml("[env]\nname = \"external\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("env.url"), "{err}");
+        let err = TrainConfig::from_toml("[env]\nlatency = \"gamma\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("env.latency"), "{err}");
+        let err = TrainConfig::from_toml("[env]\nname = \"sokoban\"\ndifficulty = 4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("model.context_len"), "{err}");
     }
 
     #[test]

@@ -10,11 +10,24 @@
 //!   published to the board (WB-1) before any further generation is admitted.
 //! - CT-2: a checkpoint is taken between two updates (the learner is idle) and records the
 //!   frontier (DF-1) with every range handed out but not yet trained on as pending.
+//! - CT-5 (stop): once the stop signal is set (SIGTERM) no generation or update starts; after the
+//!   update in progress a checkpoint is committed (ranges in flight recorded as pending, DF-1) and
+//!   the loop ends with `stopped`.
+//! - CT-6: every checkpoint records the task ranges trained on and the batches dropped since its
+//!   parent (`consumed_tasks`, `dropped_batches`), so the lineage accounts for every task id; a
+//!   corrupt batch is quarantined (QU-1), counted, and its range regenerated.
 //! - CT-3: a generator panic or a dropped batch gives its task range back to the cursor; no range
 //!   is lost. A restart budget overrun ends the run with an error.
+//! - CT-4 (collapse guard, GD-1..5): every learner result goes through the `CollapseGuard`; a
+//!   non-finite update is skipped (its batch counts as consumed), and a rewind restores the newest
+//!   `healthy` checkpoint on the lineage into the learner, starts a new branch from it (its first
+//!   checkpoint, tagged `rewind`, is committed before training goes on), drops every batch sampled
+//!   on the abandoned branch (their task ranges go back to the cursor) and publishes the restored
+//!   weights under a new board epoch (WB-3). See `controller/rewind.rs`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 use keel_envs::{task_seed, Split};
@@ -25,8 +38,9 @@ use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{Frontier, TaskCursor};
 use crate::generator::{Generate, Generated, Generator, Purpose};
+use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
 use crate::learner_actor::{LearnerActor, Snapshot, TrainOn, Trained};
-use crate::metrics::TrainMetrics;
+use crate::metrics::{TrainMetrics, Utilization};
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
 use crate::weights::WeightBoard;
@@ -51,6 +65,8 @@ pub struct LoopOutcome {
     pub last_checkpoint: Option<String>,
     /// Batches dropped during the loop.
     pub dropped_batches: u64,
+    /// The loop ended on a stop request (CT-5).
+    pub stopped: bool,
 }
 
 /// Everything the controller is started with.
@@ -85,6 +101,10 @@ pub struct ControllerSetup {
     pub reference: Option<String>,
     /// Metrics to carry into every checkpoint (e.g. the pre-RL eval).
     pub carried_metrics: BTreeMap<String, f64>,
+    /// Batches dropped when the job resumed; recorded in the first checkpoint (CT-6).
+    pub dropped_on_resume: Vec<u64>,
+    /// Set to stop with a checkpoint (CT-5).
+    pub stop: crate::job::StopSignal,
     /// Where to report the end of the loop.
     pub done: tokio::sync::oneshot::Sender<Result<LoopOutcome, ActorError>>,
 }
@@ -101,11 +121,23 @@ pub struct Controller {
     training: Option<ReadyBatch>,
     checkpointing: bool,
     consumed_since_checkpoint: Vec<u64>,
+    consumed_tasks_since_checkpoint: Vec<u64>,
+    dropped_since_checkpoint: Vec<u64>,
     checkpointed_version: Option<u64>,
     dropped: u64,
     last_metrics: BTreeMap<String, f64>,
     finished: bool,
+    guard: CollapseGuard,
+    /// Bumped by every rewind; generation results of an older epoch are discarded (CT-4).
+    epoch: u64,
+    rewinding: bool,
+    /// Tags for the next checkpoint (a rewind's reason).
+    next_tags: Vec<String>,
+    gen_util: Utilization,
+    learner_util: Utilization,
 }
+
+mod rewind;
 
 impl Controller {
     /// A controller from its setup.
@@ -114,7 +146,17 @@ impl Controller {
         let done = Some(std::mem::replace(&mut s.done, tx));
         let cursor = TaskCursor::new(&s.frontier, s.cfg.rollout.tasks_per_batch as u64);
         let ready: VecDeque<ReadyBatch> = s.reuse.drain(..).collect();
-        Self {
+        let lr = s.cfg.learner.lr;
+        if s.metrics.branch() != s.store.branch() {
+            s.metrics.set_branch(s.store.branch());
+        }
+        let c = Self {
+            guard: CollapseGuard::new(s.cfg.guard.clone()),
+            epoch: 0,
+            rewinding: false,
+            next_tags: Vec::new(),
+            gen_util: Utilization::new(s.generators.len()),
+            learner_util: Utilization::new(1),
             next_batch_seq: s.frontier.next_batch_seq,
             gen_busy: vec![None; s.generators.len()],
             cursor,
@@ -123,13 +165,44 @@ impl Controller {
             training: None,
             checkpointing: false,
             consumed_since_checkpoint: Vec::new(),
+            consumed_tasks_since_checkpoint: Vec::new(),
+            dropped_since_checkpoint: std::mem::take(&mut s.dropped_on_resume),
             checkpointed_version: Some(s.version),
             dropped: 0,
             last_metrics: BTreeMap::new(),
             finished: false,
             done,
             s,
-        }
+        };
+        c.export_static(lr);
+        c
+    }
+
+    /// Sets the gauges that describe the run rather than a step (again after a branch switch).
+    fn export_static(&self, lr: f64) {
+        let (m, cfg) = (&self.s.metrics, &self.s.cfg);
+        m.set_run_info(
+            &cfg.config_hash(),
+            if cfg.staleness_bound() == 0 {
+                "sync"
+            } else {
+                "async"
+            },
+        );
+        m.staleness_bound.set(cfg.staleness_bound() as f64);
+        m.lr.set(lr);
+        m.rl_active.set(1.0);
+        m.actors_alive
+            .set_for("generator", self.s.generators.len() as f64);
+        m.actors_alive
+            .set_for("env_shard", cfg.rollout.env_shards as f64);
+        m.actors_alive.set_for("learner", 1.0);
+        m.last_checkpoint_time.set(crate::metrics::unix_now());
+        // Counters exist from the start, so that `increase()` sees their first event.
+        m.learner_steps.inc_by(0);
+        m.nonfinite_steps.inc_by(0);
+        m.store_quarantined.inc_for("batch", 0);
+        m.guard_rewinds.inc_by(0);
     }
 
     fn bound(&self) -> u64 {
@@ -145,10 +218,12 @@ impl Controller {
             return;
         }
         self.finished = true;
+        self.s.metrics.rl_active.set(0.0);
         let outcome = result.map(|()| LoopOutcome {
             version: self.s.version,
             last_checkpoint: self.s.parent_checkpoint.clone(),
             dropped_batches: self.dropped,
+            stopped: self.s.stop.requested(),
         });
         if let Some(tx) = self.done.take() {
             let _ = tx.send(outcome);
@@ -157,19 +232,28 @@ impl Controller {
     }
 
     fn pump(&mut self, ctx: &mut Context<Self>) {
-        if self.finished {
+        if self.finished || self.rewinding {
             return;
         }
+        self.observe_loop();
         if let Some(b) = self.s.budgets.iter().find(|b| b.exhausted()) {
-            let err = ActorError::RestartBudgetExhausted { kind: b.kind(), restarts: b.used(), budget: b.max_restarts() };
+            let err = ActorError::RestartBudgetExhausted {
+                kind: b.kind(),
+                restarts: b.used(),
+                budget: b.max_restarts(),
+            };
             return self.finish(ctx, Err(err));
         }
         let steps = self.s.cfg.run.steps;
-        if self.s.version >= steps && self.training.is_none() && !self.checkpointing {
+        let stopping = self.s.stop.requested();
+        if (self.s.version >= steps || stopping) && self.training.is_none() && !self.checkpointing {
             if self.checkpointed_version != Some(self.s.version) {
                 return self.checkpoint(ctx);
             }
             return self.finish(ctx, Ok(()));
+        }
+        if stopping {
+            return; // CT-5: nothing new starts; the update in progress ends in a checkpoint
         }
         if self.training.is_none() && !self.checkpointing && self.s.version < steps {
             if let Some(batch) = self.ready.pop_front() {
@@ -185,23 +269,66 @@ impl Controller {
         }
     }
 
+    /// Mirrors the loop's state into the metrics: queue, in-flight, restarts by kind (SV-2).
+    fn observe_loop(&mut self) {
+        let m = &self.s.metrics;
+        m.queue_depth.set(self.ready.len() as f64);
+        m.batches_in_flight.set(self.generating.len() as f64);
+        for b in &self.s.budgets {
+            let kind = b.kind();
+            let seen = m.actor_restarts.get_for(kind);
+            let used = u64::from(b.used());
+            if used > seen {
+                m.actor_restarts.inc_for(kind, used - seen);
+            }
+            m.budget_exhausted
+                .set_for(kind, if b.exhausted() { 1.0 } else { 0.0 });
+        }
+        let alive = self.s.generators.iter().filter(|g| g.connected()).count();
+        m.actors_alive.set_for("generator", alive as f64);
+    }
+
     fn generate(&mut self, g: usize, ctx: &mut Context<Self>) {
         let first = self.cursor.take();
         let seq = self.next_batch_seq;
         self.next_batch_seq += 1;
+        let epoch = self.epoch;
         self.gen_busy[g] = Some(seq);
+        self.gen_util
+            .set_busy(self.gen_busy.iter().filter(|b| b.is_some()).count());
         self.generating.insert(seq, first);
         let n = self.s.cfg.rollout.tasks_per_batch as u64;
-        let tasks = (first..first + n).map(|id| TaskRef { task_id: id, task_seed: task_seed(Split::Train, id) }).collect();
-        let msg = Generate { batch_seq: seq, tasks, purpose: Purpose::Train };
+        let tasks = (first..first + n)
+            .map(|id| TaskRef {
+                task_id: id,
+                task_seed: task_seed(Split::Train, id),
+            })
+            .collect();
+        let msg = Generate {
+            batch_seq: seq,
+            tasks,
+            purpose: Purpose::Train,
+        };
         self.s.generators[g]
             .send(msg)
             .into_actor(self)
             .map(move |res, act, ctx| {
                 act.gen_busy[g] = None;
+                act.gen_util.set_busy(act.gen_busy.iter().filter(|b| b.is_some()).count());
                 act.generating.remove(&seq);
-                match res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r) {
-                    Ok(Generated { key: Some(key), .. }) => {
+                let res = res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r);
+                if epoch != act.epoch {
+                    // Sampled on a branch a rewind abandoned (CT-4): its tasks are owed again.
+                    act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
+                    act.dropped += 1;
+                    act.cursor.give_back(first);
+                    return act.pump(ctx);
+                }
+                match res {
+                    Ok(Generated { key: Some(key), stats, sample_seconds, put_seconds, .. }) => {
+                        let m = &act.s.metrics;
+                        m.generated_tokens_per_s.set(stats.sampled_tokens as f64 / sample_seconds.max(1e-9));
+                        m.store_put_seconds.observe_for("batch", put_seconds);
                         act.ready.push_back(ReadyBatch { key, batch_seq: seq, first_task: first });
                     }
                     Ok(Generated { key: None, .. }) => {
@@ -209,8 +336,17 @@ impl Controller {
                     }
                     Err(ActorError::GeneratorPanicked(p)) => {
                         tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
-                        act.s.metrics.actor_restarts.inc();
                         act.cursor.give_back(first);
+                    }
+                    Err(ActorError::AllEpisodesFailed { batch_seq, failed }) => {
+                        // CT-3: the range is owed again; a persistently failing env exhausts the
+                        // env-shard restart budget and ends the run (SV-2).
+                        tracing::warn!(batch_seq, failed, "every episode of the batch failed in its env; retrying its tasks");
+                        act.cursor.give_back(first);
+                    }
+                    Err(ActorError::Store(e)) => {
+                        act.s.metrics.store_errors.inc_for("put_batch", 1);
+                        return act.finish(ctx, Err(ActorError::Store(e)));
                     }
                     Err(e) => return act.finish(ctx, Err(e)),
                 }
@@ -220,25 +356,41 @@ impl Controller {
     }
 
     fn train(&mut self, batch: ReadyBatch, ctx: &mut Context<Self>) {
-        let msg = TrainOn { key: batch.key.clone(), bound: self.bound() };
+        let msg = TrainOn {
+            key: batch.key.clone(),
+            bound: self.bound(),
+        };
         self.training = Some(batch);
+        self.learner_util.set_busy(1);
         self.s
             .learner
             .send(msg)
             .into_actor(self)
             .map(|res, act, ctx| {
+                act.learner_util.set_busy(0);
                 let Some(batch) = act.training.take() else {
                     return act.finish(ctx, Err(ActorError::Internal("training slot empty".into())));
                 };
                 match res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r) {
                     Ok(trained) => act.on_trained(batch, trained, ctx),
+                    Err(ActorError::Learner(keel_learner::LearnerError::NonFinite { what })) if act.guard.config().enabled => {
+                        return act.on_nonfinite(batch, &what, ctx);
+                    }
                     Err(ActorError::Stale { batch_seq, lag, bound }) => {
                         act.dropped += 1;
-                        act.s.metrics.batches_dropped.inc();
+                        act.dropped_since_checkpoint.push(batch_seq);
+                        act.s.metrics.batches_dropped_by.inc_for("stale", 1);
                         act.cursor.give_back(batch.first_task);
                         let reason = format!("a turn was {lag} versions old, over the bound {bound}");
                         tracing::warn!(batch_seq, %reason, "dropped a stale batch; its tasks are regenerated");
                         (act.s.events)(&TrainEvent::Dropped { batch_seq, reason });
+                    }
+                    Err(ActorError::Store(e @ keel_store::StoreError::CorruptBatch { .. })) => {
+                        act.quarantine(batch, e.to_string(), ctx);
+                    }
+                    Err(ActorError::Store(e)) => {
+                        act.s.metrics.store_errors.inc_for("get_batch", 1);
+                        return act.finish(ctx, Err(ActorError::Store(e)));
                     }
                     Err(e) => return act.finish(ctx, Err(e)),
                 }
@@ -247,24 +399,49 @@ impl Controller {
             .spawn(ctx);
     }
 
+    /// A non-finite update was refused (GD-1): count it, consume the batch, maybe rewind.
+    fn on_nonfinite(&mut self, batch: ReadyBatch, what: &str, ctx: &mut Context<Self>) {
+        self.consumed_since_checkpoint.push(batch.batch_seq);
+        self.consumed_tasks_since_checkpoint.push(batch.first_task);
+        let m = &self.s.metrics;
+        m.nonfinite_steps.inc();
+        m.guard_anomalies.inc_for("nonfinite", 1);
+        let verdict = self.guard.on_nonfinite(what);
+        m.guard_consecutive_skips
+            .set(f64::from(self.guard.consecutive_skips()));
+        tracing::warn!(
+            batch_seq = batch.batch_seq,
+            version = self.s.version,
+            what,
+            ?verdict,
+            "skipped a non-finite update"
+        );
+        (self.s.events)(&TrainEvent::Skipped {
+            step: self.s.version,
+            batch_seq: batch.batch_seq,
+            what: what.to_string(),
+        });
+        match verdict {
+            Verdict::Rewind(anomaly) => self.rewind(anomaly, ctx),
+            _ => self.pump(ctx),
+        }
+    }
+
     fn on_trained(&mut self, batch: ReadyBatch, t: Trained, ctx: &mut Context<Self>) {
         self.s.version = t.version;
-        self.s.board.publish(t.weights);
+        self.s.board.publish(t.weights.clone());
         self.consumed_since_checkpoint.push(batch.batch_seq);
-        let m = &self.s.metrics;
-        m.record_step(t.version, &t.metrics);
-        m.rollout_success.set(t.success_rate);
-        m.rollout_reward.set(t.metrics.mean_reward);
-        m.rollout_invalid_rate.set(t.invalid_rate);
-        for &lag in &t.turn_lags {
-            m.staleness.observe(lag as f64);
-        }
+        self.consumed_tasks_since_checkpoint.push(batch.first_task);
+        self.record_trained(&t);
+        let verdict = self.guard.on_step(t.metrics.grad_norm, t.metrics.approx_kl);
+        self.s.metrics.guard_consecutive_skips.set(0.0);
         self.last_metrics = BTreeMap::from([
             ("loss".to_string(), t.metrics.loss),
             ("rollout_success".to_string(), t.success_rate),
             ("grad_norm".to_string(), t.metrics.grad_norm),
             ("entropy".to_string(), t.metrics.entropy),
         ]);
+        let reward = t.metrics.mean_reward;
         (self.s.events)(&TrainEvent::Step {
             step: t.version,
             total: self.s.cfg.run.steps,
@@ -273,17 +450,61 @@ impl Controller {
             success: t.success_rate,
             invalid_rate: t.invalid_rate,
             max_lag: t.turn_lags.iter().copied().max().unwrap_or(0),
+            branch: self.s.metrics.branch(),
+            reward,
         });
+        if let Verdict::Rewind(anomaly) = verdict {
+            self.s.metrics.guard_anomalies.inc_for(anomaly.kind(), 1);
+            return self.rewind(anomaly, ctx);
+        }
         let every = self.s.cfg.run.checkpoint_every;
         if t.version % every == 0 || t.version >= self.s.cfg.run.steps {
             self.checkpoint(ctx);
         }
     }
 
+    /// Exports one trained batch's numbers (learner, rollout, staleness, store, idle ratios).
+    fn record_trained(&mut self, t: &Trained) {
+        let m = &self.s.metrics;
+        m.record_step(t.version, &t.metrics);
+        m.lr.set(t.lr);
+        let env = self.s.cfg.env.name.as_str();
+        m.rollout_success.set_for(env, t.success_rate);
+        m.rollout_reward.set_for(env, t.metrics.mean_reward);
+        m.rollout_invalid_rate.set(t.invalid_rate);
+        m.episode_turns.set(t.episode_turns);
+        m.response_length.set(t.response_length);
+        for &(lag, tokens) in &t.token_lags {
+            for _ in 0..tokens {
+                m.token_staleness.observe(lag as f64);
+            }
+        }
+        for &lag in &t.trajectory_lags {
+            m.trajectory_staleness.observe(lag as f64);
+        }
+        m.staleness_max
+            .set(t.turn_lags.iter().copied().max().unwrap_or(0) as f64);
+        m.store_get_seconds.observe_for("batch", t.get_seconds);
+        m.store_bytes.inc_for("get", t.get_bytes);
+        m.generator_idle_ratio.set(self.gen_util.take_idle_ratio());
+        m.learner_idle_ratio
+            .set(self.learner_util.take_idle_ratio());
+    }
+
     fn checkpoint(&mut self, ctx: &mut Context<Self>) {
         self.checkpointing = true;
+        let started = Instant::now();
+        let mut tags = std::mem::take(&mut self.next_tags);
+        if self.guard.checkpoint_is_healthy() {
+            tags.push(HEALTHY_TAG.to_string());
+        }
         let version = self.s.version;
-        let in_flight: Vec<u64> = self.generating.values().copied().chain(self.ready.iter().map(|b| b.first_task)).collect();
+        let in_flight: Vec<u64> = self
+            .generating
+            .values()
+            .copied()
+            .chain(self.ready.iter().map(|b| b.first_task))
+            .collect();
         let frontier = self.cursor.frontier(in_flight, self.next_batch_seq);
         let mut metrics = self.s.carried_metrics.clone();
         metrics.extend(self.last_metrics.clone());
@@ -292,6 +513,8 @@ impl Controller {
             next_batch_seq: frontier.next_batch_seq,
             consumed_batches: std::mem::take(&mut self.consumed_since_checkpoint),
             pending_tasks: frontier.pending.clone(),
+            consumed_tasks: std::mem::take(&mut self.consumed_tasks_since_checkpoint),
+            dropped_batches: std::mem::take(&mut self.dropped_since_checkpoint),
         };
         let store: RunStore = self.s.store.clone();
         let io = self.s.io.clone();
@@ -300,38 +523,88 @@ impl Controller {
         let reference = self.s.reference.clone();
         let config_hash = self.s.cfg.config_hash();
         let fut = async move {
-            let files = learner.send(Snapshot).await.map_err(|e| ActorError::Mailbox(e.to_string()))??;
+            let files = learner
+                .send(Snapshot)
+                .await
+                .map_err(|e| ActorError::Mailbox(e.to_string()))??;
+            let bytes: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
             let ckpt = NewCheckpoint {
                 parent,
                 step: version,
                 policy_version: version,
                 config_hash,
                 reference,
-                tags: Vec::new(),
+                tags,
                 data,
                 metrics,
-                files: files.into_iter().map(|(n, b)| (n, bytes::Bytes::from(b))).collect(),
+                files: files
+                    .into_iter()
+                    .map(|(n, b)| (n, bytes::Bytes::from(b)))
+                    .collect(),
             };
             let manifest = io
                 .spawn(async move { store.commit_checkpoint(ckpt).await })
                 .await
                 .map_err(|e| ActorError::Internal(format!("checkpoint task: {e}")))??;
-            Ok::<_, ActorError>(manifest)
+            Ok::<_, ActorError>((manifest, bytes))
         };
         fut.into_actor(self)
             .map(move |res, act, ctx| {
                 act.checkpointing = false;
                 match res {
-                    Ok(manifest) => {
+                    Ok((manifest, bytes)) => {
                         act.checkpointed_version = Some(version);
-                        act.s.metrics.checkpoints.inc();
+                        act.s
+                            .metrics
+                            .record_checkpoint(bytes, started.elapsed().as_secs_f64());
+                        act.s.metrics.store_bytes.inc_for("put", bytes);
                         tracing::info!(id = %manifest.id, step = version, "checkpoint committed");
-                        (act.s.events)(&TrainEvent::Checkpoint { id: manifest.id.clone(), step: version });
+                        (act.s.events)(&TrainEvent::Checkpoint {
+                            id: manifest.id.clone(),
+                            step: version,
+                        });
                         act.s.parent_checkpoint = Some(manifest.id);
                     }
-                    Err(e) => return act.finish(ctx, Err(e)),
+                    Err(e) => {
+                        if matches!(e, ActorError::Store(_)) {
+                            act.s.metrics.store_errors.inc_for("commit_checkpoint", 1);
+                        }
+                        return act.finish(ctx, Err(e));
+                    }
                 }
                 act.pump(ctx);
+            })
+            .spawn(ctx);
+    }
+}
+
+impl Controller {
+    /// A stored batch failed its checks (CT-6): quarantine it, count it, owe its range again.
+    fn quarantine(&mut self, batch: ReadyBatch, reason: String, ctx: &mut Context<Self>) {
+        self.dropped += 1;
+        self.dropped_since_checkpoint.push(batch.batch_seq);
+        self.cursor.give_back(batch.first_task);
+        self.s.metrics.store_quarantined.inc_for("batch", 1);
+        self.s.metrics.batches_dropped_by.inc_for("corrupt", 1);
+        tracing::warn!(batch_seq = batch.batch_seq, %reason, "quarantining a corrupt batch; its tasks are regenerated");
+        (self.s.events)(&TrainEvent::Dropped {
+            batch_seq: batch.batch_seq,
+            reason: reason.clone(),
+        });
+        let (store, key) = (self.s.store.clone(), batch.key.clone());
+        let moved = self
+            .s
+            .io
+            .spawn(async move { store.quarantine_batch(&key, &reason).await });
+        moved
+            .into_actor(self)
+            .map(|res, act, ctx| match res {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => act.finish(ctx, Err(e.into())),
+                Err(e) => act.finish(
+                    ctx,
+                    Err(ActorError::Internal(format!("quarantine task: {e}"))),
+                ),
             })
             .spawn(ctx);
     }
@@ -341,6 +614,12 @@ impl Actor for Controller {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // CT-5: notice a stop request even while nothing else wakes the loop.
+        ctx.run_interval(std::time::Duration::from_millis(100), |act, ctx| {
+            if act.s.stop.requested() {
+                act.pump(ctx);
+            }
+        });
         self.pump(ctx);
     }
 }

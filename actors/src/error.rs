@@ -45,9 +45,26 @@ pub enum ActorError {
     /// A generator panicked mid-batch; the batch is retried.
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),
+    /// Every episode of a training batch failed in its env; the batch is retried.
+    #[error("every one of the {failed} episodes of batch {batch_seq} failed in its environment")]
+    AllEpisodesFailed {
+        /// The batch.
+        batch_seq: u64,
+        /// Episodes that failed.
+        failed: usize,
+    },
     /// The checkpoint to resume from does not fit this run.
     #[error("cannot resume: {0}")]
     Resume(String),
+    /// The collapse guard saw an anomaly after spending its rewinds (GD-5), or found no healthy
+    /// checkpoint to rewind to.
+    #[error("training collapsed: {reason}; {rewinds} rewinds done (guard.max_rewinds); inspect `keel report` and the lineage (`keel ckpt lineage`), then lower learner.lr or fix the data")]
+    Collapse {
+        /// The anomaly.
+        reason: String,
+        /// Rewinds done before giving up.
+        rewinds: u32,
+    },
     /// A bug or an impossible state.
     #[error("internal error: {0}")]
     Internal(String),

@@ -54,6 +54,36 @@ pub enum TrainEvent {
         invalid_rate: f64,
         /// Largest policy-version lag of a trained turn.
         max_lag: u64,
+        /// The branch the step was taken on (`main`, or `rewind-<n>` after a rewind).
+        branch: String,
+        /// Mean final reward of the batch.
+        reward: f64,
+    },
+    /// The learner refused a non-finite update; the step was skipped (GD-1).
+    Skipped {
+        /// The policy version that stays.
+        step: u64,
+        /// The batch that was consumed without an update.
+        batch_seq: u64,
+        /// What was non-finite (`loss`, `gradient norm`).
+        what: String,
+    },
+    /// The collapse guard rewound to a healthy checkpoint on a new branch (CT-4).
+    Rewind {
+        /// The policy version when the anomaly was seen.
+        from_step: u64,
+        /// The step of the healthy checkpoint rewound to.
+        to_step: u64,
+        /// Its id.
+        to_checkpoint: String,
+        /// The new branch.
+        branch: String,
+        /// `nonfinite`, `grad_norm_spike` or `kl_spike`.
+        kind: String,
+        /// The anomaly, in words.
+        reason: String,
+        /// The learning rate from now on.
+        lr: f64,
     },
     /// A batch was dropped (staleness bound or lost future).
     Dropped {

@@ -112,7 +112,11 @@ pub struct TaskCursor {
 impl TaskCursor {
     /// Continues from `frontier`, owing its pending ranges first.
     pub fn new(frontier: &Frontier, tasks_per_batch: u64) -> Self {
-        Self { next_task: frontier.next_task, owed: frontier.pending.iter().copied().collect(), tasks_per_batch }
+        Self {
+            next_task: frontier.next_task,
+            owed: frontier.pending.iter().copied().collect(),
+            tasks_per_batch,
+        }
     }
 
     /// The next range to generate: an owed one first, else a fresh one.
@@ -127,15 +131,27 @@ impl TaskCursor {
 
     /// A range must be generated again (its batch was dropped or its generator panicked).
     pub fn give_back(&mut self, first: u64) {
-        let pos = self.owed.iter().position(|&x| x > first).unwrap_or(self.owed.len());
+        let pos = self
+            .owed
+            .iter()
+            .position(|&x| x > first)
+            .unwrap_or(self.owed.len());
         self.owed.insert(pos, first);
     }
 
     /// The frontier to record, given the ranges handed out and not yet trained on.
-    pub fn frontier(&self, in_flight: impl IntoIterator<Item = u64>, next_batch_seq: u64) -> Frontier {
+    pub fn frontier(
+        &self,
+        in_flight: impl IntoIterator<Item = u64>,
+        next_batch_seq: u64,
+    ) -> Frontier {
         let mut pending: BTreeSet<u64> = self.owed.iter().copied().collect();
         pending.extend(in_flight);
-        Frontier { next_task: self.next_task, pending: pending.into_iter().collect(), next_batch_seq }
+        Frontier {
+            next_task: self.next_task,
+            pending: pending.into_iter().collect(),
+            next_batch_seq,
+        }
     }
 }
 
@@ -144,23 +160,42 @@ mod tests {
     use super::*;
 
     fn fb(seq: u64, first: u64, v: u64) -> FoundBatch {
-        FoundBatch { batch_seq: seq, first_task: first, policy_version: v }
+        FoundBatch {
+            batch_seq: seq,
+            first_task: first,
+            policy_version: v,
+        }
     }
 
     #[test]
     fn sync_resume_reuses_the_on_policy_batch_and_drops_the_future() {
         // Checkpoint after step 2: tasks 0..32 consumed (T = 16), batches 0, 1 trained.
-        let saved = Frontier { next_task: 32, pending: vec![], next_batch_seq: 2 };
+        let saved = Frontier {
+            next_task: 32,
+            pending: vec![],
+            next_batch_seq: 2,
+        };
         let found = vec![fb(0, 0, 0), fb(1, 16, 1), fb(2, 32, 2), fb(3, 48, 3)];
         let plan = plan_resume(&saved, 2, 0, 16, found);
         assert_eq!(plan.reuse, vec![fb(2, 32, 2)]);
         assert_eq!(plan.dropped, vec![fb(3, 48, 3)]);
-        assert_eq!(plan.frontier, Frontier { next_task: 48, pending: vec![], next_batch_seq: 4 });
+        assert_eq!(
+            plan.frontier,
+            Frontier {
+                next_task: 48,
+                pending: vec![],
+                next_batch_seq: 4
+            }
+        );
     }
 
     #[test]
     fn pending_ranges_are_reused_or_owed() {
-        let saved = Frontier { next_task: 64, pending: vec![32, 48], next_batch_seq: 4 };
+        let saved = Frontier {
+            next_task: 64,
+            pending: vec![32, 48],
+            next_batch_seq: 4,
+        };
         let found = vec![fb(2, 32, 1), fb(3, 48, 2), fb(0, 0, 0)];
         let plan = plan_resume(&saved, 2, 1, 16, found);
         assert_eq!(plan.reuse, vec![fb(2, 32, 1), fb(3, 48, 2)]);
@@ -170,7 +205,11 @@ mod tests {
 
     #[test]
     fn duplicates_are_not_trained_twice_and_gaps_are_owed() {
-        let saved = Frontier { next_task: 0, pending: vec![], next_batch_seq: 0 };
+        let saved = Frontier {
+            next_task: 0,
+            pending: vec![],
+            next_batch_seq: 0,
+        };
         let found = vec![fb(0, 16, 0), fb(1, 16, 0), fb(2, 48, 0)];
         let plan = plan_resume(&saved, 0, 0, 16, found);
         assert_eq!(plan.reuse, vec![fb(0, 16, 0), fb(2, 48, 0)]);
@@ -181,12 +220,26 @@ mod tests {
 
     #[test]
     fn cursor_owes_given_back_ranges_in_order() {
-        let mut c = TaskCursor::new(&Frontier { next_task: 32, pending: vec![16], next_batch_seq: 0 }, 16);
+        let mut c = TaskCursor::new(
+            &Frontier {
+                next_task: 32,
+                pending: vec![16],
+                next_batch_seq: 0,
+            },
+            16,
+        );
         assert_eq!(c.take(), 16);
         assert_eq!(c.take(), 32);
         c.give_back(16);
         assert_eq!(c.take(), 16);
         assert_eq!(c.take(), 48);
-        assert_eq!(c.frontier([48], 9), Frontier { next_task: 64, pending: vec![48], next_batch_seq: 9 });
+        assert_eq!(
+            c.frontier([48], 9),
+            Frontier {
+                next_task: 64,
+                pending: vec![48],
+                next_batch_seq: 9
+            }
+        );
     }
 }

@@ -94,25 +94,39 @@ pub struct Generated {
     pub stats: RolloutStats,
     /// Its tasks.
     pub tasks: Vec<TaskRef>,
+    /// Seconds spent sampling (store write excluded).
+    pub sample_seconds: f64,
+    /// Seconds the store took to write the batch (train only).
+    pub put_seconds: f64,
 }
 
 /// The generator actor.
 pub struct Generator {
     setup: GeneratorSetup,
     model: Option<(u64, PolicyModel)>,
+    /// Board epoch of the loaded weights (WB-3).
+    epoch: u64,
 }
 
 impl Generator {
     /// A fresh generator (no weights loaded yet).
     pub fn new(setup: GeneratorSetup) -> Self {
-        Self { setup, model: None }
+        Self {
+            setup,
+            model: None,
+            epoch: 0,
+        }
     }
 
     fn current_model(&mut self) -> Result<&(u64, PolicyModel), ActorError> {
         let Some(published) = self.setup.board.latest() else {
             return Err(ActorError::Internal("no weights published yet".into()));
         };
-        let stale = self.model.as_ref().is_none_or(|(v, _)| *v != published.version);
+        let stale = self.epoch != published.epoch
+            || self
+                .model
+                .as_ref()
+                .is_none_or(|(v, _)| *v != published.version);
         if stale {
             let mut model = match self.model.take() {
                 Some((_, m)) => m,
@@ -120,8 +134,11 @@ impl Generator {
             };
             model.load_safetensors(&published.safetensors)?;
             self.model = Some((published.version, model));
+            self.epoch = published.epoch;
         }
-        self.model.as_ref().ok_or_else(|| ActorError::Internal("model missing".into()))
+        self.model
+            .as_ref()
+            .ok_or_else(|| ActorError::Internal("model missing".into()))
     }
 
     fn generate(&mut self, msg: &Generate) -> Result<Generated, ActorError> {
@@ -147,12 +164,30 @@ impl Generator {
             context_len: setup.model.context_len,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
         };
+        let start = std::time::Instant::now();
         let (batch, stats) = run_episodes(model, &setup.tokenizer, &setup.shards, &spec)?;
+        let sample_seconds = start.elapsed().as_secs_f64();
+        if msg.purpose == Purpose::Train && batch.trajectories.is_empty() {
+            // Every episode failed in its env (RO-4): nothing to store; the controller retries.
+            return Err(ActorError::AllEpisodesFailed {
+                batch_seq: msg.batch_seq,
+                failed: stats.failed_episodes,
+            });
+        }
         let key = match msg.purpose {
             Purpose::Train => Some(setup.io.block_on(setup.store.put_batch(&batch))?),
             Purpose::Eval => None,
         };
-        Ok(Generated { key, batch_seq: msg.batch_seq, policy_version: version, stats, tasks: msg.tasks.clone() })
+        let put_seconds = start.elapsed().as_secs_f64() - sample_seconds;
+        Ok(Generated {
+            key,
+            batch_seq: msg.batch_seq,
+            policy_version: version,
+            stats,
+            tasks: msg.tasks.clone(),
+            sample_seconds,
+            put_seconds,
+        })
     }
 }
 

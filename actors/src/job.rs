@@ -8,18 +8,26 @@
 //!   before any RL, so a crash during RL never repeats the warm start, and the pre-RL evaluation
 //!   travels in every later checkpoint's metrics (`eval_success_before`).
 //! - JB-3: all store I/O runs on a dedicated I/O runtime; the actix threads only wait on it.
+//! - JB-4: a resume verifies every blob of the checkpoint it restores (CK-7); when the head fails
+//!   it falls back to the newest verifiable ancestor, says so, and continues the branch from it.
+//! - JB-5: `--from <ckpt>` starts a new branch whose first checkpoint's parent is `<ckpt>`; a
+//!   branch that already has a head is resumed instead (JB-1), so a crashed branch run restarts
+//!   with the same command.
+//! - JB-6: a stop request (SIGTERM) ends the loop after the current update with a committed
+//!   checkpoint (CT-5); the job then returns without the after-RL evaluation.
+//! - JB-7: a corrupt batch found on resume is quarantined (QU-1) and counted; its range stays owed.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use actix::{Addr, Supervisor, SyncArbiter};
 use bytes::Bytes;
-use keel_envs::{demonstrations, make_env, task_seed, Env, Split, Tokenizer};
-use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore};
+use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split};
+use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
 
 use crate::config::TrainConfig;
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
-use crate::env_shard::{EnvFactory, EnvShard};
+use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
@@ -43,6 +51,36 @@ const RESTART_BUDGET: u32 = 16;
 pub struct JobOptions {
     /// Replaces the environment factory (e.g. with a fault-injecting env).
     pub env_factory: Option<EnvFactory>,
+    /// The branch to train on (default `main`, or `from-<id>` with `from`).
+    pub branch: Option<String>,
+    /// Start a new branch from this checkpoint (JB-5).
+    pub from: Option<String>,
+    /// Record this checkpoint as the reference anchor (KL / ARMOR) instead of the inherited one.
+    pub reference: Option<String>,
+    /// Set to end the loop with a checkpoint (JB-6).
+    pub stop: StopSignal,
+}
+
+/// A request to stop after the current update with a checkpoint (SIGTERM), shared by clones.
+#[derive(Clone, Default, Debug)]
+pub struct StopSignal(Arc<std::sync::atomic::AtomicBool>);
+
+impl StopSignal {
+    /// Asks the job to stop.
+    pub fn request(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a stop was asked for.
+    pub fn requested(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The checkpoint a job starts from, with its verified blobs.
+struct StartPoint {
+    manifest: CheckpointManifest,
+    files: Vec<(String, Bytes)>,
 }
 
 /// What a finished job reports.
@@ -62,6 +100,18 @@ pub struct JobOutcome {
     pub reused_batches: usize,
     /// Batches dropped (on resume or for staleness).
     pub dropped_batches: u64,
+    /// The branch trained on.
+    pub branch: String,
+    /// Checkpoints that failed verification on resume (JB-4), newest first.
+    pub skipped_checkpoints: Vec<String>,
+    /// Corrupt batches quarantined on resume (JB-7).
+    pub quarantined_batches: u64,
+    /// The loop ended on a stop request (JB-6); no after-RL evaluation was run.
+    pub stopped: bool,
+    /// Env-shard restarts after panics (SV-1).
+    pub env_shard_restarts: u32,
+    /// Generator restarts after panics (SV-1).
+    pub generator_restarts: u32,
 }
 
 /// Picks the torch device for `run.device`.
@@ -69,7 +119,9 @@ pub fn select_device(name: &str) -> Result<tch::Device, ActorError> {
     match name {
         "cpu" => Ok(tch::Device::Cpu),
         "cuda" if tch::Cuda::is_available() => Ok(tch::Device::Cuda(0)),
-        "cuda" => Err(ActorError::Resume("run.device = \"cuda\" but no CUDA device is available".into())),
+        "cuda" => Err(ActorError::Resume(
+            "run.device = \"cuda\" but no CUDA device is available".into(),
+        )),
         _ => Ok(tch::Device::cuda_if_available()),
     }
 }
@@ -94,8 +146,21 @@ pub fn run_job(
         .build()
         .map_err(|e| ActorError::Internal(format!("cannot start the I/O runtime: {e}")))?;
     let io = io_runtime.handle().clone();
-    let latest = io.block_on(store.latest_checkpoint())?;
-    let log = Arc::new(Mutex::new(MetricsLog::open(store.clone(), io.clone(), latest.as_ref().map(|m| m.step))));
+    let branch = match (&options.branch, &options.from) {
+        (Some(b), _) => b.clone(),
+        (None, Some(from)) => format!("from-{from}"),
+        (None, None) => keel_store::DEFAULT_BRANCH.to_string(),
+    };
+    let store = store
+        .on_branch(&branch)?
+        .with_multipart_threshold(cfg.run.checkpoint_multipart_bytes);
+    let (start, skipped) = io.block_on(find_start(&store, options.from.as_deref()))?;
+    let latest = start.as_ref().map(|s| s.manifest.clone());
+    let log = Arc::new(Mutex::new(MetricsLog::open(
+        store.clone(),
+        io.clone(),
+        latest.as_ref().map(|m| m.step),
+    )));
     let sink: EventSink = {
         let log = log.clone();
         Arc::new(move |ev: &TrainEvent| {
@@ -107,7 +172,22 @@ pub fn run_job(
     };
     let cfg = Arc::new(cfg);
     let system = actix::System::new();
-    let result = system.block_on(run_in_system(cfg, store, io.clone(), metrics, sink, options, latest, device));
+    let result = system
+        .block_on(run_in_system(
+            cfg,
+            store,
+            io.clone(),
+            metrics,
+            sink,
+            options,
+            start,
+            device,
+        ))
+        .map(|mut outcome| {
+            outcome.branch = branch;
+            outcome.skipped_checkpoints = skipped;
+            outcome
+        });
     actix::System::current().stop();
     drop(system);
     if let Ok(log) = Arc::try_unwrap(log) {
@@ -123,7 +203,10 @@ async fn spawn_io<T: Send + 'static>(
     io: &tokio::runtime::Handle,
     fut: impl std::future::Future<Output = Result<T, keel_store::StoreError>> + Send + 'static,
 ) -> Result<T, ActorError> {
-    io.spawn(fut).await.map_err(|e| ActorError::Internal(format!("I/O task: {e}")))?.map_err(ActorError::from)
+    io.spawn(fut)
+        .await
+        .map_err(|e| ActorError::Internal(format!("I/O task: {e}")))?
+        .map_err(ActorError::from)
 }
 
 async fn ask<M, A>(addr: &Addr<A>, msg: M) -> Result<M::Result, ActorError>
@@ -133,7 +216,9 @@ where
     M: actix::Message + Send + 'static,
     M::Result: Send,
 {
-    addr.send(msg).await.map_err(|e| ActorError::Mailbox(e.to_string()))
+    addr.send(msg)
+        .await
+        .map_err(|e| ActorError::Mailbox(e.to_string()))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -144,23 +229,29 @@ async fn run_in_system(
     metrics: TrainMetrics,
     events: EventSink,
     options: JobOptions,
-    latest: Option<CheckpointManifest>,
+    start: Option<StartPoint>,
     device: tch::Device,
 ) -> Result<JobOutcome, ActorError> {
-    let tokenizer = Arc::new(Tokenizer::calc());
+    let env_cfg = cfg.env.env_config();
+    // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
+    let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
     let model_cfg = cfg.model_config(tokenizer.vocab_size());
-    let (env_name, n_ops) = (cfg.env.name.clone(), cfg.env.n_ops);
-    make_env(&env_name, n_ops)?; // fail early on a bad env name
     let factory: EnvFactory = match options.env_factory {
         Some(f) => f,
-        None => Arc::new(move || make_env(&env_name, n_ops).unwrap_or_else(|e| panic!("env factory: {e}"))),
+        None => {
+            Arc::new(move || build_env(&env_cfg).unwrap_or_else(|e| panic!("env factory: {e}")))
+        }
+    };
+    let shard_options = ShardOptions {
+        concurrency: cfg.env.concurrency,
+        latency: cfg.env.latency_model()?,
     };
     let env_budget = RestartBudget::new("env_shard", RESTART_BUDGET);
     let gen_budget = RestartBudget::new("generator", RESTART_BUDGET);
     let shards: Vec<Addr<EnvShard>> = (0..cfg.rollout.env_shards)
         .map(|_| {
-            let (f, b) = (factory.clone(), env_budget.clone());
-            Supervisor::start(move |_| EnvShard::new(f, b))
+            let (f, b, o) = (factory.clone(), env_budget.clone(), shard_options.clone());
+            Supervisor::start(move |_| EnvShard::with_options(f, b, o))
         })
         .collect();
 
@@ -168,7 +259,17 @@ async fn run_in_system(
         let (s, io) = (store.clone(), io.clone());
         SyncArbiter::start(1, move || LearnerActor::new(s.clone(), io.clone()))
     };
-    ask(&learner, InitLearner { model: model_cfg.clone(), cfg: cfg.learner.clone(), device, seed: cfg.run.seed }).await??;
+    ask(
+        &learner,
+        InitLearner {
+            model: model_cfg.clone(),
+            cfg: cfg.learner.clone(),
+            device,
+            seed: cfg.run.seed,
+            faults: cfg.faults.clone(),
+        },
+    )
+    .await??;
 
     let board = WeightBoard::default();
     let generators: Vec<Addr<Generator>> = (0..cfg.rollout.generators)
@@ -196,14 +297,9 @@ async fn run_in_system(
 
     let mut outcome = JobOutcome::default();
     let mut carried = BTreeMap::new();
-    let (version, saved_frontier, parent, reference) = match latest {
-        Some(manifest) => {
-            let mut files = Vec::new();
-            for f in &manifest.files {
-                let (s, m, name) = (store.clone(), manifest.clone(), f.name.clone());
-                let bytes: Bytes = spawn_io(&io, async move { s.read_checkpoint_file(&m, &name).await }).await?;
-                files.push((f.name.clone(), bytes.to_vec()));
-            }
+    let (version, saved_frontier, parent, reference) = match start {
+        Some(StartPoint { manifest, files }) => {
+            let files = files.into_iter().map(|(n, b)| (n, b.to_vec())).collect();
             let version = ask(&learner, Restore(files)).await??;
             if version != manifest.policy_version {
                 return Err(ActorError::Resume(format!(
@@ -214,7 +310,11 @@ async fn run_in_system(
             if manifest.config_hash != cfg.config_hash() {
                 tracing::warn!(checkpoint = %manifest.id, "resuming under a config that differs from the checkpoint's");
             }
-            outcome.eval_before = manifest.metrics.get("eval_success_before").copied().unwrap_or(f64::NAN);
+            outcome.eval_before = manifest
+                .metrics
+                .get("eval_success_before")
+                .copied()
+                .unwrap_or(f64::NAN);
             carried.insert("eval_success_before".to_string(), outcome.eval_before);
             outcome.resumed_from = Some(manifest.id.clone());
             let frontier = Frontier {
@@ -222,7 +322,11 @@ async fn run_in_system(
                 pending: manifest.data.pending_tasks.clone(),
                 next_batch_seq: manifest.data.next_batch_seq,
             };
-            let reference = manifest.reference.clone().or_else(|| Some(manifest.id.clone()));
+            let reference = options
+                .reference
+                .clone()
+                .or_else(|| manifest.reference.clone())
+                .or_else(|| Some(manifest.id.clone()));
             (version, frontier, Some(manifest.id), reference)
         }
         None => {
@@ -238,7 +342,10 @@ async fn run_in_system(
                 },
             )
             .await??;
-            events(&TrainEvent::SftDone { steps: cfg.sft.steps, loss: sft.loss });
+            events(&TrainEvent::SftDone {
+                steps: cfg.sft.steps,
+                loss: sft.loss,
+            });
             board.publish(ask(&learner, CurrentWeights).await??);
             outcome.eval_before = evaluate(&generators[0], &cfg, 0, "before_rl", &events).await?;
             metrics.eval_success.set(outcome.eval_before);
@@ -250,29 +357,54 @@ async fn run_in_system(
                 policy_version: 0,
                 config_hash: cfg.config_hash(),
                 reference: None,
-                tags: vec!["sft".into(), "reference".into()],
+                tags: vec![
+                    "sft".into(),
+                    "reference".into(),
+                    crate::guard::HEALTHY_TAG.into(),
+                ],
                 data: DataPosition::default(),
                 metrics: carried.clone(),
-                files: files.into_iter().map(|(n, b)| (n, Bytes::from(b))).collect(),
+                files: files
+                    .into_iter()
+                    .map(|(n, b)| (n, Bytes::from(b)))
+                    .collect(),
             };
             let s = store.clone();
             let manifest = spawn_io(&io, async move { s.commit_checkpoint(ckpt).await }).await?;
             metrics.checkpoints.inc();
-            events(&TrainEvent::Checkpoint { id: manifest.id.clone(), step: 0 });
-            (0, Frontier::default(), Some(manifest.id.clone()), Some(manifest.id))
+            events(&TrainEvent::Checkpoint {
+                id: manifest.id.clone(),
+                step: 0,
+            });
+            (
+                0,
+                Frontier::default(),
+                Some(manifest.id.clone()),
+                Some(manifest.id),
+            )
         }
     };
     board.publish(ask(&learner, CurrentWeights).await??);
 
     // Account for every batch already in the store (DF-2).
-    let found = find_batches(&store, &io).await?;
+    let (found, quarantined) = find_batches(&store, &io, &metrics).await?;
+    outcome.quarantined_batches = quarantined;
     let bound = cfg.staleness_bound();
-    let plan = plan_resume(&saved_frontier, version, bound, cfg.rollout.tasks_per_batch as u64, found.clone());
+    let plan = plan_resume(
+        &saved_frontier,
+        version,
+        bound,
+        cfg.rollout.tasks_per_batch as u64,
+        found.clone(),
+    );
     for d in &plan.dropped {
         metrics.batches_dropped.inc();
         events(&TrainEvent::Dropped {
             batch_seq: d.batch_seq,
-            reason: format!("sampled by version {} which the restored version {version} cannot use", d.policy_version),
+            reason: format!(
+                "sampled by version {} which the restored version {version} cannot use",
+                d.policy_version
+            ),
         });
     }
     if let Some(id) = &outcome.resumed_from {
@@ -287,7 +419,11 @@ async fn run_in_system(
     let reuse = plan
         .reuse
         .iter()
-        .map(|b| ReadyBatch { key: store.batch_key(b.batch_seq), batch_seq: b.batch_seq, first_task: b.first_task })
+        .map(|b| ReadyBatch {
+            key: store.batch_key(b.batch_seq),
+            batch_seq: b.batch_seq,
+            first_task: b.first_task,
+        })
         .collect();
 
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<LoopOutcome, ActorError>>();
@@ -299,7 +435,7 @@ async fn run_in_system(
         board: board.clone(),
         generators: generators.clone(),
         learner: learner.clone(),
-        budgets: vec![env_budget, gen_budget],
+        budgets: vec![env_budget.clone(), gen_budget.clone()],
         events: events.clone(),
         version,
         frontier: plan.frontier,
@@ -307,46 +443,130 @@ async fn run_in_system(
         parent_checkpoint: parent,
         reference,
         carried_metrics: carried,
+        dropped_on_resume: plan.dropped.iter().map(|d| d.batch_seq).collect(),
+        stop: options.stop.clone(),
         done: tx,
     };
     actix::Actor::start(Controller::new(setup));
-    let loop_outcome = rx.await.map_err(|_| ActorError::Internal("controller stopped without an answer".into()))??;
+    let loop_outcome = rx
+        .await
+        .map_err(|_| ActorError::Internal("controller stopped without an answer".into()))??;
     outcome.final_step = loop_outcome.version;
     outcome.last_checkpoint = loop_outcome.last_checkpoint;
     outcome.dropped_batches = loop_outcome.dropped_batches + plan.dropped.len() as u64;
+    if loop_outcome.stopped {
+        outcome.stopped = true;
+        outcome.eval_after = f64::NAN;
+        return Ok(outcome);
+    }
 
-    outcome.eval_after = evaluate(&generators[0], &cfg, loop_outcome.version, "after_rl", &events).await?;
+    outcome.eval_after = evaluate(
+        &generators[0],
+        &cfg,
+        loop_outcome.version,
+        "after_rl",
+        &events,
+    )
+    .await?;
     metrics.eval_success.set(outcome.eval_after);
+    outcome.env_shard_restarts = env_budget.used();
+    outcome.generator_restarts = gen_budget.used();
     Ok(outcome)
 }
 
-fn make_demos(cfg: &TrainConfig, tokenizer: &Tokenizer) -> Result<Vec<(Vec<u32>, Vec<u8>)>, ActorError> {
+fn make_demos(
+    cfg: &TrainConfig,
+    tokenizer: &keel_envs::Tokenizer,
+) -> Result<Vec<(Vec<u32>, Vec<u8>)>, ActorError> {
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
-    let mut env: Box<dyn Env> = make_env(&cfg.env.name, cfg.env.n_ops)?;
-    let seeds: Vec<u64> = (0..cfg.sft.demos as u64).map(|i| task_seed(Split::Train, SFT_TASK_OFFSET + i)).collect();
+    let mut env: Box<dyn Env> = build_env(&cfg.env.env_config())?;
+    let seeds: Vec<u64> = (0..cfg.sft.demos as u64)
+        .map(|i| task_seed(Split::Train, SFT_TASK_OFFSET + i))
+        .collect();
     let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
     Ok(demos.into_iter().map(|d| (d.tokens, d.loss_mask)).collect())
 }
 
-async fn find_batches(store: &RunStore, io: &tokio::runtime::Handle) -> Result<Vec<FoundBatch>, ActorError> {
+/// Where the job starts: this branch's newest verifiable checkpoint (JB-1, JB-4), else the
+/// `--from` checkpoint (JB-5), else nothing (SFT warm start). Also the ids skipped on the way.
+async fn find_start(
+    store: &RunStore,
+    from: Option<&str>,
+) -> Result<(Option<StartPoint>, Vec<String>), ActorError> {
+    if let Some(rp) = store.resume_point().await? {
+        let skipped: Vec<String> = rp.skipped.iter().map(|s| s.id.clone()).collect();
+        for s in &rp.skipped {
+            eprintln!(
+                "warning: checkpoint {} failed verification ({}); resuming from its newest verifiable ancestor {}",
+                s.id, s.reason, rp.manifest.id
+            );
+        }
+        if let Some(from) = from {
+            if from != rp.manifest.id {
+                tracing::warn!(branch = store.branch(), from, "the branch already has checkpoints; resuming it (--from only starts a new branch)");
+            }
+        }
+        return Ok((
+            Some(StartPoint {
+                manifest: rp.manifest,
+                files: rp.files,
+            }),
+            skipped,
+        ));
+    }
+    let Some(from) = from else {
+        return Ok((None, Vec::new()));
+    };
+    let manifest = store.checkpoint(from).await.map_err(|e| match e {
+        StoreError::NotFound { .. } => ActorError::Resume(format!(
+            "--from {from}: no such checkpoint in {}; see `keel ckpt list`",
+            store.root_url()
+        )),
+        e => e.into(),
+    })?;
+    let files = store.verify_checkpoint(&manifest).await?;
+    tracing::info!(
+        from,
+        branch = store.branch(),
+        "starting a new branch from a checkpoint"
+    );
+    Ok((Some(StartPoint { manifest, files }), Vec::new()))
+}
+
+async fn find_batches(
+    store: &RunStore,
+    io: &tokio::runtime::Handle,
+    metrics: &TrainMetrics,
+) -> Result<(Vec<FoundBatch>, u64), ActorError> {
     let s = store.clone();
     let keys = spawn_io(io, async move { s.list_batches().await }).await?;
     let mut found = Vec::with_capacity(keys.len());
+    let mut quarantined = 0;
     for key in keys {
         let s = store.clone();
         let k = key.clone();
         let buf = match spawn_io(io, async move { s.get_batch(&k).await }).await {
             Ok(buf) => buf,
-            Err(e) => {
-                tracing::warn!(key = %key, error = %e, "ignoring an unreadable batch at resume; its tasks are regenerated");
+            Err(ActorError::Store(e @ StoreError::CorruptBatch { .. })) => {
+                let (s, k, reason) = (store.clone(), key.clone(), e.to_string());
+                spawn_io(io, async move { s.quarantine_batch(&k, &reason).await }).await?;
+                metrics.store_quarantined.inc_for("batch", 1);
+                quarantined += 1;
+                eprintln!("warning: {e}; moved it to quarantine/, its tasks are regenerated");
                 continue;
             }
+            Err(e) => return Err(e),
         };
         let b = buf.archived();
         let first_task = b.trajectories.iter().map(|t| t.task_id.to_native()).min();
-        let oldest = b.trajectories.iter().flat_map(|t| t.turns.iter()).map(|t| t.policy_version.to_native()).min();
+        let oldest = b
+            .trajectories
+            .iter()
+            .flat_map(|t| t.turns.iter())
+            .map(|t| t.policy_version.to_native())
+            .min();
         if let Some(first_task) = first_task {
             found.push(FoundBatch {
                 batch_seq: b.batch_seq.to_native(),
@@ -355,7 +575,7 @@ async fn find_batches(store: &RunStore, io: &tokio::runtime::Handle) -> Result<V
             });
         }
     }
-    Ok(found)
+    Ok((found, quarantined))
 }
 
 /// Held-out evaluation: one sampled episode per eval task with the published weights.
@@ -367,11 +587,23 @@ async fn evaluate(
     events: &EventSink,
 ) -> Result<f64, ActorError> {
     let tasks: Vec<TaskRef> = (0..cfg.rollout.eval_tasks as u64)
-        .map(|i| TaskRef { task_id: i, task_seed: task_seed(Split::Eval, i) })
+        .map(|i| TaskRef {
+            task_id: i,
+            task_seed: task_seed(Split::Eval, i),
+        })
         .collect();
-    let msg = Generate { batch_seq: EVAL_BATCH_SEQ + version, tasks, purpose: Purpose::Eval };
+    let msg = Generate {
+        batch_seq: EVAL_BATCH_SEQ + version,
+        tasks,
+        purpose: Purpose::Eval,
+    };
     let generated = ask(generator, msg).await??;
     let success = generated.stats.success_rate();
-    events(&TrainEvent::Eval { phase: phase.into(), version, success, episodes: generated.stats.episodes });
+    events(&TrainEvent::Eval {
+        phase: phase.into(),
+        version,
+        success,
+        episodes: generated.stats.episodes,
+    });
     Ok(success)
 }

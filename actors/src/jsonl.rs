@@ -27,7 +27,11 @@ pub struct MetricsLog {
 
 impl MetricsLog {
     /// Opens the log, keeping existing lines whose `step` is at most `keep_through_step` (JL-2).
-    pub fn open(store: RunStore, io: tokio::runtime::Handle, keep_through_step: Option<u64>) -> Self {
+    pub fn open(
+        store: RunStore,
+        io: tokio::runtime::Handle,
+        keep_through_step: Option<u64>,
+    ) -> Self {
         let existing = io.block_on(store.get_object(METRICS_LOG)).ok();
         let mut lines = String::new();
         if let (Some(bytes), Some(keep)) = (existing, keep_through_step) {
@@ -52,7 +56,11 @@ impl MetricsLog {
                 }
             }
         });
-        Self { lines, tx: Some(tx), writer: Some(writer) }
+        Self {
+            lines,
+            tx: Some(tx),
+            writer: Some(writer),
+        }
     }
 
     /// Appends one JSON value as a line and schedules a write.

@@ -20,6 +20,7 @@ use keel_learner::{Learner, LearnerConfig, ModelConfig, StepMetrics, TrainBatch}
 use keel_store::{BatchKey, RunStore};
 
 use crate::error::ActorError;
+use crate::faults::{FaultPlan, FaultsSection};
 use crate::seeds::mix_seed;
 use crate::weights::PublishedWeights;
 
@@ -35,6 +36,8 @@ pub struct InitLearner {
     pub device: tch::Device,
     /// Run seed.
     pub seed: u64,
+    /// Faults to inject (testing aid; `FaultsSection::default()` is none).
+    pub faults: FaultsSection,
 }
 
 /// Supervised warm start on demonstrations `(tokens, loss mask)`.
@@ -82,7 +85,26 @@ pub struct Trained {
     pub success_rate: f64,
     /// Invalid actions per turn in the batch.
     pub invalid_rate: f64,
+    /// Policy-version lag of every trained trajectory (its oldest turn).
+    pub trajectory_lags: Vec<u64>,
+    /// `(lag, model tokens)` per trained turn, for the per-token staleness histogram.
+    pub token_lags: Vec<(u64, u32)>,
+    /// Mean agent turns per episode.
+    pub episode_turns: f64,
+    /// Mean model tokens per episode.
+    pub response_length: f64,
+    /// Seconds the store took to return the batch.
+    pub get_seconds: f64,
+    /// Archived size of the batch.
+    pub get_bytes: u64,
+    /// The learning rate the update ran at.
+    pub lr: f64,
 }
+
+/// Sets the learning rate of the following updates (collapse guard: rewind with a lower rate).
+#[derive(Message)]
+#[rtype(result = "Result<(), ActorError>")]
+pub struct SetLearningRate(pub f64);
 
 /// The current weights.
 #[derive(Message)]
@@ -104,16 +126,48 @@ pub struct LearnerActor {
     store: RunStore,
     io: tokio::runtime::Handle,
     learner: Option<Learner>,
+    /// What `InitLearner` said, to rebuild the learner at another learning rate.
+    init: Option<(ModelConfig, tch::Device, u64)>,
+    faults: FaultPlan,
 }
 
 impl LearnerActor {
     /// An empty learner shell; send `InitLearner` first.
     pub fn new(store: RunStore, io: tokio::runtime::Handle) -> Self {
-        Self { store, io, learner: None }
+        Self {
+            store,
+            io,
+            learner: None,
+            init: None,
+            faults: FaultPlan::default(),
+        }
+    }
+
+    /// Rebuilds the learner at learning rate `lr` with the same weights, optimizer state and
+    /// counters (the learner's config is fixed at construction; a rewind is rare).
+    fn set_lr(&mut self, lr: f64) -> Result<(), ActorError> {
+        let Some((model, device, seed)) = self.init.clone() else {
+            return Err(ActorError::Internal(
+                "learner used before InitLearner".into(),
+            ));
+        };
+        let learner = self.learner()?;
+        if learner.config().lr == lr {
+            return Ok(());
+        }
+        let files = learner.state_files()?;
+        let mut cfg = learner.config().clone();
+        cfg.lr = lr;
+        let mut fresh = Learner::new(&model, cfg, device, seed)?;
+        fresh.restore(&files)?;
+        self.learner = Some(fresh);
+        Ok(())
     }
 
     fn learner(&mut self) -> Result<&mut Learner, ActorError> {
-        self.learner.as_mut().ok_or_else(|| ActorError::Internal("learner used before InitLearner".into()))
+        self.learner
+            .as_mut()
+            .ok_or_else(|| ActorError::Internal("learner used before InitLearner".into()))
     }
 }
 
@@ -126,6 +180,8 @@ impl Handler<InitLearner> for LearnerActor {
 
     fn handle(&mut self, msg: InitLearner, _ctx: &mut SyncContext<Self>) -> Self::Result {
         self.learner = Some(Learner::new(&msg.model, msg.cfg, msg.device, msg.seed)?);
+        self.init = Some((msg.model, msg.device, msg.seed));
+        self.faults = FaultPlan::new(msg.faults);
         Ok(())
     }
 }
@@ -141,11 +197,15 @@ impl Handler<RunSft> for LearnerActor {
         for step in 0..msg.steps {
             if order.len() < msg.batch_size {
                 let mut fresh: Vec<usize> = (0..msg.demos.len()).collect();
-                fresh.shuffle(&mut ChaCha8Rng::seed_from_u64(mix_seed(&[msg.seed, 0x5f7, step])));
+                fresh.shuffle(&mut ChaCha8Rng::seed_from_u64(mix_seed(&[
+                    msg.seed, 0x5f7, step,
+                ])));
                 order.extend(fresh);
             }
-            let picked: Vec<(Vec<u32>, Vec<u8>)> =
-                order.drain(..msg.batch_size.min(order.len())).map(|i| msg.demos[i].clone()).collect();
+            let picked: Vec<(Vec<u32>, Vec<u8>)> = order
+                .drain(..msg.batch_size.min(order.len()))
+                .map(|i| msg.demos[i].clone())
+                .collect();
             let batch = TrainBatch::from_sequences(&picked, device)?;
             last = learner.sft_step(&batch, msg.lr)?;
             if step % 25 == 0 || step + 1 == msg.steps {
@@ -160,17 +220,35 @@ impl Handler<TrainOn> for LearnerActor {
     type Result = Result<Trained, ActorError>;
 
     fn handle(&mut self, msg: TrainOn, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        let fetch = std::time::Instant::now();
         let buf = self.io.block_on(self.store.get_batch(&msg.key))?;
+        let get_seconds = fetch.elapsed().as_secs_f64();
+        let get_bytes = buf.archive_len() as u64;
+        let version = self.learner()?.policy_version();
+        let injection = self.faults.before_update(version);
+        if let Some(lr) = injection.set_lr {
+            tracing::warn!(lr, version, "fault injection: learning rate blown up");
+            self.set_lr(lr)?;
+        }
         let batch = buf.archived();
         let learner = self.learner()?;
-        let version = learner.policy_version();
         let batch_seq = batch.batch_seq.to_native();
         let mut turn_lags = Vec::new();
         let mut task_ids = Vec::new();
+        let mut trajectory_lags = Vec::new();
+        let mut token_lags = Vec::new();
+        let mut model_tokens = 0usize;
         let (mut successes, mut turns, mut invalid) = (0usize, 0usize, 0usize);
         for traj in batch.trajectories.iter() {
             task_ids.push(traj.task_id.to_native());
             successes += usize::from(traj.final_reward.to_native() >= 1.0);
+            let oldest = traj
+                .turns
+                .iter()
+                .map(|t| t.policy_version.to_native())
+                .min()
+                .unwrap_or(version);
+            trajectory_lags.push(version.saturating_sub(oldest));
             for turn in traj.turns.iter() {
                 let sampled = turn.policy_version.to_native();
                 if sampled > version {
@@ -180,9 +258,16 @@ impl Handler<TrainOn> for LearnerActor {
                 }
                 let lag = version - sampled;
                 if lag > msg.bound {
-                    return Err(ActorError::Stale { batch_seq, lag, bound: msg.bound });
+                    return Err(ActorError::Stale {
+                        batch_seq,
+                        lag,
+                        bound: msg.bound,
+                    });
                 }
                 turn_lags.push(lag);
+                let n = turn.end.to_native().saturating_sub(turn.start.to_native());
+                token_lags.push((lag, n));
+                model_tokens += n as usize;
                 turns += 1;
                 invalid += usize::from(turn.invalid_action);
             }
@@ -191,9 +276,21 @@ impl Handler<TrainOn> for LearnerActor {
         task_ids.dedup();
         let n_traj = batch.trajectories.len().max(1);
         let device = learner.model().device();
-        let tensors = TrainBatch::from_archived(batch, device)?;
+        let mut tensors = TrainBatch::from_archived(batch, device)?;
+        if injection.nan_logprobs {
+            tracing::warn!(version, "fault injection: NaN behaviour log-probs");
+            tensors.behaviour_logp = tensors
+                .behaviour_logp
+                .f_full_like(f64::NAN)
+                .map_err(keel_learner::LearnerError::from)?;
+        }
+        let lr = learner.config().lr;
         let metrics = learner.train_step(&tensors)?;
-        let weights = PublishedWeights { version: learner.policy_version(), safetensors: Arc::new(learner.weights_safetensors()?) };
+        let weights = PublishedWeights {
+            version: learner.policy_version(),
+            safetensors: Arc::new(learner.weights_safetensors()?),
+            epoch: 0,
+        };
         Ok(Trained {
             version: learner.policy_version(),
             metrics,
@@ -203,6 +300,13 @@ impl Handler<TrainOn> for LearnerActor {
             task_ids,
             success_rate: successes as f64 / n_traj as f64,
             invalid_rate: invalid as f64 / turns.max(1) as f64,
+            trajectory_lags,
+            token_lags,
+            episode_turns: turns as f64 / n_traj as f64,
+            response_length: model_tokens as f64 / n_traj as f64,
+            get_seconds,
+            get_bytes,
+            lr,
         })
     }
 }
@@ -212,7 +316,19 @@ impl Handler<CurrentWeights> for LearnerActor {
 
     fn handle(&mut self, _msg: CurrentWeights, _ctx: &mut SyncContext<Self>) -> Self::Result {
         let learner = self.learner()?;
-        Ok(PublishedWeights { version: learner.policy_version(), safetensors: Arc::new(learner.weights_safetensors()?) })
+        Ok(PublishedWeights {
+            version: learner.policy_version(),
+            safetensors: Arc::new(learner.weights_safetensors()?),
+            epoch: 0,
+        })
+    }
+}
+
+impl Handler<SetLearningRate> for LearnerActor {
+    type Result = Result<(), ActorError>;
+
+    fn handle(&mut self, msg: SetLearningRate, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.set_lr(msg.0)
     }
 }
 

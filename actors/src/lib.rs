@@ -8,16 +8,20 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod config_keys;
 pub mod controller;
 pub mod env_shard;
 pub mod error;
 pub mod events;
+pub mod faults;
 pub mod frontier;
 pub mod generator;
+pub mod guard;
 pub mod job;
 pub mod jsonl;
 pub mod learner_actor;
 pub mod metrics;
+pub mod model_policy;
 pub mod rollout;
 pub mod seeds;
 pub mod supervision;
@@ -26,5 +30,5 @@ pub mod weights;
 pub use config::{ConfigError, Mode, TrainConfig};
 pub use error::ActorError;
 pub use events::{EventSink, TrainEvent};
-pub use job::{run_job, JobOptions, JobOutcome};
+pub use job::{run_job, JobOptions, JobOutcome, StopSignal};
 pub use metrics::TrainMetrics;

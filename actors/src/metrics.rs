@@ -1,121 +1,737 @@
-//! Prometheus metrics of the training loop.
+//! Prometheus metrics of the training loop (documented one by one in `docs/metrics.md`).
 //!
 //! Invariants:
-//! - MT-1: every series carries the `run` label and nothing per-trajectory (bounded cardinality).
-//! - MT-2: names follow verl's vocabulary with a `keel_` prefix (`keel_actor_pg_clipfrac`, …) so
-//!   users of other frameworks recognise them.
-//! - MT-3: the registry is owned here; the CLI only serves `TrainMetrics::registry`.
+//! - MT-1: every series carries the constant `run` label and the current `branch`; the other
+//!   labels take a handful of values (`env`, actor `kind`, store `object`, drop `reason`, anomaly
+//!   `kind`). Nothing is labelled per trajectory, task or batch (bounded cardinality).
+//! - MT-2: names follow verl's vocabulary with a `keel_` prefix (`keel_actor_pg_clipfrac`,
+//!   `keel_actor_grad_norm`, …) so users of other frameworks recognise them.
+//! - MT-3: the registry is owned here; the CLI only serves `TrainMetrics::render`.
+//! - MT-4: when the branch changes (a rewind), the gauges of the old branch are dropped, so no
+//!   alert keeps firing on a value of an abandoned branch; counters and histograms of the old
+//!   branch stay (they no longer move).
+//! - MT-5: `docs/metrics.md`, `ops/alerts/keel-rules.yml` and `ops/dashboards/keel.json` name only
+//!   metrics registered here (checked by a test).
 
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 use keel_learner::StepMetrics;
 
-/// The metric handles of one training run.
+/// The branch label every series carries; shared by all handles of one run.
+#[derive(Clone, Debug)]
+struct BranchCell(Arc<RwLock<String>>);
+
+impl BranchCell {
+    fn get(&self) -> String {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// The series for some label values; a wrong number of labels is a bug at the call site, logged
+/// (not a panic: metrics never stop training).
+fn labelled<T>(r: Result<T, prometheus::Error>) -> Option<T> {
+    match r {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, "metric used with the wrong labels");
+            None
+        }
+    }
+}
+
+/// A gauge labelled with the current branch (plus `extra` labels, given at each use).
+#[derive(Clone)]
+pub struct BranchGauge {
+    vec: GaugeVec,
+    branch: BranchCell,
+}
+
+impl BranchGauge {
+    /// Sets the value on the current branch.
+    pub fn set(&self, v: f64) {
+        if let Some(g) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str()]),
+        ) {
+            g.set(v);
+        }
+    }
+
+    /// The value on the current branch.
+    pub fn get(&self) -> f64 {
+        self.vec
+            .get_metric_with_label_values(&[self.branch.get().as_str()])
+            .map(|g| g.get())
+            .unwrap_or(0.0)
+    }
+
+    /// Sets the value of the series with the extra label value `label` (gauges with two labels).
+    pub fn set_for(&self, label: &str, v: f64) {
+        if let Some(g) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str(), label]),
+        ) {
+            g.set(v);
+        }
+    }
+}
+
+/// A counter labelled with the current branch.
+#[derive(Clone)]
+pub struct BranchCounter {
+    vec: IntCounterVec,
+    branch: BranchCell,
+}
+
+impl BranchCounter {
+    /// Adds one on the current branch.
+    pub fn inc(&self) {
+        self.inc_by(1);
+    }
+
+    /// Adds `n` on the current branch.
+    pub fn inc_by(&self, n: u64) {
+        if let Some(c) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str()]),
+        ) {
+            c.inc_by(n);
+        }
+    }
+
+    /// Adds `n` to the series with the extra label value `label` (counters with two labels).
+    pub fn inc_for(&self, label: &str, n: u64) {
+        if let Some(c) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str(), label]),
+        ) {
+            c.inc_by(n);
+        }
+    }
+
+    /// The value of the series with the extra label value `label`.
+    pub fn get_for(&self, label: &str) -> u64 {
+        self.vec
+            .get_metric_with_label_values(&[self.branch.get().as_str(), label])
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+
+    /// The value on the current branch (series with only the branch label).
+    pub fn get(&self) -> u64 {
+        self.vec
+            .get_metric_with_label_values(&[self.branch.get().as_str()])
+            .map(|c| c.get())
+            .unwrap_or(0)
+    }
+}
+
+/// A histogram labelled with the current branch.
+#[derive(Clone)]
+pub struct BranchHistogram {
+    vec: HistogramVec,
+    branch: BranchCell,
+}
+
+impl BranchHistogram {
+    /// Observes `v` on the current branch.
+    pub fn observe(&self, v: f64) {
+        if let Some(h) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str()]),
+        ) {
+            h.observe(v);
+        }
+    }
+
+    /// Observes `v` in the series with the extra label value `label`.
+    pub fn observe_for(&self, label: &str, v: f64) {
+        if let Some(h) = labelled(
+            self.vec
+                .get_metric_with_label_values(&[self.branch.get().as_str(), label]),
+        ) {
+            h.observe(v);
+        }
+    }
+}
+
+/// The metric handles of one training run. Cheap to clone; all clones share one registry.
 #[derive(Clone)]
 pub struct TrainMetrics {
     registry: Registry,
+    branch: BranchCell,
+    gauges: Vec<GaugeVec>,
+    names: Vec<String>,
+    started: Instant,
     /// Learner updates taken.
-    pub learner_step: IntGauge,
+    pub learner_step: BranchGauge,
     /// Current policy version.
-    pub policy_version: IntGauge,
-    /// Policy-gradient loss.
-    pub pg_loss: Gauge,
+    pub policy_version: BranchGauge,
+    /// Updates applied (counter, for rates and the stall alert).
+    pub learner_steps: BranchCounter,
     /// Total loss.
-    pub loss: Gauge,
+    pub loss: BranchGauge,
+    /// Policy-gradient loss.
+    pub pg_loss: BranchGauge,
     /// Value loss (PPO).
-    pub value_loss: Gauge,
+    pub value_loss: BranchGauge,
     /// Fraction of tokens whose ratio was clipped.
-    pub pg_clipfrac: Gauge,
-    /// Approximate KL to the behaviour policy.
-    pub ppo_kl: Gauge,
+    pub pg_clipfrac: BranchGauge,
+    /// Approximate KL to the behaviour (old) policy.
+    pub ppo_kl: BranchGauge,
+    /// Extra learner numbers, `(gauge, field)`: clip sides, reference KL, KL loss/reward,
+    /// explained variance, advantage statistics.
+    pub extra: Vec<(BranchGauge, fn(&StepMetrics) -> f64)>,
     /// Mean token entropy.
-    pub entropy: Gauge,
-    /// Gradient norm before clipping.
-    pub grad_norm: Gauge,
-    /// Learner tokens per second.
-    pub learner_tokens_per_s: Gauge,
+    pub entropy: BranchGauge,
+    /// Gradient norm before clipping (last step).
+    pub grad_norm: BranchGauge,
+    /// Gradient norm before clipping (distribution).
+    pub grad_norm_hist: BranchHistogram,
+    /// Learning rate in force.
+    pub lr: BranchGauge,
     /// Seconds per learner step.
-    pub step_seconds: Histogram,
-    /// Training rollout success rate of the last batch.
-    pub rollout_success: Gauge,
-    /// Mean final reward of the last batch.
-    pub rollout_reward: Gauge,
+    pub step_seconds: BranchHistogram,
+    /// Learner tokens per second.
+    pub learner_tokens_per_s: BranchGauge,
+    /// Updates refused because the loss or gradient was non-finite (GD-1).
+    pub nonfinite_steps: BranchCounter,
+    /// Fraction of wall time the learner waited for batches.
+    pub learner_idle_ratio: BranchGauge,
+    /// Success rate of the last training batch, by `env`.
+    pub rollout_success: BranchGauge,
+    /// Mean final reward of the last training batch, by `env`.
+    pub rollout_reward: BranchGauge,
+    /// Mean agent turns per episode of the last batch.
+    pub episode_turns: BranchGauge,
+    /// Mean model tokens per episode of the last batch.
+    pub response_length: BranchGauge,
     /// Invalid-action rate (per turn) of the last batch.
-    pub rollout_invalid_rate: Gauge,
+    pub rollout_invalid_rate: BranchGauge,
+    /// Model tokens sampled per second of generation.
+    pub generated_tokens_per_s: BranchGauge,
+    /// Policy-version lag of each trained model token.
+    pub token_staleness: BranchHistogram,
+    /// Policy-version lag of each trained trajectory (its oldest turn).
+    pub trajectory_staleness: BranchHistogram,
+    /// Largest lag in the last trained batch.
+    pub staleness_max: BranchGauge,
+    /// The staleness bound in force (0 in sync mode).
+    pub staleness_bound: BranchGauge,
+    /// Stored batches waiting for the learner.
+    pub queue_depth: BranchGauge,
+    /// Batches being sampled.
+    pub batches_in_flight: BranchGauge,
+    /// Fraction of generator wall time spent idle.
+    pub generator_idle_ratio: BranchGauge,
     /// Held-out evaluation success rate.
-    pub eval_success: Gauge,
-    /// Policy-version lag of each trained turn.
-    pub staleness: Histogram,
-    /// Batches dropped for exceeding the staleness bound or belonging to a lost future.
-    pub batches_dropped: IntCounter,
+    pub eval_success: BranchGauge,
     /// Batches trained on.
-    pub batches_trained: IntCounter,
+    pub batches_trained: BranchCounter,
+    /// Batches dropped, by `reason`.
+    pub batches_dropped_by: BranchCounter,
+    /// Batches dropped (any reason; kept for the call sites that do not say why).
+    pub batches_dropped: DroppedCounter,
+    /// Store put latency by `object`.
+    pub store_put_seconds: BranchHistogram,
+    /// Store get latency by `object`.
+    pub store_get_seconds: BranchHistogram,
+    /// Bytes moved to or from the store, by `direction`.
+    pub store_bytes: BranchCounter,
+    /// Store operations that failed (after the store's own retries), by `op`.
+    pub store_errors: BranchCounter,
+    /// Store requests retried, as reported by the store.
+    pub store_retries: BranchCounter,
+    /// Corrupt objects moved to quarantine, by `object`.
+    pub store_quarantined: BranchCounter,
+    /// Seconds to commit a checkpoint.
+    pub checkpoint_commit_seconds: BranchHistogram,
+    /// Bytes of the last committed checkpoint.
+    pub checkpoint_bytes: BranchGauge,
+    /// Unix time of the last committed checkpoint.
+    pub last_checkpoint_time: BranchGauge,
+    /// Seconds since the last committed checkpoint (computed at scrape time).
+    pub seconds_since_checkpoint: BranchGauge,
     /// Committed checkpoints.
-    pub checkpoints: IntCounter,
-    /// Actor restarts.
-    pub actor_restarts: IntCounter,
+    pub checkpoints: BranchCounter,
+    /// Supervised actor restarts, by `kind`.
+    pub actor_restarts: BranchCounter,
+    /// Live actors, by `kind`.
+    pub actors_alive: BranchGauge,
+    /// 1 when a kind's restart budget is spent (SV-2), by `kind`.
+    pub budget_exhausted: BranchGauge,
+    /// Anomalies the collapse guard saw, by `kind`.
+    pub guard_anomalies: BranchCounter,
+    /// Rewinds to a healthy checkpoint.
+    pub guard_rewinds: BranchCounter,
+    /// Non-finite skips in a row right now.
+    pub guard_consecutive_skips: BranchGauge,
+    /// 1 while the RL loop runs.
+    pub rl_active: BranchGauge,
+    /// 1, labelled with the config hash and mode.
+    pub run_info: GaugeVec,
 }
 
-fn opts(name: &str, help: &str, run: &str) -> Opts {
-    Opts::new(name, help).const_label("run", run)
+/// `batches_dropped` without a reason: counted under `reason="other"`.
+#[derive(Clone)]
+pub struct DroppedCounter(BranchCounter);
+
+impl DroppedCounter {
+    /// Counts one dropped batch with reason `other`.
+    pub fn inc(&self) {
+        self.0.inc_for("other", 1);
+    }
+}
+
+struct Builder<'a> {
+    registry: &'a Registry,
+    run: &'a str,
+    branch: BranchCell,
+    gauges: Vec<GaugeVec>,
+    names: Vec<String>,
+}
+
+impl Builder<'_> {
+    fn labels<'l>(extra: &'l [&'l str]) -> Vec<&'l str> {
+        let mut l = vec!["branch"];
+        l.extend_from_slice(extra);
+        l
+    }
+
+    fn gauge(
+        &mut self,
+        name: &str,
+        help: &str,
+        extra: &[&str],
+    ) -> Result<BranchGauge, prometheus::Error> {
+        self.names.push(name.to_string());
+        let vec = GaugeVec::new(
+            Opts::new(name, help).const_label("run", self.run),
+            &Self::labels(extra),
+        )?;
+        self.registry.register(Box::new(vec.clone()))?;
+        self.gauges.push(vec.clone());
+        Ok(BranchGauge {
+            vec,
+            branch: self.branch.clone(),
+        })
+    }
+
+    fn counter(
+        &mut self,
+        name: &str,
+        help: &str,
+        extra: &[&str],
+    ) -> Result<BranchCounter, prometheus::Error> {
+        self.names.push(name.to_string());
+        let vec = IntCounterVec::new(
+            Opts::new(name, help).const_label("run", self.run),
+            &Self::labels(extra),
+        )?;
+        self.registry.register(Box::new(vec.clone()))?;
+        Ok(BranchCounter {
+            vec,
+            branch: self.branch.clone(),
+        })
+    }
+
+    fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        extra: &[&str],
+        buckets: Vec<f64>,
+    ) -> Result<BranchHistogram, prometheus::Error> {
+        self.names.push(name.to_string());
+        let opts = HistogramOpts::new(name, help)
+            .const_label("run", self.run)
+            .buckets(buckets);
+        let vec = HistogramVec::new(opts, &Self::labels(extra))?;
+        self.registry.register(Box::new(vec.clone()))?;
+        Ok(BranchHistogram {
+            vec,
+            branch: self.branch.clone(),
+        })
+    }
+}
+
+fn lag_buckets() -> Vec<f64> {
+    vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]
 }
 
 impl TrainMetrics {
-    /// Creates and registers every metric for run `run`.
+    /// Creates and registers every metric for run `run`, on branch `main`.
     pub fn new(run: &str) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let g = |name: &str, help: &str| -> Result<Gauge, prometheus::Error> {
-            let m = Gauge::with_opts(opts(name, help, run))?;
-            registry.register(Box::new(m.clone()))?;
-            Ok(m)
+        let branch = BranchCell(Arc::new(RwLock::new("main".to_string())));
+        let mut b = Builder {
+            registry: &registry,
+            run,
+            branch: branch.clone(),
+            gauges: Vec::new(),
+            names: vec!["keel_run_info".to_string()],
         };
-        let c = |name: &str, help: &str| -> Result<IntCounter, prometheus::Error> {
-            let m = IntCounter::with_opts(opts(name, help, run))?;
-            registry.register(Box::new(m.clone()))?;
-            Ok(m)
-        };
-        let ig = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
-            let m = IntGauge::with_opts(opts(name, help, run))?;
-            registry.register(Box::new(m.clone()))?;
-            Ok(m)
-        };
-        let h = |name: &str, help: &str, buckets: Vec<f64>| -> Result<Histogram, prometheus::Error> {
-            let o = HistogramOpts::new(name, help).const_label("run", run).buckets(buckets);
-            let m = Histogram::with_opts(o)?;
-            registry.register(Box::new(m.clone()))?;
-            Ok(m)
-        };
-        Ok(Self {
-            learner_step: ig("keel_learner_step", "Learner updates taken")?,
-            policy_version: ig("keel_policy_version", "Current policy version")?,
-            pg_loss: g("keel_actor_pg_loss", "Policy-gradient loss of the last step")?,
-            loss: g("keel_actor_loss", "Total loss of the last step")?,
-            value_loss: g("keel_critic_vf_loss", "Value loss of the last step")?,
-            pg_clipfrac: g("keel_actor_pg_clipfrac", "Fraction of model tokens whose ratio was clipped")?,
-            ppo_kl: g("keel_actor_ppo_kl", "Approximate KL between behaviour and current policy")?,
-            entropy: g("keel_actor_entropy", "Mean token entropy of the policy")?,
-            grad_norm: g("keel_actor_grad_norm", "Gradient L2 norm before clipping")?,
-            learner_tokens_per_s: g("keel_perf_learner_tokens_per_second", "Learner model tokens per second")?,
-            step_seconds: h(
+        let secs = prometheus::exponential_buckets(0.001, 2.0, 18)?;
+        let dropped_by = b.counter(
+            "keel_rollout_batches_dropped_total",
+            "Batches dropped, by reason (stale, rewind, corrupt, other)",
+            &["reason"],
+        )?;
+        let run_info = GaugeVec::new(
+            Opts::new("keel_run_info", "Always 1; labels describe the run").const_label("run", run),
+            &["branch", "config_hash", "mode"],
+        )?;
+        registry.register(Box::new(run_info.clone()))?;
+        let m = Self {
+            learner_step: b.gauge(
+                "keel_learner_step",
+                "Learner updates taken on this branch's lineage",
+                &[],
+            )?,
+            policy_version: b.gauge("keel_policy_version", "Current policy version", &[])?,
+            learner_steps: b.counter(
+                "keel_learner_steps_total",
+                "Learner updates applied by this process",
+                &[],
+            )?,
+            loss: b.gauge("keel_actor_loss", "Total loss of the last step", &[])?,
+            pg_loss: b.gauge(
+                "keel_actor_pg_loss",
+                "Policy-gradient loss of the last step",
+                &[],
+            )?,
+            value_loss: b.gauge(
+                "keel_critic_vf_loss",
+                "Value loss of the last step (PPO)",
+                &[],
+            )?,
+            pg_clipfrac: b.gauge(
+                "keel_actor_pg_clipfrac",
+                "Fraction of model tokens whose ratio was clipped",
+                &[],
+            )?,
+            ppo_kl: b.gauge(
+                "keel_actor_ppo_kl",
+                "Approximate KL between the behaviour (old) and current policy",
+                &[],
+            )?,
+            extra: vec![
+                (
+                    b.gauge(
+                        "keel_actor_pg_clipfrac_high",
+                        "Fraction of model tokens clipped with the ratio above 1",
+                        &[],
+                    )?,
+                    |m| m.clip_frac_upper,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_pg_clipfrac_low",
+                        "Fraction of model tokens clipped with the ratio below 1",
+                        &[],
+                    )?,
+                    |m| m.clip_frac_lower,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_pg_clipfrac_lower",
+                        "Fraction of model tokens capped by dual-clip (verl pg_clipfrac_lower)",
+                        &[],
+                    )?,
+                    |m| m.clip_frac_dual,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_kl_ref",
+                        "k3 KL estimate of the current policy to the reference (0 without one)",
+                        &[],
+                    )?,
+                    |m| m.kl_ref,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_kl_loss",
+                        "KL loss term before its coefficient (0 when off)",
+                        &[],
+                    )?,
+                    |m| m.kl_loss,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_kl_reward",
+                        "Token-mean KL(old || ref) subtracted in the reward (0 when off)",
+                        &[],
+                    )?,
+                    |m| m.kl_reward,
+                ),
+                (
+                    b.gauge(
+                        "keel_actor_kl_reward_beta",
+                        "KL-in-reward coefficient used this step",
+                        &[],
+                    )?,
+                    |m| m.kl_reward_beta,
+                ),
+                (
+                    b.gauge(
+                        "keel_critic_vf_explained_var",
+                        "Explained variance of the returns by the critic",
+                        &[],
+                    )?,
+                    |m| m.explained_var,
+                ),
+                (
+                    b.gauge(
+                        "keel_critic_advantages_mean",
+                        "Mean advantage over model tokens",
+                        &[],
+                    )?,
+                    |m| m.adv_mean,
+                ),
+                (
+                    b.gauge(
+                        "keel_critic_advantages_std",
+                        "Std of the advantage over model tokens",
+                        &[],
+                    )?,
+                    |m| m.adv_std,
+                ),
+                (
+                    b.gauge(
+                        "keel_critic_advantages_min",
+                        "Smallest advantage on a model token",
+                        &[],
+                    )?,
+                    |m| m.adv_min,
+                ),
+                (
+                    b.gauge(
+                        "keel_critic_advantages_max",
+                        "Largest advantage on a model token",
+                        &[],
+                    )?,
+                    |m| m.adv_max,
+                ),
+            ],
+            entropy: b.gauge(
+                "keel_actor_entropy",
+                "Mean token entropy of the policy",
+                &[],
+            )?,
+            grad_norm: b.gauge(
+                "keel_actor_grad_norm",
+                "Gradient L2 norm before clipping, last step",
+                &[],
+            )?,
+            grad_norm_hist: b.histogram(
+                "keel_actor_grad_norm_histogram",
+                "Gradient L2 norm before clipping, every step",
+                &[],
+                prometheus::exponential_buckets(0.01, 2.0, 18)?,
+            )?,
+            lr: b.gauge("keel_actor_lr", "Learning rate in force", &[])?,
+            step_seconds: b.histogram(
                 "keel_learner_step_seconds",
                 "Seconds per learner step",
-                prometheus::exponential_buckets(0.01, 2.0, 14)?,
+                &[],
+                secs.clone(),
             )?,
-            rollout_success: g("keel_rollout_success_rate", "Success rate of the last training batch")?,
-            rollout_reward: g("keel_rollout_reward_mean", "Mean final reward of the last training batch")?,
-            rollout_invalid_rate: g("keel_rollout_invalid_action_rate", "Invalid actions per turn in the last batch")?,
-            eval_success: g("keel_eval_success_rate", "Held-out evaluation success rate")?,
-            staleness: h(
-                "keel_rollout_staleness_versions",
-                "Policy versions between a trained turn's sampling and its update",
-                vec![0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0],
+            learner_tokens_per_s: b.gauge(
+                "keel_perf_learner_tokens_per_second",
+                "Learner model tokens per second",
+                &[],
             )?,
-            batches_dropped: c("keel_rollout_batches_dropped_total", "Batches dropped (staleness bound or lost future)")?,
-            batches_trained: c("keel_rollout_batches_trained_total", "Batches trained on")?,
-            checkpoints: c("keel_store_checkpoints_committed_total", "Checkpoints committed")?,
-            actor_restarts: c("keel_actor_restarts_total", "Supervised actor restarts")?,
+            nonfinite_steps: b.counter(
+                "keel_learner_nonfinite_steps_total",
+                "Updates skipped for a non-finite loss or gradient",
+                &[],
+            )?,
+            learner_idle_ratio: b.gauge(
+                "keel_trainer_idle_ratio",
+                "Fraction of wall time the learner waited for batches since the last step",
+                &[],
+            )?,
+            rollout_success: b.gauge(
+                "keel_rollout_success_rate",
+                "Success rate of the last training batch",
+                &["env"],
+            )?,
+            rollout_reward: b.gauge(
+                "keel_rollout_reward_mean",
+                "Mean final reward of the last training batch",
+                &["env"],
+            )?,
+            episode_turns: b.gauge(
+                "keel_rollout_episode_turns_mean",
+                "Mean agent turns per episode in the last batch",
+                &[],
+            )?,
+            response_length: b.gauge(
+                "keel_rollout_response_length_mean",
+                "Mean model tokens per episode in the last batch",
+                &[],
+            )?,
+            rollout_invalid_rate: b.gauge(
+                "keel_rollout_invalid_action_rate",
+                "Invalid actions per turn in the last batch",
+                &[],
+            )?,
+            generated_tokens_per_s: b.gauge(
+                "keel_perf_generated_tokens_per_second",
+                "Model tokens sampled per second by one generator",
+                &[],
+            )?,
+            token_staleness: b.histogram(
+                "keel_rollout_token_staleness_versions",
+                "Policy versions between a trained token's sampling and its update",
+                &[],
+                lag_buckets(),
+            )?,
+            trajectory_staleness: b.histogram(
+                "keel_rollout_trajectory_staleness_versions",
+                "Policy versions between a trained trajectory's oldest turn and its update",
+                &[],
+                lag_buckets(),
+            )?,
+            staleness_max: b.gauge(
+                "keel_rollout_staleness_max_versions",
+                "Largest policy-version lag in the last trained batch",
+                &[],
+            )?,
+            staleness_bound: b.gauge(
+                "keel_rollout_staleness_bound",
+                "The staleness bound in force (0 in sync mode)",
+                &[],
+            )?,
+            queue_depth: b.gauge(
+                "keel_rollout_queue_depth",
+                "Stored batches waiting for the learner",
+                &[],
+            )?,
+            batches_in_flight: b.gauge(
+                "keel_rollout_batches_in_flight",
+                "Batches being sampled",
+                &[],
+            )?,
+            generator_idle_ratio: b.gauge(
+                "keel_rollouter_idle_ratio",
+                "Fraction of generator wall time spent idle since the last step",
+                &[],
+            )?,
+            eval_success: b.gauge(
+                "keel_eval_success_rate",
+                "Held-out evaluation success rate",
+                &[],
+            )?,
+            batches_trained: b.counter(
+                "keel_rollout_batches_trained_total",
+                "Batches trained on",
+                &[],
+            )?,
+            batches_dropped: DroppedCounter(dropped_by.clone()),
+            batches_dropped_by: dropped_by,
+            store_put_seconds: b.histogram(
+                "keel_store_put_seconds",
+                "Store put latency",
+                &["object"],
+                secs.clone(),
+            )?,
+            store_get_seconds: b.histogram(
+                "keel_store_get_seconds",
+                "Store get latency",
+                &["object"],
+                secs.clone(),
+            )?,
+            store_bytes: b.counter(
+                "keel_store_bytes_total",
+                "Bytes moved to (put) or from (get) the store",
+                &["direction"],
+            )?,
+            store_errors: b.counter(
+                "keel_store_errors_total",
+                "Store operations that failed after the store's retries",
+                &["op"],
+            )?,
+            store_retries: b.counter("keel_store_retries_total", "Store requests retried", &[])?,
+            store_quarantined: b.counter(
+                "keel_store_quarantined_objects_total",
+                "Corrupt objects moved to quarantine, by object kind",
+                &["object"],
+            )?,
+            checkpoint_commit_seconds: b.histogram(
+                "keel_store_checkpoint_commit_seconds",
+                "Seconds to snapshot and commit a checkpoint",
+                &[],
+                secs,
+            )?,
+            checkpoint_bytes: b.gauge(
+                "keel_store_checkpoint_bytes",
+                "Bytes of the last committed checkpoint",
+                &[],
+            )?,
+            last_checkpoint_time: b.gauge(
+                "keel_store_last_checkpoint_timestamp_seconds",
+                "Unix time of the last committed checkpoint",
+                &[],
+            )?,
+            seconds_since_checkpoint: b.gauge(
+                "keel_store_seconds_since_checkpoint",
+                "Seconds since the last committed checkpoint",
+                &[],
+            )?,
+            checkpoints: b.counter(
+                "keel_store_checkpoints_committed_total",
+                "Checkpoints committed",
+                &[],
+            )?,
+            actor_restarts: b.counter(
+                "keel_runtime_actor_restarts_total",
+                "Supervised actor restarts, by actor kind",
+                &["kind"],
+            )?,
+            actors_alive: b.gauge(
+                "keel_runtime_actors_alive",
+                "Live actors, by actor kind",
+                &["kind"],
+            )?,
+            budget_exhausted: b.gauge(
+                "keel_runtime_supervisor_budget_exhausted",
+                "1 when an actor kind spent its restart budget",
+                &["kind"],
+            )?,
+            guard_anomalies: b.counter(
+                "keel_guard_anomalies_total",
+                "Anomalies seen by the collapse guard, by kind",
+                &["kind"],
+            )?,
+            guard_rewinds: b.counter(
+                "keel_guard_rewinds_total",
+                "Rewinds to a healthy checkpoint",
+                &[],
+            )?,
+            guard_consecutive_skips: b.gauge(
+                "keel_guard_consecutive_skips",
+                "Non-finite skips in a row",
+                &[],
+            )?,
+            rl_active: b.gauge("keel_run_rl_active", "1 while the RL loop runs", &[])?,
+            run_info,
+            gauges: b.gauges,
+            names: b.names,
+            started: Instant::now(),
             registry,
-        })
+            branch,
+        };
+        if let Ok(g) = m.run_info.get_metric_with_label_values(&["main", "", ""]) {
+            g.set(1.0);
+        }
+        Ok(m)
     }
 
     /// The registry to serve on `/metrics`.
@@ -123,29 +739,216 @@ impl TrainMetrics {
         &self.registry
     }
 
-    /// Records one learner step.
+    /// The current branch label.
+    pub fn branch(&self) -> String {
+        self.branch.get()
+    }
+
+    /// Switches every series to branch `name`, dropping the old branch's gauges (MT-4).
+    pub fn set_branch(&self, name: &str) {
+        match self.branch.0.write() {
+            Ok(mut g) => *g = name.to_string(),
+            Err(p) => *p.into_inner() = name.to_string(),
+        }
+        for g in &self.gauges {
+            g.reset();
+        }
+        self.run_info.reset();
+    }
+
+    /// Sets the run-info series (config hash, mode) on the current branch.
+    pub fn set_run_info(&self, config_hash: &str, mode: &str) {
+        self.run_info.reset();
+        if let Ok(g) =
+            self.run_info
+                .get_metric_with_label_values(&[self.branch().as_str(), config_hash, mode])
+        {
+            g.set(1.0);
+        }
+    }
+
+    /// Records one learner step's learner-side numbers.
     pub fn record_step(&self, step: u64, m: &StepMetrics) {
-        self.learner_step.set(step as i64);
-        self.policy_version.set(step as i64);
+        self.learner_step.set(step as f64);
+        self.policy_version.set(step as f64);
+        self.learner_steps.inc();
         self.pg_loss.set(m.pg_loss);
         self.loss.set(m.loss);
         self.value_loss.set(m.value_loss);
         self.pg_clipfrac.set(m.clip_frac);
         self.ppo_kl.set(m.approx_kl);
+        for (gauge, field) in &self.extra {
+            gauge.set(field(m));
+        }
         self.entropy.set(m.entropy);
         self.grad_norm.set(m.grad_norm);
+        if m.grad_norm.is_finite() {
+            self.grad_norm_hist.observe(m.grad_norm);
+        }
         self.learner_tokens_per_s.set(m.tokens_per_s);
         self.step_seconds.observe(m.step_seconds);
         self.batches_trained.inc();
     }
 
-    /// The text exposition of every metric.
+    /// Records a committed checkpoint of `bytes` bytes that took `seconds`.
+    pub fn record_checkpoint(&self, bytes: u64, seconds: f64) {
+        self.checkpoints.inc();
+        self.checkpoint_bytes.set(bytes as f64);
+        self.checkpoint_commit_seconds.observe(seconds);
+        self.last_checkpoint_time.set(unix_now());
+    }
+
+    /// Seconds since this handle was created.
+    pub fn uptime_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The text exposition of every metric; refreshes the scrape-time gauges first.
     pub fn render(&self) -> String {
+        let last = self.last_checkpoint_time.get();
+        if last > 0.0 {
+            self.seconds_since_checkpoint
+                .set((unix_now() - last).max(0.0));
+        }
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
         if let Err(e) = prometheus::Encoder::encode(&enc, &self.registry.gather(), &mut buf) {
             return format!("# encoding failed: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The names of every registered metric family (MT-5).
+    pub fn names(&self) -> Vec<String> {
+        let mut names = self.names.clone();
+        names.sort();
+        names
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Busy/idle accounting of `slots` workers, integrated over time: the idle ratio of an interval
+/// is `1 - ∫busy dt / (slots · interval)`.
+#[derive(Debug, Clone)]
+pub struct Utilization {
+    slots: usize,
+    busy: usize,
+    last_change: Instant,
+    busy_integral: f64,
+    window_start: Instant,
+}
+
+impl Utilization {
+    /// All `slots` idle from now.
+    pub fn new(slots: usize) -> Self {
+        let now = Instant::now();
+        Self {
+            slots: slots.max(1),
+            busy: 0,
+            last_change: now,
+            busy_integral: 0.0,
+            window_start: now,
+        }
+    }
+
+    fn integrate(&mut self, now: Instant) {
+        self.busy_integral += self.busy as f64 * now.duration_since(self.last_change).as_secs_f64();
+        self.last_change = now;
+    }
+
+    /// `busy` workers are busy from now on.
+    pub fn set_busy(&mut self, busy: usize) {
+        self.integrate(Instant::now());
+        self.busy = busy.min(self.slots);
+    }
+
+    /// The idle ratio since the previous call, and starts a new interval.
+    pub fn take_idle_ratio(&mut self) -> f64 {
+        let now = Instant::now();
+        self.integrate(now);
+        let wall = now.duration_since(self.window_start).as_secs_f64() * self.slots as f64;
+        let ratio = if wall > 0.0 {
+            (1.0 - self.busy_integral / wall).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.busy_integral = 0.0;
+        self.window_start = now;
+        ratio
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mt1_every_series_has_run_and_branch() {
+        let m = TrainMetrics::new("r1").expect("metrics");
+        m.grad_norm.set(1.5);
+        m.rollout_success.set_for("calc", 0.5);
+        m.actor_restarts.inc_for("generator", 1);
+        let text = m.render();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            assert!(line.contains("run=\"r1\""), "{line}");
+            assert!(line.contains("branch=\"main\""), "{line}");
+        }
+        assert!(
+            text.contains("keel_actor_grad_norm{branch=\"main\",run=\"r1\"} 1.5"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn mt4_branch_switch_drops_old_gauges_keeps_counters() {
+        let m = TrainMetrics::new("r").expect("metrics");
+        m.grad_norm.set(9.0);
+        m.learner_steps.inc();
+        m.set_branch("main-r1");
+        m.grad_norm.set(1.0);
+        let text = m.render();
+        assert!(
+            !text.contains("keel_actor_grad_norm{branch=\"main\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_actor_grad_norm{branch=\"main-r1\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_learner_steps_total{branch=\"main\",run=\"r\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn seconds_since_checkpoint_is_computed_at_scrape() {
+        let m = TrainMetrics::new("r").expect("metrics");
+        m.record_checkpoint(10, 0.1);
+        assert!(m.render().contains("keel_store_seconds_since_checkpoint"));
+    }
+
+    #[test]
+    fn utilization_integrates_busy_time() {
+        let mut u = Utilization::new(2);
+        u.set_busy(2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        u.set_busy(0);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let idle = u.take_idle_ratio();
+        assert!((0.3..0.7).contains(&idle), "idle {idle}");
+        u.set_busy(2);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(u.take_idle_ratio() < 0.1);
     }
 }

@@ -162,8 +162,12 @@ pub fn run_episodes(
             match answer {
                 Ok(prompt) => {
                     let ids = render_prompt(tokenizer, &prompt)?;
-                    ep.traj.loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
-                    ep.traj.behaviour_logprobs.extend(std::iter::repeat_n(0f32, ids.len()));
+                    ep.traj
+                        .loss_mask
+                        .extend(std::iter::repeat_n(0u8, ids.len()));
+                    ep.traj
+                        .behaviour_logprobs
+                        .extend(std::iter::repeat_n(0f32, ids.len()));
                     ep.traj.tokens.extend(ids);
                 }
                 Err(e) => fail(ep, &e),
@@ -184,13 +188,19 @@ pub fn run_episodes(
             break;
         }
         // Sample one agent turn for every active episode, token by token, batched.
-        let starts: Vec<usize> = active.iter().map(|&i| episodes[i].traj.tokens.len()).collect();
+        let starts: Vec<usize> = active
+            .iter()
+            .map(|&i| episodes[i].traj.tokens.len())
+            .collect();
         let mut sampling: Vec<usize> = active.clone();
         for _ in 0..spec.max_turn_tokens {
             if sampling.is_empty() {
                 break;
             }
-            let contexts: Vec<&[u32]> = sampling.iter().map(|&i| episodes[i].traj.tokens.as_slice()).collect();
+            let contexts: Vec<&[u32]> = sampling
+                .iter()
+                .map(|&i| episodes[i].traj.tokens.as_slice())
+                .collect();
             let next = if spec.greedy {
                 greedy_next(model, &contexts, &banned)?
             } else {
@@ -224,8 +234,9 @@ pub fn run_episodes(
             if reqs.is_empty() {
                 continue;
             }
-            let answers = block_on(shard.send(StepEpisodes(reqs.iter().map(|r| r.1.clone()).collect())))
-                .map_err(|e| ActorError::Mailbox(format!("env shard {s}: {e}")))?;
+            let answers =
+                block_on(shard.send(StepEpisodes(reqs.iter().map(|r| r.1.clone()).collect())))
+                    .map_err(|e| ActorError::Mailbox(format!("env shard {s}: {e}")))?;
             for ((i, _), answer) in reqs.into_iter().zip(answers) {
                 outcomes[i] = Some(answer);
             }
@@ -250,8 +261,12 @@ pub fn run_episodes(
                         ep.success = outcome.reward >= 1.0;
                     } else {
                         let ids = render_observation(tokenizer, &outcome.observation)?;
-                        ep.traj.loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
-                        ep.traj.behaviour_logprobs.extend(std::iter::repeat_n(0f32, ids.len()));
+                        ep.traj
+                            .loss_mask
+                            .extend(std::iter::repeat_n(0u8, ids.len()));
+                        ep.traj
+                            .behaviour_logprobs
+                            .extend(std::iter::repeat_n(0f32, ids.len()));
                         ep.traj.tokens.extend(ids);
                     }
                 }

@@ -23,13 +23,22 @@ pub struct RestartBudget {
 impl RestartBudget {
     /// A budget of `max_restarts` restarts for actors of `kind`.
     pub fn new(kind: &'static str, max_restarts: u32) -> Self {
-        Self { kind, max_restarts, used: Arc::new(AtomicU32::new(0)) }
+        Self {
+            kind,
+            max_restarts,
+            used: Arc::new(AtomicU32::new(0)),
+        }
     }
 
     /// Records one restart (SV-1) and returns how many have happened.
     pub fn record_restart(&self) -> u32 {
         let n = self.used.fetch_add(1, Ordering::SeqCst) + 1;
-        tracing::warn!(actor = self.kind, restarts = n, budget = self.max_restarts, "actor restarted after a panic");
+        tracing::warn!(
+            actor = self.kind,
+            restarts = n,
+            budget = self.max_restarts,
+            "actor restarted after a panic"
+        );
         n
     }
 

@@ -25,12 +25,13 @@
 //! - CE-4 Tasks come from `Expression::generate` (see its module for the range and
 //!   train/eval-bucket invariants EX-1, EX-2).
 
-mod expression;
+pub(crate) mod expression;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::{Env, StepOutcome};
+use crate::env::{outcome_of, Env, StepOutcome};
 use crate::error::EnvError;
+use crate::snapshot::EnvSnapshot;
 use expression::{in_range, Expression, Op};
 
 /// Smallest value the calculator, the vocabulary and every intermediate result can hold.
@@ -43,6 +44,19 @@ pub const MIN_OPS: usize = 1;
 pub const MAX_OPS: usize = 4;
 
 const INVALID: &str = "error invalid action";
+const KEYWORDS: [&str; 13] = [
+    "task", "calc", "answer", "result", "error", "invalid", "action", "out", "of", "range", "+",
+    "-", "*",
+];
+
+/// The words of `calc`: its keywords, then every integer in `[MIN_VALUE, MAX_VALUE]` (TK-1).
+pub fn vocabulary() -> Vec<String> {
+    KEYWORDS
+        .iter()
+        .map(|w| w.to_string())
+        .chain((MIN_VALUE..=MAX_VALUE).map(|n| n.to_string()))
+        .collect()
+}
 const OUT_OF_RANGE: &str = "error out of range";
 
 /// Configuration of the `calc` environment.
@@ -76,7 +90,7 @@ impl CalcConfig {
 }
 
 /// The `calc` environment. Until the first `reset` it is terminal (EN-4).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CalcEnv {
     n_ops: usize,
     expr: Expression,
@@ -144,24 +158,22 @@ impl Env for CalcEnv {
 
     fn step(&mut self, action: &str) -> StepOutcome {
         if self.done {
-            return outcome(INVALID.to_string(), 0.0, true, true);
+            return outcome_of(self, INVALID.to_string(), 0.0, true, true);
         }
         self.turns += 1;
-        let mut out = match parse_action(action) {
-            None => outcome(INVALID.to_string(), 0.0, false, true),
-            Some(Action::Calc(a, op, b)) => outcome(self.calc(a, op, b), 0.0, false, false),
+        let (observation, reward, invalid) = match parse_action(action) {
+            None => (INVALID.to_string(), 0.0, true),
+            Some(Action::Calc(a, op, b)) => (self.calc(a, op, b), 0.0, false),
             Some(Action::Answer(n)) => {
                 self.done = true;
                 self.solved = n == self.answer();
-                let reward = if self.solved { 1.0 } else { 0.0 };
-                outcome(String::new(), reward, true, false)
+                (String::new(), if self.solved { 1.0 } else { 0.0 }, false)
             }
         };
         if self.turns >= self.max_turns() {
             self.done = true;
-            out.done = true;
         }
-        out
+        outcome_of(self, observation, reward, self.done, invalid)
     }
 
     fn oracle_action(&self) -> String {
@@ -178,14 +190,57 @@ impl Env for CalcEnv {
     fn success(&self) -> bool {
         self.solved
     }
+
+    fn vocabulary(&self) -> Vec<String> {
+        vocabulary()
+    }
+
+    fn admissible_actions(&self) -> Vec<String> {
+        if self.done {
+            return Vec::new();
+        }
+        // The running value and the task's operands, combined with every operator and digit,
+        // and answers with each of them: a finite slice of the open action space.
+        let mut known = vec![self.value, self.expr.first()];
+        known.extend((0..self.expr.len()).filter_map(|i| self.expr.step(i).map(|s| s.1)));
+        known.sort_unstable();
+        known.dedup();
+        let mut out = Vec::new();
+        for &a in &known {
+            for op in ["+", "-", "*"] {
+                for b in 1..=9 {
+                    out.push(format!("calc {a} {op} {b}"));
+                }
+            }
+        }
+        out.extend(known.iter().map(|a| format!("answer {a}")));
+        out
+    }
+
+    fn anchor_state(&self) -> String {
+        format!(
+            "calc {} progress {} value {} done {}",
+            self.expr.prompt(),
+            self.progress,
+            self.value,
+            self.done
+        )
+    }
+
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
+        EnvSnapshot::of("calc", self)
+    }
+
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
+        *self = snapshot.decode("calc")?;
+        Ok(())
+    }
 }
 
-fn outcome(observation: String, reward: f32, done: bool, invalid_action: bool) -> StepOutcome {
-    StepOutcome {
-        observation,
-        reward,
-        done,
-        invalid_action,
+pub(crate) fn parse_calc_call(text: &str) -> Option<(i64, expression::Op, i64)> {
+    match parse_action(text)? {
+        Action::Calc(a, op, b) => Some((a, op, b)),
+        Action::Answer(_) => None,
     }
 }
 
@@ -205,7 +260,7 @@ fn parse_action(text: &str) -> Option<Action> {
 }
 
 /// A vocabulary integer in its canonical spelling (CE-2).
-fn parse_number(word: &str) -> Option<i64> {
+pub(crate) fn parse_number(word: &str) -> Option<i64> {
     if word.len() > 4 {
         return None;
     }

@@ -12,7 +12,9 @@
 //! With probability `noise`, a turn's oracle action is replaced by a plausible mistake: one
 //! integer word of it shifted by a nonzero amount (±1..=5 for a `calc` operand, ±1..=3 for an
 //! answer), or, in one mistake out of ten, an invalid action (the oracle action minus its last
-//! word). The environment answers the mistake for real and the oracle continues from there.
+//! word). Where that leaves the env's vocabulary (or the oracle action has no number), the
+//! mistake is a random admissible action other than the oracle's (one in ten: invalid). The
+//! environment answers the mistake for real and the oracle continues from there.
 //!
 //! Invariants:
 //! - DM-1 `tokens.len() == loss_mask.len()`; mask 1 marks exactly the action tokens and their
@@ -95,7 +97,7 @@ fn demonstrate(
     for _ in 0..env.max_turns() {
         let oracle = env.oracle_action();
         let action = if rng.gen_bool(noise) {
-            mistake(&oracle, rng)
+            plausible_mistake(env, tokenizer, &oracle, rng)
         } else {
             oracle
         };
@@ -116,6 +118,35 @@ fn demonstrate(
         loss_mask,
         success: env.success(),
     })
+}
+
+/// A mistake for `env`: the numeric/invalid [`mistake`] when it stays inside the vocabulary and
+/// differs from the oracle, else (in one case of ten an invalid action) a random admissible
+/// action other than the oracle's.
+fn plausible_mistake(
+    env: &dyn Env,
+    tokenizer: &Tokenizer,
+    oracle: &str,
+    rng: &mut ChaCha8Rng,
+) -> String {
+    let numeric = oracle.split_whitespace().any(|w| w.parse::<i64>().is_ok());
+    if numeric {
+        let m = mistake(oracle, rng);
+        if m != oracle && tokenizer.encode(&m).is_ok() {
+            return m;
+        }
+    }
+    let others: Vec<String> = env
+        .admissible_actions()
+        .into_iter()
+        .filter(|a| a != oracle)
+        .collect();
+    if others.is_empty() || rng.gen_bool(INVALID_SHARE) {
+        let mut words: Vec<&str> = oracle.split_whitespace().collect();
+        words.pop();
+        return words.join(" ");
+    }
+    others[rng.gen_range(0..others.len())].clone()
 }
 
 /// A plausible mistake derived from the oracle's action (see the module doc).

@@ -1,22 +1,38 @@
 //! The environment interface every keel environment implements.
 //!
 //! An environment is a multi-turn text game: [`Env::reset`] draws a task from a seed and returns
-//! the prompt; the agent then answers with actions, each answered by a [`StepOutcome`].
+//! the prompt; the agent then answers with actions, each answered by a [`StepOutcome`]. Two kinds
+//! implement it: the built-in procedural environments (`calc`, `search-qa`, `household`, `shop`,
+//! `sokoban`, `solver-verifier`, `search-team`) and [`crate::external::ExternalEnv`], a client of
+//! an environment served over HTTP+JSON by another process.
 //!
-//! Invariants (every implementation upholds them; `calc` tests them):
-//! - EN-1 `reset(seed)` is a pure function of `seed` and the config: same seed, same task.
-//! - EN-2 `step` never panics, whatever the action text; an action that cannot be parsed is
-//!   answered with `invalid_action = true`, reward 0, and the episode continues.
+//! Invariants (every implementation upholds them; `suite_tests` checks the built-in ones):
+//! - EN-1 `reset(seed)` is a pure function of `seed` and the config: same seed, same task, same
+//!   starting anchor key. The `n` rollouts of one GRPO/GiGPO group reset with one seed and so start
+//!   from the same state (group seeding).
+//! - EN-2 `step` never panics, whatever the action text; an action that cannot be parsed or is
+//!   not allowed in the current state is answered with `invalid_action = true`, reward 0, an
+//!   observation starting `error`, and the episode continues.
 //! - EN-3 An episode ends (`done = true`) after at most `max_turns()` steps.
 //! - EN-4 Once done — and before the first `reset` — every `step` returns `done = true`,
 //!   `invalid_action = true` and reward 0, and changes nothing.
-//! - EN-5 Reward is 0 on every step except possibly the last; `success()` is true exactly when
-//!   the final reward was 1.
-//! - EN-6 Every string an environment emits (prompts, observations, oracle actions) consists of
-//!   words of its tokenizer's vocabulary.
+//! - EN-5 Reward is 0 on every step except possibly the last, and lies in `[0, 1]`; `success()`
+//!   is true exactly when the final reward was 1.
+//! - EN-6 Every string an environment emits (prompts, observations, oracle and admissible
+//!   actions) consists of words of its `vocabulary()`.
+//! - EN-7 `restore(snapshot())` at any turn boundary, into any instance of the same env, makes the
+//!   continuation identical to the uninterrupted episode (observations, rewards, oracle).
+//! - EN-8 Two states with equal `anchor_state()` are the same environment state up to the turn
+//!   counter; `anchor_key` is a 64-bit FNV-1a hash of it (GiGPO step groups).
+//! - EN-9 The oracle action is always among `admissible_actions()` while the episode runs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EnvError;
+use crate::snapshot::EnvSnapshot;
 
 /// What the environment answers to one action.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepOutcome {
     /// Text shown to the agent next (may be empty on the final step).
     pub observation: String,
@@ -26,20 +42,92 @@ pub struct StepOutcome {
     pub done: bool,
     /// Whether the action could not be parsed (or came after the end).
     pub invalid_action: bool,
+    /// The agent that acts next (Dr. MAS multi-agent envs; always 0 in single-agent ones).
+    #[serde(default)]
+    pub agent_id: u32,
+    /// Anchor key of the state after this step (EN-8).
+    #[serde(default)]
+    pub anchor_key: u64,
 }
 
 /// A multi-turn text environment.
 pub trait Env: Send {
-    /// Short registry name, e.g. `"calc"`.
-    fn name(&self) -> &'static str;
+    /// Registry name, e.g. `"calc"`.
+    fn name(&self) -> &str;
     /// Starts a new episode for the task drawn from `task_seed`; returns the prompt text.
     fn reset(&mut self, task_seed: u64) -> String;
     /// Applies one agent action (see EN-2, EN-4).
     fn step(&mut self, action: &str) -> StepOutcome;
-    /// The oracle's next action, computed from the current state.
+    /// The oracle's next action, computed from the current state (EN-9).
     fn oracle_action(&self) -> String;
-    /// The most agent turns an episode can last.
+    /// The most agent turns an episode can last (a function of the difficulty).
     fn max_turns(&self) -> usize;
     /// Whether the current episode was solved (final reward 1).
     fn success(&self) -> bool;
+    /// Every word the env can emit or accept, in a fixed order (the tokenizer is built from it).
+    fn vocabulary(&self) -> Vec<String>;
+    /// The valid actions in the current state (a finite, representative list where the action
+    /// space is open, e.g. numbers); empty once the episode is done.
+    fn admissible_actions(&self) -> Vec<String>;
+    /// The agent that acts next (0 in single-agent envs).
+    fn agent_id(&self) -> u32 {
+        0
+    }
+    /// Canonical text of the current state without the turn counter (EN-8).
+    fn anchor_state(&self) -> String;
+    /// FNV-1a hash of [`Env::anchor_state`].
+    fn anchor_key(&self) -> u64 {
+        fnv1a64(self.anchor_state().as_bytes())
+    }
+    /// The complete state at this turn boundary, serializable (EN-7).
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError>;
+    /// Replaces the state with a snapshot taken from this kind of env (EN-7).
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError>;
+    /// [`Env::reset`] for envs that can fail (remote ones); built-ins never do.
+    fn try_reset(&mut self, task_seed: u64) -> Result<String, EnvError> {
+        Ok(self.reset(task_seed))
+    }
+    /// [`Env::step`] for envs that can fail (remote ones); built-ins never do.
+    fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
+        Ok(self.step(action))
+    }
+}
+
+/// 64-bit FNV-1a: a stable hash for anchor keys (EN-8).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Builds a [`StepOutcome`] for `env` after its state changed: fills the next agent and anchor.
+pub(crate) fn outcome_of(
+    env: &dyn Env,
+    observation: String,
+    reward: f32,
+    done: bool,
+    invalid_action: bool,
+) -> StepOutcome {
+    StepOutcome {
+        observation,
+        reward,
+        done,
+        invalid_action,
+        agent_id: env.agent_id(),
+        anchor_key: env.anchor_key(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_is_the_reference_hash() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
 }

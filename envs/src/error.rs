@@ -38,6 +38,22 @@ pub enum EnvError {
         /// The known names, comma separated.
         known: String,
     },
+    /// A snapshot could not be taken or restored.
+    #[error("cannot restore a {env} snapshot: {reason}")]
+    Snapshot {
+        /// The env restoring (or taking) it.
+        env: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An external environment server failed (after the configured retries).
+    #[error("external env at {url}: {reason}; check that the server is running and speaks keel's env protocol (envs/external/PROTOCOL.md)")]
+    External {
+        /// The server's base URL.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
     /// The demonstration noise probability is not in `[0, 1]`.
     #[error("demonstration noise = {noise}, expected a probability in [0, 1]")]
     InvalidNoise {

@@ -1,64 +1,53 @@
-//! keel's built-in multi-turn text environments, their oracles, tokenizer and demonstrations.
+//! keel's built-in multi-turn text environments, their oracles, tokenizer and demonstrations,
+//! and the client of external environments.
 //!
-//! - [`mod@env`]: the [`Env`] trait every environment implements.
-//! - [`calc`]: tool-integrated arithmetic, the one built-in environment.
+//! - [`mod@env`]: the [`Env`] trait every environment implements (EN-1..EN-9).
+//! - Built-in envs: [`calc`], [`search_qa`], [`household`], [`shop`], [`sokoban`], and the
+//!   multi-agent [`solver_verifier`] and [`search_team`] (Dr. MAS).
+//! - [`external`]: [`ExternalEnv`], an env served by another process over HTTP+JSON.
+//! - [`registry`]: names, [`EnvConfig`], [`build_env`], [`make_env`], [`tokenizer_for`].
+//! - [`snapshot`]: serializable state at turn boundaries (RTPO).
+//! - [`latency`]: simulated long-tailed step latency.
+//! - [`evaluate`]: oracle / random / model evaluation with confidence intervals.
 //! - [`split`]: disjoint train and held-out eval task seeds.
-//! - [`tokenizer`]: the word-level tokenizer over the environments' vocabulary.
+//! - [`tokenizer`]: the word-level tokenizer over an env's declared vocabulary.
 //! - [`demo`]: oracle demonstrations in keel's trajectory token layout.
+//! - [`bm25`], [`lexicon`]: the ranking function and the procedural word lists.
 //!
 //! Everything is deterministic: tasks are functions of their seed, demonstrations of their seeds.
 
 #![deny(missing_docs)]
 
+pub mod bm25;
 pub mod calc;
 pub mod demo;
 pub mod env;
 pub mod error;
+pub mod evaluate;
+pub mod external;
+pub mod household;
+pub mod latency;
+pub mod lexicon;
+pub mod registry;
+pub mod search_qa;
+pub mod search_team;
+pub mod shop;
+pub mod snapshot;
+pub mod sokoban;
+pub mod solver_verifier;
 pub mod split;
 pub mod tokenizer;
+
+#[cfg(test)]
+mod suite_tests;
 
 pub use calc::{CalcConfig, CalcEnv};
 pub use demo::{demonstrations, Demonstration};
 pub use env::{Env, StepOutcome};
 pub use error::EnvError;
+pub use external::{ExternalConfig, ExternalEnv};
+pub use latency::LatencyModel;
+pub use registry::{build_env, make_env, tokenizer_for, EnvConfig, EnvInfo, ENVS};
+pub use snapshot::EnvSnapshot;
 pub use split::{task_seed, Split};
 pub use tokenizer::{SpecialTokens, Tokenizer};
-
-/// Names [`make_env`] knows.
-pub const ENV_NAMES: &[&str] = &["calc"];
-
-/// The environment called `name` with `n_ops` operations per task.
-pub fn make_env(name: &str, n_ops: usize) -> Result<Box<dyn Env>, EnvError> {
-    match name {
-        "calc" => {
-            let cfg = CalcConfig { n_ops };
-            cfg.validate()?;
-            Ok(Box::new(CalcEnv::new(cfg)))
-        }
-        _ => Err(EnvError::UnknownEnv {
-            name: error::quote(name),
-            known: ENV_NAMES.join(", "),
-        }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn make_env_by_name() {
-        let env = make_env("calc", 3).unwrap();
-        assert_eq!(env.name(), "calc");
-        assert_eq!(env.max_turns(), 5);
-        assert!(matches!(
-            make_env("calc", 0),
-            Err(EnvError::InvalidConfig { .. })
-        ));
-        let err = make_env("maze", 2).err().unwrap();
-        assert_eq!(
-            err.to_string(),
-            "unknown environment `maze`; known environments: calc"
-        );
-    }
-}

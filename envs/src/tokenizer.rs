@@ -1,12 +1,17 @@
-//! A word-level tokenizer covering the whole vocabulary of the built-in environments.
+//! A word-level tokenizer over one environment's declared vocabulary.
 //!
-//! Vocabulary, in this fixed order (ids are positions):
-//! `<pad>`=0, `<bos>`=1, `<eot>`=2 (ends an agent turn), `<agent>`=3 (the agent speaks next),
-//! then `task calc answer result error invalid action out of range + - *` (ids 4..=16), then
+//! Every environment declares its finite, procedural word list ([`crate::Env::vocabulary`]);
+//! [`Tokenizer::from_words`] puts the four special tokens first and the env's words after them,
+//! in the env's order (ids are positions): `<pad>`=0, `<bos>`=1, `<eot>`=2 (ends an agent turn),
+//! `<agent>`=3 (the agent speaks next), then the words.
+//!
+//! For `calc` that gives, unchanged since the walking skeleton:
+//! `task calc answer result error invalid action out of range + - *` (ids 4..=16), then
 //! every integer from -99 to 999 in increasing order (ids 17..=1115; `n` has id `n + 116`).
 //!
 //! Invariants:
-//! - TK-1 The vocabulary and its order never change: ids are stable across runs and versions.
+//! - TK-1 An env's vocabulary and its order never change: ids are stable across runs and
+//!   versions (the `calc` layout above is pinned by a test).
 //! - TK-2 `decode(encode(t)) == t` for every text `t` of vocabulary words separated by single
 //!   spaces; `encode` splits on any whitespace.
 //! - TK-3 `encode` fails with `EnvError::UnknownWord` on the first word outside the vocabulary;
@@ -16,14 +21,9 @@
 
 use std::collections::HashMap;
 
-use crate::calc::{MAX_VALUE, MIN_VALUE};
 use crate::error::{quote, EnvError};
 
 const SPECIAL_WORDS: [&str; 4] = ["<pad>", "<bos>", "<eot>", "<agent>"];
-const KEYWORDS: [&str; 13] = [
-    "task", "calc", "answer", "result", "error", "invalid", "action", "out", "of", "range", "+",
-    "-", "*",
-];
 /// What `decode` writes for an id outside the vocabulary.
 const UNKNOWN: &str = "<unk>";
 
@@ -50,18 +50,29 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// The vocabulary of the `calc` environment (see the module doc).
     pub fn calc() -> Tokenizer {
-        let words: Vec<String> = SPECIAL_WORDS
-            .iter()
-            .chain(KEYWORDS.iter())
-            .map(|w| w.to_string())
-            .chain((MIN_VALUE..=MAX_VALUE).map(|n| n.to_string()))
-            .collect();
-        let ids = words
+        Tokenizer::from_words(&crate::calc::vocabulary())
+    }
+
+    /// The special tokens followed by `words` in order; a repeated word keeps its first id.
+    pub fn from_words(words: &[String]) -> Tokenizer {
+        let mut all: Vec<String> = SPECIAL_WORDS.iter().map(|w| w.to_string()).collect();
+        let mut ids: HashMap<String, u32> = all
             .iter()
             .enumerate()
             .map(|(i, w)| (w.clone(), i as u32))
             .collect();
-        Tokenizer { words, ids }
+        for w in words {
+            if !ids.contains_key(w) {
+                ids.insert(w.clone(), all.len() as u32);
+                all.push(w.clone());
+            }
+        }
+        Tokenizer { words: all, ids }
+    }
+
+    /// The tokenizer of an environment's declared vocabulary.
+    pub fn for_env(env: &dyn crate::Env) -> Tokenizer {
+        Tokenizer::from_words(&env.vocabulary())
     }
 
     /// Number of ids.

@@ -14,9 +14,16 @@ pub fn keel_bin() -> PathBuf {
     }
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/keel
-    let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target profile dir");
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target profile dir");
     let bin = profile_dir.join("keel");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p keel-ops` first (scripts/test.sh does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p keel-ops` first (scripts/test.sh does)",
+        bin.display()
+    );
     bin
 }
 
@@ -73,6 +80,183 @@ pub fn s3_endpoint() -> String {
 pub fn s3_root(test: &str) -> String {
     let _ = s3_endpoint();
     let bucket = std::env::var("KEEL_TEST_S3_BUCKET").unwrap_or_else(|_| "keel-test".into());
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     format!("s3://{bucket}/{test}-{}-{nanos}", std::process::id())
+}
+
+/// A SeaweedFS server of a test's own (for outages: killed and restarted on the same data and
+/// ports), started on loopback by `scripts/seaweedfs.sh`. Stopped when dropped.
+pub struct OwnSeaweed {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    pid: u32,
+    dir: String,
+    args: Vec<String>,
+}
+
+impl OwnSeaweed {
+    /// Starts a fresh server (bucket `keel-test`) with the repository's script.
+    pub fn start() -> OwnSeaweed {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/seaweedfs.sh");
+        let out = std::process::Command::new("bash")
+            .env_remove("KEEL_SEAWEED_S3_PORT")
+            .arg("-c")
+            .arg(format!(
+                ". {script} >/dev/null 2>&1 && echo $SEAWEED_PID $SEAWEED_DIR $SEAWEED_MASTER_PORT $SEAWEED_VOLUME_PORT $SEAWEED_FILER_PORT $SEAWEED_S3_PORT"
+            ))
+            .output()
+            .expect("run scripts/seaweedfs.sh");
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            f.len(),
+            6,
+            "scripts/seaweedfs.sh failed: {line} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = f[1].to_string();
+        let args = vec![
+            "mini".into(),
+            format!("-dir={dir}/data"),
+            "-ip=127.0.0.1".into(),
+            "-ip.bind=127.0.0.1".into(),
+            format!("-s3.config={dir}/s3.json"),
+            "-admin.ui=false".into(),
+            "-webdav=false".into(),
+            format!("-master.port={}", f[2]),
+            format!("-volume.port={}", f[3]),
+            format!("-filer.port={}", f[4]),
+            format!("-s3.port={}", f[5]),
+        ];
+        OwnSeaweed {
+            endpoint: format!("http://127.0.0.1:{}", f[5]),
+            pid: f[0].parse().expect("pid"),
+            dir,
+            args,
+        }
+    }
+
+    /// SIGKILLs the server (an outage).
+    pub fn kill(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.pid.to_string()])
+            .status();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+
+    /// Starts it again on the same data and ports; returns once S3 answers.
+    pub fn restart(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(format!("{}/weed.log", self.dir))
+            .expect("log");
+        // Reaped by init once the test process exits; Drop kills it by pid.
+        #[allow(clippy::zombie_processes)]
+        let child = std::process::Command::new("weed")
+            .args(&self.args)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("restart weed");
+        self.pid = child.id();
+        let addr = self.endpoint.trim_start_matches("http://").to_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "seaweedfs did not come back"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for OwnSeaweed {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg(self.pid.to_string())
+            .status();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.pid.to_string()])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The store-level accounting checks of a run root (crash harness, SIGTERM, outage tests):
+/// the branch head verifies with nothing skipped; along its lineage every task range and every
+/// batch is trained at most once; trained and pending ranges are disjoint and together exactly
+/// the ranges below `next_task_index`; the head's step equals the ranges trained. Returns the
+/// head and its lineage (newest first), or `None` when the run root has no checkpoint yet.
+pub fn check_accounting(
+    rt: &tokio::runtime::Runtime,
+    store: &keel_store::RunStore,
+    tasks_per_batch: u64,
+    context: &str,
+) -> Option<(
+    keel_store::CheckpointManifest,
+    Vec<keel_store::CheckpointManifest>,
+)> {
+    use std::collections::BTreeSet;
+    let rp = rt
+        .block_on(store.resume_point())
+        .unwrap_or_else(|e| panic!("{context}: resume fails: {e}"))?;
+    assert!(
+        rp.skipped.is_empty(),
+        "{context}: a checkpoint failed verification: {:?}",
+        rp.skipped
+    );
+    assert_eq!(
+        rp.head, rp.manifest.id,
+        "{context}: the head itself must verify"
+    );
+    let lineage = rt
+        .block_on(store.ancestry(&rp.manifest.id))
+        .expect("ancestry");
+    let head = &lineage[0];
+    let mut trained = BTreeSet::new();
+    let mut seqs = BTreeSet::new();
+    for m in &lineage {
+        for &t in &m.data.consumed_tasks {
+            assert!(
+                trained.insert(t),
+                "{context}: task range {t} trained twice (again in {})",
+                m.id
+            );
+        }
+        for &s in &m.data.consumed_batches {
+            assert!(
+                seqs.insert(s),
+                "{context}: batch {s} trained twice (again in {})",
+                m.id
+            );
+        }
+    }
+    let pending: BTreeSet<u64> = head.data.pending_tasks.iter().copied().collect();
+    assert!(
+        trained.is_disjoint(&pending),
+        "{context}: ranges both trained and pending"
+    );
+    let owed: BTreeSet<u64> = (0..head.data.next_task_index)
+        .step_by(tasks_per_batch as usize)
+        .collect();
+    let accounted: BTreeSet<u64> = trained.union(&pending).copied().collect();
+    assert_eq!(
+        accounted, owed,
+        "{context}: task ranges lost or invented below {}",
+        head.data.next_task_index
+    );
+    assert_eq!(
+        trained.len() as u64,
+        head.step,
+        "{context}: step {} but {} ranges trained",
+        head.step,
+        trained.len()
+    );
+    Some((rp.manifest, lineage))
 }

@@ -8,9 +8,14 @@ fn sample_batch(seq: u64) -> RolloutBatch {
     let trajectories = (0..6u64)
         .map(|i| {
             let tokens: Vec<u32> = (0..40).map(|t| ((t * 31 + i * 7) % 1116) as u32).collect();
-            let loss_mask: Vec<u8> = (0..40).map(|t| u8::from((8..14).contains(&t) || (15..21).contains(&t))).collect();
-            let behaviour_logprobs =
-                loss_mask.iter().enumerate().map(|(t, &m)| if m == 1 { -0.01 * t as f32 - 1e-7 } else { 0.0 }).collect();
+            let loss_mask: Vec<u8> = (0..40)
+                .map(|t| u8::from((8..14).contains(&t) || (15..21).contains(&t)))
+                .collect();
+            let behaviour_logprobs = loss_mask
+                .iter()
+                .enumerate()
+                .map(|(t, &m)| if m == 1 { -0.01 * t as f32 - 1e-7 } else { 0.0 })
+                .collect();
             Trajectory {
                 trajectory_id: seq * 1000 + i,
                 group_id: i / 2,
@@ -21,15 +26,38 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                 loss_mask,
                 behaviour_logprobs,
                 turns: vec![
-                    Turn { start: 8, end: 14, policy_version: 3, reward: 0.0, invalid_action: false },
-                    Turn { start: 15, end: 21, policy_version: 4, reward: 1.0, invalid_action: i == 3 },
+                    Turn {
+                        start: 8,
+                        end: 14,
+                        policy_version: 3,
+                        reward: 0.0,
+                        invalid_action: false,
+                    },
+                    Turn {
+                        start: 15,
+                        end: 21,
+                        policy_version: 4,
+                        reward: 1.0,
+                        invalid_action: i == 3,
+                    },
                 ],
                 final_reward: if i % 2 == 0 { 1.0 } else { 0.0 },
-                source: if i == 5 { Source::Anchor } else { Source::OnPolicy },
+                source: if i == 5 {
+                    Source::Anchor
+                } else {
+                    Source::OnPolicy
+                },
             }
         })
         .collect();
-    RolloutBatch { run_id: "it".into(), batch_seq: seq, generator_id: 1, policy_version: 4, created_unix_ms: 1_700_000_000_000, trajectories }
+    RolloutBatch {
+        run_id: "it".into(),
+        batch_seq: seq,
+        generator_id: 1,
+        policy_version: 4,
+        created_unix_ms: 1_700_000_000_000,
+        trajectories,
+    }
 }
 
 async fn roundtrip(store: &RunStore) {
@@ -40,16 +68,24 @@ async fn roundtrip(store: &RunStore) {
     let a = buf.archived();
     assert_eq!(a.batch_seq.to_native(), 7);
     assert_eq!(a.trajectories.len(), 6);
-    assert_eq!(a.trajectories[2].tokens[5].to_native(), batch.trajectories[2].tokens[5]);
     assert_eq!(
-        a.trajectories[4].behaviour_logprobs[20].to_native().to_bits(),
+        a.trajectories[2].tokens[5].to_native(),
+        batch.trajectories[2].tokens[5]
+    );
+    assert_eq!(
+        a.trajectories[4].behaviour_logprobs[20]
+            .to_native()
+            .to_bits(),
         batch.trajectories[4].behaviour_logprobs[20].to_bits()
     );
     // Full deserialisation is bit-exact.
     assert_eq!(buf.to_owned().expect("deserialize"), batch);
     assert_eq!(store.list_batches().await.expect("list"), vec![key.clone()]);
     // Batches are immutable: a second put of the same sequence number is refused.
-    assert!(matches!(store.put_batch(&batch).await, Err(StoreError::AlreadyExists { .. })));
+    assert!(matches!(
+        store.put_batch(&batch).await,
+        Err(StoreError::AlreadyExists { .. })
+    ));
 }
 
 #[tokio::test]
@@ -75,9 +111,15 @@ async fn flipped_byte_on_disk_is_reported_corrupt() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;
     std::fs::write(&path, &bytes).expect("rewrite");
-    let err = store.get_batch(&key).await.expect_err("corruption must be detected");
+    let err = store
+        .get_batch(&key)
+        .await
+        .expect_err("corruption must be detected");
     assert_checksum_mismatch(&err);
-    assert!(err.to_string().contains("0000000001.krb"), "the error names the object: {err}");
+    assert!(
+        err.to_string().contains("0000000001.krb"),
+        "the error names the object: {err}"
+    );
 }
 
 #[tokio::test]
@@ -88,15 +130,24 @@ async fn flipped_byte_on_s3_is_reported_corrupt() {
     let mut bytes = store.get_object(rel).await.expect("raw get").to_vec();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
-    store.put_object(rel, bytes.into()).await.expect("overwrite with a corrupt copy");
-    let err = store.get_batch(&key).await.expect_err("corruption must be detected");
+    store
+        .put_object(rel, bytes.into())
+        .await
+        .expect("overwrite with a corrupt copy");
+    let err = store
+        .get_batch(&key)
+        .await
+        .expect_err("corruption must be detected");
     assert_checksum_mismatch(&err);
 }
 
 fn assert_checksum_mismatch(err: &StoreError) {
     match err {
         StoreError::CorruptBatch { source, .. } => {
-            assert!(matches!(**source, StoreError::ChecksumMismatch { .. }), "{source:?}")
+            assert!(
+                matches!(**source, StoreError::ChecksumMismatch { .. }),
+                "{source:?}"
+            )
         }
         other => panic!("expected CorruptBatch(ChecksumMismatch), got {other:?}"),
     }

@@ -25,14 +25,22 @@ fn train(config: &Path, root: &Path, summary: &Path) -> std::process::Child {
 
 fn final_weights(rt: &tokio::runtime::Runtime, root: &Path) -> (u64, Vec<u8>) {
     let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
-    let m = rt.block_on(store.latest_checkpoint()).expect("head").expect("a checkpoint");
-    let w = rt.block_on(store.read_checkpoint_file(&m, "model.safetensors")).expect("weights");
+    let m = rt
+        .block_on(store.latest_checkpoint())
+        .expect("head")
+        .expect("a checkpoint");
+    let w = rt
+        .block_on(store.read_checkpoint_file(&m, "model.safetensors"))
+        .expect("weights");
     (m.step, w.to_vec())
 }
 
 #[test]
 fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_run() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config(30, 3, "sync", 1)).expect("config");
@@ -44,7 +52,10 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
     let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        assert!(Instant::now() < deadline, "no checkpoint past step 6 within 300 s");
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint past step 6 within 300 s"
+        );
         if let Some(status) = child.try_wait().expect("wait") {
             panic!("training exited ({status}) before it could be killed");
         }
@@ -56,34 +67,59 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
     }
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    let at_kill = rt.block_on(store.latest_checkpoint()).expect("head").expect("checkpoint");
-    assert!(at_kill.step >= 6 && at_kill.step < 30, "killed at step {}", at_kill.step);
-    let weights_at_kill = rt.block_on(store.read_checkpoint_file(&at_kill, "model.safetensors")).expect("weights");
+    let at_kill = rt
+        .block_on(store.latest_checkpoint())
+        .expect("head")
+        .expect("checkpoint");
+    assert!(
+        at_kill.step >= 6 && at_kill.step < 30,
+        "killed at step {}",
+        at_kill.step
+    );
+    let weights_at_kill = rt
+        .block_on(store.read_checkpoint_file(&at_kill, "model.safetensors"))
+        .expect("weights");
 
     // Restart on the same run root: it must resume from that checkpoint and finish.
     let status = train(&config, &root, &summary).wait().expect("resume run");
     assert!(status.success(), "resumed run failed: {status}");
-    let outcome: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    let outcome: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
     assert_eq!(outcome["resumed_from"], serde_json::json!(at_kill.id));
     assert_eq!(outcome["final_step"], serde_json::json!(30));
     // The resumed run's first checkpoint descends from the one it resumed from.
     let all = rt.block_on(store.list_checkpoints()).expect("list");
-    let child_ckpt = all.iter().find(|m| m.parent.as_deref() == Some(at_kill.id.as_str())).expect("a child checkpoint");
+    let child_ckpt = all
+        .iter()
+        .find(|m| m.parent.as_deref() == Some(at_kill.id.as_str()))
+        .expect("a child checkpoint");
     assert_eq!(child_ckpt.step, at_kill.step + 3);
     // The checkpoint it resumed from is intact and verifiable.
-    let again = rt.block_on(store.read_checkpoint_file(&at_kill, "model.safetensors")).expect("weights");
+    let again = rt
+        .block_on(store.read_checkpoint_file(&at_kill, "model.safetensors"))
+        .expect("weights");
     assert_eq!(again, weights_at_kill);
 
     // Run 2: the same config, never interrupted.
     let clean_root = dir.path().join("clean");
-    let status = train(&config, &clean_root, &dir.path().join("clean.json")).wait().expect("clean run");
+    let status = train(&config, &clean_root, &dir.path().join("clean.json"))
+        .wait()
+        .expect("clean run");
     assert!(status.success());
     let (step_a, w_a) = final_weights(&rt, &root);
     let (step_b, w_b) = final_weights(&rt, &clean_root);
     assert_eq!((step_a, step_b), (30, 30));
-    assert!(w_a == w_b, "resumed run's final weights differ from the uninterrupted run's");
+    assert!(
+        w_a == w_b,
+        "resumed run's final weights differ from the uninterrupted run's"
+    );
     // RL really moved the weights (the comparison above is not between two untouched models).
-    let sft = all.iter().find(|m| m.step == 0).expect("the SFT checkpoint");
-    let w_sft = rt.block_on(store.read_checkpoint_file(sft, "model.safetensors")).expect("sft weights");
+    let sft = all
+        .iter()
+        .find(|m| m.step == 0)
+        .expect("the SFT checkpoint");
+    let w_sft = rt
+        .block_on(store.read_checkpoint_file(sft, "model.safetensors"))
+        .expect("sft weights");
     assert!(w_sft.to_vec() != w_a, "RL did not change the weights");
 }

@@ -12,7 +12,16 @@
 //!   row `i`.
 //! - BT-5: `from_archived` reads the archive zero-copy and copies each value exactly once, into
 //!   the padded host buffers; every trajectory is used, whatever its `source` (anchor
-//!   trajectories are trained on like on-policy ones), and per-turn rewards are not used.
+//!   trajectories are trained on like on-policy ones and flagged in `anchors`).
+//! - BT-6 (turns): `turns[i]` are trajectory i's model turns in order, each inside the
+//!   trajectory; without stored turns they are the maximal runs of mask-1 tokens (layout C).
+//!   `turn_ids[b, t]` is the index of the turn holding token t (the last turn starting at or
+//!   before t for a mask-1 token outside every turn; 0 elsewhere, where it is never read).
+//! - BT-7 (anchor state): `TurnSpan::anchor` hashes the tokens between the previous turn's end
+//!   (0 for the first turn) and the turn's start — the observation the turn answered, or the
+//!   prompt — so identical environment states in one group share a key (GiGPO).
+
+use std::hash::{Hash, Hasher};
 
 use keel_store::ArchivedRolloutBatch;
 use tch::{Device, Kind, Tensor};
@@ -33,6 +42,33 @@ pub struct TrainBatch {
     pub group_ids: Vec<u64>,
     /// Number of mask-1 tokens (BT-4).
     pub n_tokens: usize,
+    /// Each trajectory's model turns (BT-6, BT-7).
+    pub turns: Vec<Vec<TurnSpan>>,
+    /// `[B, T]` i64 turn index of each token (BT-6).
+    pub turn_ids: Tensor,
+    /// Largest number of turns of a trajectory (≥ 1).
+    pub max_turns: i64,
+    /// Agent id of each trajectory (Dr. MAS).
+    pub agent_ids: Vec<u32>,
+    /// Whether each trajectory was sampled by an anchor/reference policy (ARMOR).
+    pub anchors: Vec<bool>,
+    /// Task id of each trajectory.
+    pub task_ids: Vec<u64>,
+}
+
+/// One model turn of a trajectory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TurnSpan {
+    /// First model token (index into the trajectory's tokens).
+    pub start: usize,
+    /// Exclusive end.
+    pub end: usize,
+    /// Per-turn reward (0 when the environment gives only a final reward).
+    pub reward: f32,
+    /// The environment rejected this turn's action.
+    pub invalid: bool,
+    /// Hash of the observation (or prompt) the turn answered (BT-7).
+    pub anchor: u64,
 }
 
 /// One trajectory in native form, before padding.
@@ -42,6 +78,92 @@ pub(crate) struct Row {
     pub logp: Vec<f32>,
     pub reward: f32,
     pub group: u64,
+    /// Stored turns as (start, end, reward, invalid); empty = derive from the mask (BT-6).
+    pub turns: Vec<(usize, usize, f32, bool)>,
+    pub agent: u32,
+    pub anchor: bool,
+    pub task: u64,
+}
+
+impl Row {
+    /// A row without stored turns, agent 0, on-policy, task = group.
+    pub(crate) fn new(
+        tokens: Vec<u32>,
+        mask: Vec<u8>,
+        logp: Vec<f32>,
+        reward: f32,
+        group: u64,
+    ) -> Self {
+        Row {
+            tokens,
+            mask,
+            logp,
+            reward,
+            group,
+            turns: Vec::new(),
+            agent: 0,
+            anchor: false,
+            task: group,
+        }
+    }
+}
+
+/// The maximal runs of mask-1 tokens as `[start, end)`.
+fn mask_runs(mask: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut start = None;
+    for (t, &m) in mask.iter().enumerate() {
+        match (m == 1, start) {
+            (true, None) => start = Some(t),
+            (false, Some(s)) => {
+                runs.push((s, t));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        runs.push((s, mask.len()));
+    }
+    runs
+}
+
+/// Turn spans of a validated row (BT-6, BT-7).
+fn row_turns(i: usize, r: &Row) -> Result<Vec<TurnSpan>, LearnerError> {
+    let raw: Vec<(usize, usize, f32, bool)> = if r.turns.is_empty() {
+        mask_runs(&r.mask)
+            .into_iter()
+            .map(|(s, e)| (s, e, 0.0, false))
+            .collect()
+    } else {
+        r.turns.clone()
+    };
+    let mut prev_end = 0;
+    let mut out = Vec::with_capacity(raw.len());
+    for (k, (start, end, reward, invalid)) in raw.into_iter().enumerate() {
+        if start >= end || end > r.tokens.len() || start < prev_end {
+            return Err(LearnerError::input(format!(
+                "trajectory {i}: turn {k} spans [{start}, {end}), which is empty, out of order or beyond its {} tokens",
+                r.tokens.len()
+            )));
+        }
+        if !reward.is_finite() {
+            return Err(LearnerError::input(format!(
+                "trajectory {i}: turn {k} reward is {reward}"
+            )));
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        r.tokens[prev_end..start].hash(&mut h);
+        out.push(TurnSpan {
+            start,
+            end,
+            reward,
+            invalid,
+            anchor: h.finish(),
+        });
+        prev_end = end;
+    }
+    Ok(out)
 }
 
 impl TrainBatch {
@@ -55,8 +177,41 @@ impl TrainBatch {
         self.final_rewards.is_empty()
     }
 
+    /// The sub-batch of rows `rows` (in that order), e.g. the groups kept by dynamic sampling.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<TrainBatch, LearnerError> {
+        if rows.is_empty() || rows.iter().any(|&r| r >= self.len()) {
+            return Err(LearnerError::input(format!(
+                "select_rows: {rows:?} is empty or beyond {} rows",
+                self.len()
+            )));
+        }
+        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let idx = Tensor::f_from_slice(&idx)?.f_to_device(self.tokens.device())?;
+        let pick = |t: &Tensor| t.f_index_select(0, &idx);
+        let loss_mask = pick(&self.loss_mask)?;
+        let n_tokens = f64::try_from(loss_mask.f_sum(Kind::Double)?)? as usize;
+        let turns: Vec<Vec<TurnSpan>> = rows.iter().map(|&r| self.turns[r].clone()).collect();
+        Ok(TrainBatch {
+            tokens: pick(&self.tokens)?,
+            loss_mask,
+            behaviour_logp: pick(&self.behaviour_logp)?,
+            final_rewards: rows.iter().map(|&r| self.final_rewards[r]).collect(),
+            group_ids: rows.iter().map(|&r| self.group_ids[r]).collect(),
+            n_tokens,
+            turn_ids: pick(&self.turn_ids)?,
+            max_turns: turns.iter().map(|s| s.len()).max().unwrap_or(1).max(1) as i64,
+            turns,
+            agent_ids: rows.iter().map(|&r| self.agent_ids[r]).collect(),
+            anchors: rows.iter().map(|&r| self.anchors[r]).collect(),
+            task_ids: rows.iter().map(|&r| self.task_ids[r]).collect(),
+        })
+    }
+
     /// Training batch from a stored rollout batch, read through its archived form (BT-5).
-    pub fn from_archived(batch: &ArchivedRolloutBatch, device: Device) -> Result<Self, LearnerError> {
+    pub fn from_archived(
+        batch: &ArchivedRolloutBatch,
+        device: Device,
+    ) -> Result<Self, LearnerError> {
         let rows = batch
             .trajectories
             .iter()
@@ -66,6 +221,21 @@ impl TrainBatch {
                 logp: t.behaviour_logprobs.iter().map(|x| x.to_native()).collect(),
                 reward: t.final_reward.to_native(),
                 group: t.group_id.to_native(),
+                turns: t
+                    .turns
+                    .iter()
+                    .map(|u| {
+                        (
+                            u.start.to_native() as usize,
+                            u.end.to_native() as usize,
+                            u.reward.to_native(),
+                            u.invalid_action,
+                        )
+                    })
+                    .collect(),
+                agent: t.agent_id.to_native(),
+                anchor: matches!(t.source, keel_store::ArchivedSource::Anchor),
+                task: t.task_id.to_native(),
             })
             .collect();
         Self::from_rows(rows, device).map_err(|e| match e {
@@ -80,16 +250,21 @@ impl TrainBatch {
 
     /// SFT batch from `(tokens, loss_mask)` pairs: behaviour log-probs and rewards 0, each
     /// sequence its own group (`group_ids[i] = i`).
-    pub fn from_sequences(seqs: &[(Vec<u32>, Vec<u8>)], device: Device) -> Result<Self, LearnerError> {
+    pub fn from_sequences(
+        seqs: &[(Vec<u32>, Vec<u8>)],
+        device: Device,
+    ) -> Result<Self, LearnerError> {
         let rows = seqs
             .iter()
             .enumerate()
-            .map(|(i, (tokens, mask))| Row {
-                tokens: tokens.clone(),
-                mask: mask.clone(),
-                logp: vec![0.0; tokens.len()],
-                reward: 0.0,
-                group: i as u64,
+            .map(|(i, (tokens, mask))| {
+                Row::new(
+                    tokens.clone(),
+                    mask.clone(),
+                    vec![0.0; tokens.len()],
+                    0.0,
+                    i as u64,
+                )
             })
             .collect();
         Self::from_rows(rows, device)
@@ -98,7 +273,9 @@ impl TrainBatch {
     /// Validates (BT-2, BT-3) and pads (BT-1) native rows.
     pub(crate) fn from_rows(rows: Vec<Row>, device: Device) -> Result<Self, LearnerError> {
         if rows.is_empty() {
-            return Err(LearnerError::input("a training batch needs at least one trajectory"));
+            return Err(LearnerError::input(
+                "a training batch needs at least one trajectory",
+            ));
         }
         for (i, r) in rows.iter().enumerate() {
             if r.tokens.is_empty() {
@@ -113,7 +290,10 @@ impl TrainBatch {
                 )));
             }
             if let Some(t) = r.mask.iter().position(|&m| m > 1) {
-                return Err(LearnerError::input(format!("trajectory {i}: loss_mask[{t}] = {} (must be 0 or 1)", r.mask[t])));
+                return Err(LearnerError::input(format!(
+                    "trajectory {i}: loss_mask[{t}] = {} (must be 0 or 1)",
+                    r.mask[t]
+                )));
             }
             if r.mask[0] != 0 {
                 return Err(LearnerError::input(format!(
@@ -121,14 +301,37 @@ impl TrainBatch {
                 )));
             }
             if !r.reward.is_finite() {
-                return Err(LearnerError::input(format!("trajectory {i}: final reward is {}", r.reward)));
+                return Err(LearnerError::input(format!(
+                    "trajectory {i}: final reward is {}",
+                    r.reward
+                )));
             }
-            if let Some(t) = (0..r.tokens.len()).find(|&t| r.mask[t] == 1 && !r.logp[t].is_finite()) {
-                return Err(LearnerError::input(format!("trajectory {i}: behaviour log-prob at token {t} is {}", r.logp[t])));
+            if let Some(t) = (0..r.tokens.len()).find(|&t| r.mask[t] == 1 && !r.logp[t].is_finite())
+            {
+                return Err(LearnerError::input(format!(
+                    "trajectory {i}: behaviour log-prob at token {t} is {}",
+                    r.logp[t]
+                )));
             }
         }
+        let turns = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| row_turns(i, r))
+            .collect::<Result<Vec<_>, _>>()?;
         let b = rows.len();
         let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+        let mut turn_ids = vec![0i64; b * t];
+        for (i, spans) in turns.iter().enumerate() {
+            let mut k = 0usize;
+            for j in 0..rows[i].tokens.len() {
+                while k + 1 < spans.len() && spans[k + 1].start <= j {
+                    k += 1;
+                }
+                turn_ids[i * t + j] = k as i64;
+            }
+        }
+        let max_turns = turns.iter().map(|s| s.len()).max().unwrap_or(1).max(1) as i64;
         let mut tokens = vec![0i64; b * t];
         let mut mask = vec![0f32; b * t];
         let mut logp = vec![0f32; b * t];
@@ -144,14 +347,22 @@ impl TrainBatch {
             }
         }
         let shape = [b as i64, t as i64];
-        let to_dev = |x: Tensor| -> Result<Tensor, LearnerError> { Ok(x.f_reshape(shape)?.f_to_device(device)?) };
+        let to_dev = |x: Tensor| -> Result<Tensor, LearnerError> {
+            Ok(x.f_reshape(shape)?.f_to_device(device)?)
+        };
         Ok(TrainBatch {
             tokens: to_dev(Tensor::f_from_slice(&tokens)?)?,
             loss_mask: to_dev(Tensor::f_from_slice(&mask)?)?,
             behaviour_logp: to_dev(Tensor::f_from_slice(&logp)?.f_to_kind(Kind::Float)?)?,
+            turn_ids: to_dev(Tensor::f_from_slice(&turn_ids)?)?,
             final_rewards: rows.iter().map(|r| r.reward).collect(),
             group_ids: rows.iter().map(|r| r.group).collect(),
             n_tokens,
+            turns,
+            max_turns,
+            agent_ids: rows.iter().map(|r| r.agent).collect(),
+            anchors: rows.iter().map(|r| r.anchor).collect(),
+            task_ids: rows.iter().map(|r| r.task).collect(),
         })
     }
 }
@@ -162,17 +373,29 @@ mod tests {
 
     #[test]
     fn pads_right_and_counts_tokens() {
-        let b = TrainBatch::from_sequences(&[(vec![1, 5, 6], vec![0, 1, 1]), (vec![1, 7], vec![0, 1])], Device::Cpu)
-            .expect("batch");
+        let b = TrainBatch::from_sequences(
+            &[(vec![1, 5, 6], vec![0, 1, 1]), (vec![1, 7], vec![0, 1])],
+            Device::Cpu,
+        )
+        .expect("batch");
         assert_eq!(b.tokens.size(), vec![2, 3]);
-        assert_eq!(Vec::<Vec<i64>>::try_from(&b.tokens).expect("tokens"), vec![vec![1, 5, 6], vec![1, 7, 0]]);
-        assert_eq!(Vec::<Vec<f32>>::try_from(&b.loss_mask).expect("mask"), vec![vec![0., 1., 1.], vec![0., 1., 0.]]);
+        assert_eq!(
+            Vec::<Vec<i64>>::try_from(&b.tokens).expect("tokens"),
+            vec![vec![1, 5, 6], vec![1, 7, 0]]
+        );
+        assert_eq!(
+            Vec::<Vec<f32>>::try_from(&b.loss_mask).expect("mask"),
+            vec![vec![0., 1., 1.], vec![0., 1., 0.]]
+        );
         assert_eq!(b.n_tokens, 3);
         assert_eq!(b.group_ids, vec![0, 1]);
     }
 
     fn trajectory(id: u64, tokens: Vec<u32>, mask: Vec<u8>, reward: f32) -> keel_store::Trajectory {
-        let logp = mask.iter().map(|&m| if m == 1 { -0.5 } else { 0.0 }).collect();
+        let logp = mask
+            .iter()
+            .map(|&m| if m == 1 { -0.5 } else { 0.0 })
+            .collect();
         let start = mask.iter().position(|&m| m == 1).unwrap_or(0) as u32;
         keel_store::Trajectory {
             trajectory_id: id,
@@ -180,7 +403,13 @@ mod tests {
             task_id: id / 2,
             env_name: "test".into(),
             agent_id: 0,
-            turns: vec![keel_store::Turn { start, end: tokens.len() as u32, policy_version: 1, reward: 0.0, invalid_action: false }],
+            turns: vec![keel_store::Turn {
+                start,
+                end: tokens.len() as u32,
+                policy_version: 1,
+                reward: 0.0,
+                invalid_action: false,
+            }],
             tokens,
             loss_mask: mask,
             behaviour_logprobs: logp,
@@ -205,25 +434,79 @@ mod tests {
         let frame = keel_store::frame::encode_batch(&batch, 1).expect("encode");
         let buf = keel_store::frame::decode_batch(&frame).expect("decode");
         let b = TrainBatch::from_archived(buf.archived(), Device::Cpu).expect("train batch");
-        assert_eq!(Vec::<Vec<i64>>::try_from(&b.tokens).expect("tokens"), vec![vec![1, 4, 5, 6], vec![1, 4, 7, 0]]);
+        assert_eq!(
+            Vec::<Vec<i64>>::try_from(&b.tokens).expect("tokens"),
+            vec![vec![1, 4, 5, 6], vec![1, 4, 7, 0]]
+        );
         assert_eq!(
             Vec::<Vec<f32>>::try_from(&b.behaviour_logp).expect("logp"),
             vec![vec![0.0, -0.5, -0.5, -0.5], vec![0.0, -0.5, -0.5, 0.0]]
         );
-        assert_eq!((b.final_rewards.clone(), b.group_ids.clone(), b.n_tokens), (vec![1.0, 0.0], vec![40, 40], 5));
+        assert_eq!(
+            (b.final_rewards.clone(), b.group_ids.clone(), b.n_tokens),
+            (vec![1.0, 0.0], vec![40, 40], 5)
+        );
         // A batch whose first token is model-sampled is rejected, naming the batch (BT-2).
-        let bad = keel_store::RolloutBatch { trajectories: vec![trajectory(0, vec![1, 4], vec![1, 1], 1.0)], ..batch };
-        let buf = keel_store::frame::decode_batch(&keel_store::frame::encode_batch(&bad, 1).expect("encode")).expect("decode");
-        let Err(e) = TrainBatch::from_archived(buf.archived(), Device::Cpu) else { panic!("mask[0] = 1 accepted") };
+        let bad = keel_store::RolloutBatch {
+            trajectories: vec![trajectory(0, vec![1, 4], vec![1, 1], 1.0)],
+            ..batch
+        };
+        let buf = keel_store::frame::decode_batch(
+            &keel_store::frame::encode_batch(&bad, 1).expect("encode"),
+        )
+        .expect("decode");
+        let Err(e) = TrainBatch::from_archived(buf.archived(), Device::Cpu) else {
+            panic!("mask[0] = 1 accepted")
+        };
         assert!(e.to_string().contains("rollout batch 3 of run r"), "{e}");
     }
 
     #[test]
     fn rejects_bad_rows() {
-        let Err(e) = TrainBatch::from_sequences(&[(vec![1, 2], vec![1, 1])], Device::Cpu) else { panic!("mask[0] = 1 accepted") };
+        let Err(e) = TrainBatch::from_sequences(&[(vec![1, 2], vec![1, 1])], Device::Cpu) else {
+            panic!("mask[0] = 1 accepted")
+        };
         assert!(e.to_string().contains("loss_mask[0]"), "{e}");
         assert!(TrainBatch::from_sequences(&[(vec![1, 2], vec![0])], Device::Cpu).is_err());
         assert!(TrainBatch::from_sequences(&[], Device::Cpu).is_err());
         assert!(TrainBatch::from_sequences(&[(vec![1, 2], vec![0, 2])], Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn bt6_bt7_turns_from_mask_runs_and_anchor_keys() {
+        // prompt 1 2 | turn 3 4 | obs 9 | turn 5 ; and a second row with the same prompt.
+        let b = TrainBatch::from_sequences(
+            &[
+                (vec![1, 2, 3, 4, 9, 5], vec![0, 0, 1, 1, 0, 1]),
+                (vec![1, 2, 6], vec![0, 0, 1]),
+            ],
+            Device::Cpu,
+        )
+        .expect("batch");
+        let spans: Vec<(usize, usize)> = b.turns[0].iter().map(|s| (s.start, s.end)).collect();
+        assert_eq!(spans, vec![(2, 4), (5, 6)]);
+        assert_eq!(
+            Vec::<Vec<i64>>::try_from(&b.turn_ids).expect("ids"),
+            vec![vec![0, 0, 0, 0, 0, 1], vec![0, 0, 0, 0, 0, 0]]
+        );
+        assert_eq!(b.max_turns, 2);
+        assert_eq!(
+            b.turns[0][0].anchor, b.turns[1][0].anchor,
+            "same prompt, same anchor state"
+        );
+        assert_ne!(b.turns[0][0].anchor, b.turns[0][1].anchor);
+        let sub = b.select_rows(&[1]).expect("sub");
+        assert_eq!((sub.len(), sub.n_tokens, sub.max_turns), (1, 1, 1));
+        assert!(b.select_rows(&[2]).is_err());
+    }
+
+    #[test]
+    fn bt6_rejects_bad_stored_turns() {
+        let mut r = Row::new(vec![1, 2, 3], vec![0, 1, 1], vec![0.0, -0.1, -0.1], 1.0, 0);
+        r.turns = vec![(1, 4, 0.0, false)];
+        let Err(e) = TrainBatch::from_rows(vec![r], Device::Cpu) else {
+            panic!("turn beyond the tokens accepted")
+        };
+        assert!(e.to_string().contains("turn 0 spans [1, 4)"), "{e}");
     }
 }

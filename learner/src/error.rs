@@ -50,16 +50,24 @@ pub enum LearnerError {
 impl LearnerError {
     /// Shorthand for [`LearnerError::InvalidConfig`].
     pub(crate) fn config(key: &str, reason: impl Into<String>) -> Self {
-        LearnerError::InvalidConfig { key: key.to_string(), reason: reason.into() }
+        LearnerError::InvalidConfig {
+            key: key.to_string(),
+            reason: reason.into(),
+        }
     }
 
     /// Shorthand for [`LearnerError::InvalidInput`].
     pub(crate) fn input(reason: impl Into<String>) -> Self {
-        LearnerError::InvalidInput { reason: reason.into() }
+        LearnerError::InvalidInput {
+            reason: reason.into(),
+        }
     }
 
     /// Shorthand for [`LearnerError::Mismatch`].
     pub(crate) fn mismatch(name: &str, reason: impl Into<String>) -> Self {
-        LearnerError::Mismatch { name: name.to_string(), reason: reason.into() }
+        LearnerError::Mismatch {
+            name: name.to_string(),
+            reason: reason.into(),
+        }
     }
 }

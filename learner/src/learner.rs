@@ -1,32 +1,40 @@
-//! The learner: one policy, one AdamW, and the RL / SFT update steps.
+//! The learner: one policy, one AdamW, the RL update dispatched through the algorithm registry
+//! (`algo::presets`), and the SFT step.
 //!
-//! `train_step`, for a batch of B trajectories:
+//! `train_step`, for a batch of B trajectories and the resolved [`PresetConfig`]:
 //! ```text
-//! GRPO: A[b, t] = grpo_advantages(final_rewards, group_ids)[b] · m[b, t]
-//! PPO : r[b, last model token] = final_reward[b];  V = value head of the current weights
-//!       (no grad), aligned so V[b, t] is the value of tokens[b, ..t];  (A, R) = GAE(r, V, m);
-//!       A = masked_whiten(A, m)
+//! dynamic sampling (if the preset filters and the cold start is over): keep the rows of groups
+//!   whose rewards are not all equal; keep everything when no group is informative
+//! reference policy (if the preset needs one): a frozen copy of the weights at the first update
+//! targets = scores, advantages (GRPO / Dr. MAS / RTPO / GiGPO / GAE / SAO-GAE), π_old, π_ref
 //! for epoch in 1..=epochs, for each of min(minibatches, B) shuffled, near-equal minibatches:
-//!   loss = ppo_clip(logp, behaviour_logp, A) − entropy_coef·H [+ value_coef·value_loss(V', V, R)]
-//!   backward; clip the global grad norm; AdamW step
+//!   critic presets: K value-only steps on the trainable groups (always during the warm-up)
+//!   unless in the critic warm-up:
+//!     loss = agg(policy loss) − entropy_coef·agg(H) + kl_coef·agg(kl(logp, ref))
+//!            [+ value_coef·value_loss when the critic is joint (K = 0)]
+//!     backward; clip the global grad norm; AdamW step
 //! ```
+//! Metrics are documented in docs/metrics-learner.md.
 //!
 //! Invariants:
-//! - LR-1 (off-policy ratio): the PPO ratio is always taken against the batch's behaviour
-//!   log-probs — verl's bypass mode (§1.10) — in every epoch and minibatch. This corrects for
-//!   generator staleness; behaviour log-probs must come from temperature-1 sampling (SM-1) for
-//!   the ratio to start at 1 on-policy.
+//! - LR-1 (off-policy ratio): by default (`ratio_base = behaviour`) the ratio is taken against
+//!   the batch's behaviour log-probs — verl's bypass mode (§1.10) — in every epoch and
+//!   minibatch; `recompute` uses the weights at the start of the update instead. Behaviour
+//!   log-probs come from temperature-1 sampling (SM-1), so the ratio starts at 1 on-policy.
 //! - LR-2 (skip on non-finite): a non-finite loss or gradient norm returns `NonFinite` before
 //!   the optimizer is touched: that step's weights and optimizer state are unchanged (earlier
 //!   minibatch steps of the same call stand).
-//! - LR-3 (counters): `step()` counts RL optimizer steps (epochs × minibatches per successful
-//!   `train_step`); `policy_version()` counts successful `train_step` calls (one published
-//!   policy version each); SFT steps are counted separately; AdamW's own counter counts both.
+//! - LR-3 (counters): `step()` counts RL optimizer steps (actor and value-only steps);
+//!   `policy_version()` counts successful `train_step` calls (one published policy version
+//!   each); SFT steps are counted separately; AdamW's own counter counts all of them.
 //! - LR-4 (exact resume): the minibatch order depends only on (seed, step). `state_files` holds
-//!   weights, optimizer state and counters, so `restore` followed by the same calls yields
-//!   bit-identical weights to never stopping (same device, same thread count).
+//!   weights, optimizer state, counters, the KL controller's β and the reference weights (when
+//!   the preset has a reference), so `restore` followed by the same calls yields bit-identical
+//!   weights to never stopping (same device, same thread count).
 //! - LR-5 (config on restore): `restore` requires the checkpoint's model config to equal the
 //!   running one; the running `LearnerConfig` is kept (the checkpoint's copy is informational).
+//! - LR-6 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
+//!   and padding — whatever the preset.
 
 use std::time::Instant;
 
@@ -35,44 +43,28 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
-use crate::advantages::{grpo_advantages, masked_whiten, try_gae};
+use crate::algo::aggregation::{
+    agg_loss, masked_mean, masked_mean_value, AggDenominators, AggMode,
+};
+use crate::algo::armor::armor_loss;
+use crate::algo::dapo::informative_groups;
+use crate::algo::gspo::gspo_loss;
+use crate::algo::kl::{masked_kl, KlController, KlEstimator};
+use crate::algo::ppo::vanilla_ppo;
+use crate::algo::presets::{PolicyLossKind, PresetConfig};
+use crate::algo::reinforce::reinforce_loss;
+use crate::algo::sao::dis_loss;
+use crate::algo::seq_mask::sequence_mask;
+use crate::algo::sorl::turn_level_loss;
+use crate::algo::value::{explained_variance, value_loss, CriticSchedule};
 use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
-use crate::learner_config::{Algo, LearnerConfig};
+use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
-use crate::losses::{masked_mean, masked_mean_value, ppo_clip_loss, value_loss};
 use crate::model::{ModelConfig, PolicyModel};
 use crate::optimizer::{AdamW, AdamWConfig};
-
-/// GRPO's denominator epsilon (verl: 1e-6).
-const GRPO_EPS: f32 = 1e-6;
-
-/// What one `train_step` / `sft_step` did; per-minibatch quantities are averaged.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct StepMetrics {
-    /// Total loss that was minimised.
-    pub loss: f64,
-    /// Policy-gradient (PPO surrogate) part; 0 for SFT.
-    pub pg_loss: f64,
-    /// Value-loss part (before `value_coef`); 0 unless PPO.
-    pub value_loss: f64,
-    /// Fraction of tokens where the ratio clip was active.
-    pub clip_frac: f64,
-    /// k1 KL estimate between behaviour and current policy.
-    pub approx_kl: f64,
-    /// Token-mean entropy of the current policy on model tokens.
-    pub entropy: f64,
-    /// Pre-clip global gradient norm.
-    pub grad_norm: f64,
-    /// Model tokens in the batch.
-    pub tokens: usize,
-    /// `tokens / step_seconds`.
-    pub tokens_per_s: f64,
-    /// Mean outcome reward of the batch (0 for SFT).
-    pub mean_reward: f64,
-    /// Wall time of the whole call.
-    pub step_seconds: f64,
-}
+use crate::step_metrics::StepMetrics;
+use crate::targets::{align_values, compute, Targets};
 
 /// The counters and configs stored in `learner.json`.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -85,55 +77,96 @@ struct LearnerState {
     seed: u64,
     config: LearnerConfig,
     model: ModelConfig,
+    #[serde(default)]
+    kl_controller: Option<KlController>,
+    /// β's exact bits (JSON floats do not round-trip every bit).
+    #[serde(default)]
+    kl_beta_bits: Option<u64>,
 }
 
 const STATE_FORMAT: &str = "keel.learner.v1";
+const REFERENCE_FILE: &str = "reference.safetensors";
 
-/// Per-batch training targets, on the model's device.
-struct Targets {
-    tokens: Tensor,
-    mask: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    /// PPO only: (aligned old values, returns).
-    critic: Option<(Tensor, Tensor)>,
-}
-
-/// Policy + optimizer + counters.
+/// Policy + optimizer + counters (+ the reference policy and KL controller when the preset
+/// needs them).
 pub struct Learner {
     model: PolicyModel,
     opt: AdamW,
     cfg: LearnerConfig,
+    preset: PresetConfig,
+    reference: Option<PolicyModel>,
+    kl_ctl: Option<KlController>,
     seed: u64,
     step: u64,
     sft_steps: u64,
     updates: u64,
 }
 
-/// `v[b, t] ← values[b, t-1]`, `v[b, 0] = 0`: the value of the prefix before token t (MD-3).
-fn align_values(values: &Tensor) -> Result<Tensor, LearnerError> {
-    let size = values.size();
-    let zeros = Tensor::f_zeros([size[0], 1], (values.kind(), values.device()))?;
-    Ok(Tensor::f_cat(&[zeros, values.f_narrow(1, 0, size[1] - 1)?], 1)?)
+/// Mean, std, min and max of `x` over mask-1 entries.
+fn masked_stats(x: &Tensor, mask: &Tensor) -> (f64, f64, f64, f64) {
+    tch::no_grad(|| {
+        let v = x
+            .detach()
+            .to_kind(Kind::Double)
+            .masked_select(&mask.gt(0.0));
+        if v.numel() == 0 {
+            return (0.0, 0.0, 0.0, 0.0);
+        }
+        let std = if v.numel() > 1 {
+            v.std(true).double_value(&[])
+        } else {
+            0.0
+        };
+        (
+            v.mean(Kind::Double).double_value(&[]),
+            std,
+            v.min().double_value(&[]),
+            v.max().double_value(&[]),
+        )
+    })
 }
 
 impl Learner {
-    /// A fresh learner; PPO requires a value head.
-    pub fn new(model_cfg: &ModelConfig, cfg: LearnerConfig, device: Device, seed: u64) -> Result<Self, LearnerError> {
+    /// A fresh learner; critic presets require a value head.
+    pub fn new(
+        model_cfg: &ModelConfig,
+        cfg: LearnerConfig,
+        device: Device,
+        seed: u64,
+    ) -> Result<Self, LearnerError> {
         cfg.validate()?;
         model_cfg.validate()?;
-        if cfg.algo == Algo::Ppo && !model_cfg.value_head {
+        let preset = cfg.resolve();
+        if preset.needs_critic() && !model_cfg.value_head {
             return Err(LearnerError::config(
                 "model.value_head",
-                "must be true when learner.algo = \"ppo\" (the critic is the policy's value head)",
+                format!("must be true when learner.algo = \"{}\" (the critic is the policy's value head)", cfg.algo.name()),
             ));
         }
         let model = PolicyModel::new(model_cfg, device, seed)?;
         let opt = AdamW::new(
             model.var_store(),
-            AdamWConfig { lr: cfg.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: cfg.weight_decay },
+            AdamWConfig {
+                lr: cfg.lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: cfg.weight_decay,
+            },
         );
-        Ok(Learner { model, opt, cfg, seed, step: 0, sft_steps: 0, updates: 0 })
+        let kl_ctl = preset.kl_reward.map(|k| k.controller);
+        Ok(Learner {
+            model,
+            opt,
+            cfg,
+            preset,
+            reference: None,
+            kl_ctl,
+            seed,
+            step: 0,
+            sft_steps: 0,
+            updates: 0,
+        })
     }
 
     /// The policy being trained.
@@ -144,6 +177,26 @@ impl Learner {
     /// The running configuration.
     pub fn config(&self) -> &LearnerConfig {
         &self.cfg
+    }
+
+    /// The resolved algorithm (preset + overrides).
+    pub fn preset(&self) -> &PresetConfig {
+        &self.preset
+    }
+
+    /// The frozen reference policy, once the first update has taken it.
+    pub fn reference(&self) -> Option<&PolicyModel> {
+        self.reference.as_ref()
+    }
+
+    /// Installs `safetensors` (a policy checkpoint of this model's shape) as the reference
+    /// policy, replacing the default (the weights at the first update). For a lineage's
+    /// reference anchor or ARMOR's reference resets.
+    pub fn set_reference(&mut self, safetensors: &[u8]) -> Result<(), LearnerError> {
+        let mut r = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
+        r.load_safetensors(safetensors)?;
+        self.reference = Some(r);
+        Ok(())
     }
 
     /// RL optimizer steps taken (LR-3).
@@ -163,64 +216,94 @@ impl Learner {
 
     fn check_batch(&self, batch: &TrainBatch) -> Result<(), LearnerError> {
         let size = batch.tokens.size();
-        if size.len() != 2 || batch.loss_mask.size() != size || batch.behaviour_logp.size() != size {
+        if size.len() != 2
+            || batch.loss_mask.size() != size
+            || batch.behaviour_logp.size() != size
+            || batch.turn_ids.size() != size
+        {
             return Err(LearnerError::input(format!(
-                "tokens, loss_mask and behaviour_logp must share one [B, T] shape, got {:?}, {:?}, {:?}",
+                "tokens, loss_mask, behaviour_logp and turn_ids must share one [B, T] shape, got {:?}, {:?}, {:?}, {:?}",
                 size,
                 batch.loss_mask.size(),
-                batch.behaviour_logp.size()
+                batch.behaviour_logp.size(),
+                batch.turn_ids.size()
             )));
         }
         let b = size[0] as usize;
-        if batch.final_rewards.len() != b || batch.group_ids.len() != b {
+        let lens = [
+            batch.final_rewards.len(),
+            batch.group_ids.len(),
+            batch.turns.len(),
+            batch.agent_ids.len(),
+            batch.anchors.len(),
+        ];
+        if lens.iter().any(|&n| n != b) {
             return Err(LearnerError::input(format!(
-                "{b} trajectories but {} rewards and {} group ids",
-                batch.final_rewards.len(),
-                batch.group_ids.len()
+                "{b} trajectories but {} rewards, {} group ids, {} turn lists, {} agent ids, {} source flags",
+                lens[0], lens[1], lens[2], lens[3], lens[4]
             )));
         }
         if batch.n_tokens == 0 {
-            return Err(LearnerError::input("the batch has no model tokens (loss_mask is all 0)"));
+            return Err(LearnerError::input(
+                "the batch has no model tokens (loss_mask is all 0)",
+            ));
         }
         Ok(())
     }
 
-    fn targets(&self, batch: &TrainBatch) -> Result<Targets, LearnerError> {
-        let dev = self.model.device();
-        let tokens = batch.tokens.f_to_device(dev)?;
-        let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
-        let old_logp = batch.behaviour_logp.f_to_device(dev)?.f_to_kind(Kind::Float)?;
-        let b = batch.len() as i64;
-        match self.cfg.algo {
-            Algo::Grpo => {
-                let a = grpo_advantages(&batch.final_rewards, &batch.group_ids, self.cfg.grpo_normalize_std, GRPO_EPS);
-                let advantages = Tensor::f_from_slice(&a)?.f_to_device(dev)?.f_reshape([b, 1])?.f_mul(&mask)?;
-                Ok(Targets { tokens, mask, old_logp, advantages, critic: None })
-            }
-            Algo::Ppo => {
-                let values = tch::no_grad(|| self.model.try_forward(&tokens))?
-                    .1
-                    .ok_or_else(|| LearnerError::config("model.value_head", "must be true for PPO"))?;
-                let values = align_values(&values.f_detach()?)?;
-                // Outcome reward on each trajectory's last model token.
-                let t = mask.size()[1];
-                let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;
-                let last = mask.f_mul(&positions)?.f_argmax(1, true)?;
-                let r = Tensor::f_from_slice(&batch.final_rewards)?.f_to_device(dev)?.f_reshape([b, 1])?;
-                let rewards = mask.f_zeros_like()?.f_scatter(1, &last, &r)?;
-                let (adv, returns) = try_gae(&rewards, &values, &mask, self.cfg.gamma, self.cfg.lam)?;
-                let advantages = masked_whiten(&adv, &mask);
-                Ok(Targets { tokens, mask, old_logp, advantages, critic: Some((values, returns)) })
-            }
+    /// A frozen copy of the current weights.
+    fn snapshot_model(&self) -> Result<PolicyModel, LearnerError> {
+        let mut copy = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
+        copy.load_safetensors(&self.model.to_safetensors()?)?;
+        Ok(copy)
+    }
+
+    /// Dynamic sampling within the batch: rows of informative groups, or None to keep all.
+    fn filtered_rows(&self, batch: &TrainBatch) -> (Option<Vec<usize>>, usize, usize) {
+        let metric: Vec<f64> = batch.final_rewards.iter().map(|&r| f64::from(r)).collect();
+        let (informative, uniform) = informative_groups(&batch.group_ids, &metric);
+        let total = informative.len() + uniform.len();
+        let active = self
+            .preset
+            .dynamic_sampling
+            .is_some_and(|d| self.updates >= d.cold_start_updates);
+        if !active || informative.is_empty() || uniform.is_empty() {
+            return (None, total, total);
         }
+        let keep: std::collections::HashSet<u64> = informative.iter().copied().collect();
+        let rows = (0..batch.len())
+            .filter(|&i| keep.contains(&batch.group_ids[i]))
+            .collect();
+        (Some(rows), total, informative.len())
     }
 
     /// One RL update on `batch` (module doc; LR-1 … LR-3).
     pub fn train_step(&mut self, batch: &TrainBatch) -> Result<StepMetrics, LearnerError> {
         let start = Instant::now();
         self.check_batch(batch)?;
-        let tg = self.targets(batch)?;
-        let b = batch.len();
+        let (rows, groups_total, groups_kept) = self.filtered_rows(batch);
+        let filtered = match rows {
+            Some(rows) => Some(batch.select_rows(&rows)?),
+            None => None,
+        };
+        let train = filtered.as_ref().unwrap_or(batch);
+        if self.preset.needs_reference() && self.reference.is_none() {
+            self.reference = Some(self.snapshot_model()?);
+        }
+        let beta = self.kl_ctl.map(|c| c.beta()).unwrap_or(0.0);
+        let tg = compute(
+            &self.model,
+            self.reference.as_ref(),
+            train,
+            &self.preset,
+            beta,
+        )?;
+        let actor = self
+            .preset
+            .critic
+            .as_ref()
+            .is_none_or(|c| c.actor_step(self.updates));
+        let b = train.len();
         let n_mb = self.cfg.minibatches.min(b);
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(self.step);
@@ -233,80 +316,239 @@ impl Learner {
             }
             for k in 0..n_mb {
                 let chunk = &order[k * b / n_mb..(k + 1) * b / n_mb];
-                let m = self.minibatch_step(&tg, chunk)?;
-                for (acc, x) in [
-                    (&mut sum.loss, m.loss),
-                    (&mut sum.pg_loss, m.pg_loss),
-                    (&mut sum.value_loss, m.value_loss),
-                    (&mut sum.clip_frac, m.clip_frac),
-                    (&mut sum.approx_kl, m.approx_kl),
-                    (&mut sum.entropy, m.entropy),
-                    (&mut sum.grad_norm, m.grad_norm),
-                ] {
-                    *acc += x;
+                let mut m = self.minibatch_step(&tg, chunk, actor)?;
+                for (acc, x) in sum.averaged().into_iter().zip(m.averaged()) {
+                    *acc += *x;
                 }
                 n += 1.0;
             }
         }
-        for acc in [
-            &mut sum.loss,
-            &mut sum.pg_loss,
-            &mut sum.value_loss,
-            &mut sum.clip_frac,
-            &mut sum.approx_kl,
-            &mut sum.entropy,
-            &mut sum.grad_norm,
-        ] {
+        for acc in sum.averaged() {
             *acc /= n;
         }
+        sum.actor_steps *= n;
+        sum.critic_steps *= n;
+        let (mean, std, min, max) = masked_stats(&tg.advantages, &tg.mask);
+        (sum.adv_mean, sum.adv_std, sum.adv_min, sum.adv_max) = (mean, std, min, max);
+        sum.groups_total = groups_total as f64;
+        sum.groups_kept = groups_kept as f64;
+        if let (Some(ctl), Some(kl)) = (self.kl_ctl.as_mut(), tg.kl_reward_mean) {
+            sum.kl_reward_beta = ctl.beta();
+            sum.kl_reward = kl;
+            ctl.update(kl, b as f64);
+        }
         sum.tokens = batch.n_tokens;
-        sum.mean_reward = batch.final_rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / b as f64;
+        sum.mean_reward = batch
+            .final_rewards
+            .iter()
+            .map(|&r| f64::from(r))
+            .sum::<f64>()
+            / batch.len() as f64;
         sum.step_seconds = start.elapsed().as_secs_f64();
         sum.tokens_per_s = sum.tokens as f64 / sum.step_seconds.max(1e-9);
         self.updates += 1;
         Ok(sum)
     }
 
-    fn minibatch_step(&mut self, tg: &Targets, rows: &[i64]) -> Result<StepMetrics, LearnerError> {
+    /// Value-only optimizer steps on the critic's trainable groups (critic schedule).
+    fn critic_steps(
+        &mut self,
+        c: &CriticSchedule,
+        tokens: &Tensor,
+        mask: &Tensor,
+        old_v: &Tensor,
+        returns: &Tensor,
+        k: usize,
+    ) -> Result<StepMetrics, LearnerError> {
+        let mut m = StepMetrics::default();
+        let trainable = if c.trainable.is_empty() {
+            vec!["value_head".to_string()]
+        } else {
+            c.trainable.clone()
+        };
+        let den = AggDenominators::of(mask, self.preset.loss_scale_factor);
+        for _ in 0..k {
+            self.opt.set_lr(self.cfg.lr * c.lr_ratio);
+            self.opt.zero_grad();
+            let (_, values) = self.model.try_forward(tokens)?;
+            let values = align_values(&values.ok_or_else(|| {
+                LearnerError::config("model.value_head", "must be true for a critic preset")
+            })?)?;
+            let vl = value_loss(
+                &values,
+                old_v,
+                returns,
+                mask,
+                c.value_clip,
+                self.preset.agg,
+                &den,
+            );
+            let v = vl.f_double_value(&[])?;
+            if !v.is_finite() {
+                return Err(LearnerError::NonFinite {
+                    what: "value loss".into(),
+                });
+            }
+            vl.f_backward()?;
+            let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
+            if !grad_norm.is_finite() {
+                self.opt.zero_grad();
+                return Err(LearnerError::NonFinite {
+                    what: "critic gradient norm".into(),
+                });
+            }
+            self.opt
+                .step_where(|name| trainable.iter().any(|p| name.starts_with(p.as_str())));
+            self.step += 1;
+            m.value_loss = v;
+            m.loss = v;
+            m.grad_norm = grad_norm;
+            m.explained_var = explained_variance(&values, returns, mask);
+            m.critic_steps += 1.0;
+        }
+        Ok(m)
+    }
+
+    fn minibatch_step(
+        &mut self,
+        tg: &Targets,
+        rows: &[i64],
+        actor: bool,
+    ) -> Result<StepMetrics, LearnerError> {
+        let p = self.preset.clone();
         let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
         let pick = |t: &Tensor| t.f_index_select(0, &idx);
-        let (tokens, mask, old_logp, adv) = (pick(&tg.tokens)?, pick(&tg.mask)?, pick(&tg.old_logp)?, pick(&tg.advantages)?);
+        let (tokens, mut mask, old_logp, adv) = (
+            pick(&tg.tokens)?,
+            pick(&tg.mask)?,
+            pick(&tg.old_logp)?,
+            pick(&tg.advantages)?,
+        );
+        let critic = match (&tg.critic, &p.critic) {
+            (Some((v, r)), Some(c)) => Some((pick(v)?, pick(r)?, c.clone())),
+            _ => None,
+        };
+        let mut out = StepMetrics::default();
+        if let Some((old_v, returns, c)) = &critic {
+            let k = if actor {
+                c.steps_per_actor_step
+            } else {
+                c.steps_per_actor_step.max(1)
+            };
+            if k > 0 {
+                out = self.critic_steps(c, &tokens, &mask, old_v, returns, k)?;
+            }
+        }
+        if !actor {
+            return Ok(out);
+        }
+        let ref_logp = match &tg.ref_logp {
+            Some(r) => Some(pick(r)?),
+            None => None,
+        };
         self.opt.set_lr(self.cfg.lr);
         self.opt.zero_grad();
         let (logits, values) = self.model.try_forward(&tokens)?;
         let logp = token_logprobs(&logits, &tokens);
-        let pg = ppo_clip_loss(&logp, &old_logp, &adv, &mask, self.cfg.clip_low, self.cfg.clip_high);
-        let mut loss = pg.loss.shallow_clone();
-        let entropy = if self.cfg.entropy_coef > 0.0 {
-            let h = masked_mean(&token_entropy(&logits), &mask);
-            loss = loss.f_sub(&h.f_mul_scalar(self.cfg.entropy_coef)?)?;
-            h.f_double_value(&[])?
-        } else {
-            tch::no_grad(|| masked_mean_value(&token_entropy(&logits.detach()), &mask))
+        if let Some(delta) = p.seq_mask_delta {
+            let (m, frac) = sequence_mask(&logp, &old_logp, &adv, &mask, delta);
+            mask = m;
+            out.seq_mask_frac = frac;
+        }
+        let mut agg = p.agg;
+        let token_loss = match p.policy_loss {
+            PolicyLossKind::Ppo => {
+                let l = vanilla_ppo(&logp, &old_logp, &adv, &mask, p.clip);
+                out.set_clip(l.stats);
+                l.loss
+            }
+            PolicyLossKind::Gspo => {
+                agg = AggMode::SeqMeanTokenMean; // verl forces it for GSPO
+                let l = gspo_loss(&logp, &old_logp, &adv, &mask, p.clip);
+                out.set_clip(l.stats);
+                l.loss
+            }
+            PolicyLossKind::TurnLevel { ctn_delta } => {
+                let turns = pick(&tg.turn_ids)?;
+                let (l, s) = turn_level_loss(
+                    &logp,
+                    &old_logp,
+                    &adv,
+                    &mask,
+                    &turns,
+                    tg.max_turns,
+                    p.clip,
+                    ctn_delta,
+                );
+                out.set_clip(l.stats);
+                (
+                    out.turn_ratio_mean,
+                    out.turn_ratio_min,
+                    out.turn_ratio_max,
+                    out.ctn_trigger_frac,
+                ) = (s.ratio_mean, s.ratio_min, s.ratio_max, s.ctn_trigger_frac);
+                l.loss
+            }
+            PolicyLossKind::Dis => {
+                let beh = pick(&tg.behaviour_logp)?;
+                let (l, masked) = dis_loss(&logp, &beh, &adv, &mask, p.clip.low, p.clip.high);
+                out.dis_masked_frac = masked;
+                out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
+                l
+            }
+            PolicyLossKind::Armor { mix_ratio } => {
+                let r = ref_logp.as_ref().ok_or_else(|| {
+                    LearnerError::input("armor needs the reference policy's log-probs")
+                })?;
+                let l = armor_loss(&logp, &old_logp, r, &adv, &mask, mix_ratio, p.clip);
+                out.set_clip(l.stats);
+                l.loss
+            }
+            PolicyLossKind::Reinforce { is_threshold } => {
+                let beh = pick(&tg.behaviour_logp)?;
+                out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
+                reinforce_loss(&logp, &beh, &adv, &mask, is_threshold)
+            }
         };
-        let mut vf = 0.0;
-        if let (Some((old_v, returns)), Some(values)) = (&tg.critic, values) {
-            let v = align_values(&values)?;
-            let vl = value_loss(&v, &pick(old_v)?, &pick(returns)?, &mask, self.cfg.value_clip);
-            vf = vl.f_double_value(&[])?;
-            loss = loss.f_add(&vl.f_mul_scalar(self.cfg.value_coef)?)?;
+        let den = AggDenominators::of(&mask, p.loss_scale_factor);
+        let pg = agg_loss(&token_loss, &mask, agg, &den);
+        let mut loss = pg.shallow_clone();
+        let entropy = token_entropy(&logits);
+        if p.entropy_coef > 0.0 {
+            loss =
+                loss.f_sub(&agg_loss(&entropy, &mask, agg, &den).f_mul_scalar(p.entropy_coef)?)?;
+        }
+        out.entropy = masked_mean_value(&entropy, &mask);
+        if let Some(r) = &ref_logp {
+            out.kl_ref =
+                masked_mean_value(&masked_kl(&logp.detach(), r, &mask, KlEstimator::K3), &mask);
+            if let Some(k) = p.kl_loss {
+                let kl = agg_loss(&masked_kl(&logp, r, &mask, k.estimator), &mask, agg, &den);
+                out.kl_loss = kl.f_double_value(&[])?;
+                loss = loss.f_add(&kl.f_mul_scalar(k.coef)?)?;
+            }
+        }
+        if let (Some((old_v, returns, c)), Some(values)) = (&critic, values) {
+            if c.steps_per_actor_step == 0 {
+                let v = align_values(&values)?;
+                let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &den);
+                out.value_loss = vl.f_double_value(&[])?;
+                out.explained_var = explained_variance(&v, returns, &mask);
+                loss = loss.f_add(&vl.f_mul_scalar(c.value_coef)?)?;
+            }
         }
         let loss_value = loss.f_double_value(&[])?;
         if !loss_value.is_finite() {
-            return Err(LearnerError::NonFinite { what: "loss".into() });
+            return Err(LearnerError::NonFinite {
+                what: "loss".into(),
+            });
         }
-        let grad_norm = self.backward_and_step(&loss)?;
+        out.grad_norm = self.backward_and_step(&loss)?;
+        out.loss = loss_value;
+        out.pg_loss = pg.f_double_value(&[])?;
+        out.actor_steps = 1.0;
         self.step += 1;
-        Ok(StepMetrics {
-            loss: loss_value,
-            pg_loss: pg.loss.f_double_value(&[])?,
-            value_loss: vf,
-            clip_frac: pg.clip_frac,
-            approx_kl: pg.approx_kl,
-            entropy,
-            grad_norm,
-            ..StepMetrics::default()
-        })
+        Ok(out)
     }
 
     /// Backward, clip, and step unless the gradient norm is non-finite (LR-2).
@@ -315,7 +557,9 @@ impl Learner {
         let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
         if !grad_norm.is_finite() {
             self.opt.zero_grad();
-            return Err(LearnerError::NonFinite { what: "gradient norm".into() });
+            return Err(LearnerError::NonFinite {
+                what: "gradient norm".into(),
+            });
         }
         self.opt.step();
         Ok(grad_norm)
@@ -326,7 +570,10 @@ impl Learner {
     pub fn sft_step(&mut self, batch: &TrainBatch, lr: f64) -> Result<StepMetrics, LearnerError> {
         let start = Instant::now();
         if !(lr > 0.0 && lr <= 1.0) {
-            return Err(LearnerError::config("sft.lr", format!("must be in (0, 1], got {lr}")));
+            return Err(LearnerError::config(
+                "sft.lr",
+                format!("must be in (0, 1], got {lr}"),
+            ));
         }
         self.check_batch(batch)?;
         let dev = self.model.device();
@@ -338,7 +585,9 @@ impl Learner {
         let loss = masked_mean(&token_logprobs(&logits, &tokens), &mask).f_neg()?;
         let loss_value = loss.f_double_value(&[])?;
         if !loss_value.is_finite() {
-            return Err(LearnerError::NonFinite { what: "loss".into() });
+            return Err(LearnerError::NonFinite {
+                what: "loss".into(),
+            });
         }
         let entropy = tch::no_grad(|| masked_mean_value(&token_entropy(&logits.detach()), &mask));
         let grad_norm = self.backward_and_step(&loss)?;
@@ -361,7 +610,7 @@ impl Learner {
     }
 
     /// Everything `restore` needs (LR-4): `model.safetensors`, `optimizer.safetensors`,
-    /// `learner.json`.
+    /// `learner.json`, and `reference.safetensors` once a reference policy exists.
     pub fn state_files(&self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
         let state = LearnerState {
             format: STATE_FORMAT.to_string(),
@@ -371,12 +620,27 @@ impl Learner {
             seed: self.seed,
             config: self.cfg.clone(),
             model: self.model.config().clone(),
+            kl_controller: self.kl_ctl,
+            kl_beta_bits: self.kl_ctl.map(|c| c.beta().to_bits()),
         };
-        Ok(vec![
-            ("model.safetensors".to_string(), self.model.to_safetensors()?),
-            ("optimizer.safetensors".to_string(), self.opt.to_safetensors()?),
-            ("learner.json".to_string(), serde_json::to_vec_pretty(&state)?),
-        ])
+        let mut files = vec![
+            (
+                "model.safetensors".to_string(),
+                self.model.to_safetensors()?,
+            ),
+            (
+                "optimizer.safetensors".to_string(),
+                self.opt.to_safetensors()?,
+            ),
+            (
+                "learner.json".to_string(),
+                serde_json::to_vec_pretty(&state)?,
+            ),
+        ];
+        if let Some(r) = &self.reference {
+            files.push((REFERENCE_FILE.to_string(), r.to_safetensors()?));
+        }
+        Ok(files)
     }
 
     /// Restores weights, optimizer state and counters from `state_files` output (LR-4, LR-5).
@@ -399,12 +663,31 @@ impl Learner {
         if &state.model != self.model.config() {
             return Err(LearnerError::mismatch(
                 "learner.json",
-                format!("checkpoint model config {:?} differs from the running {:?}", state.model, self.model.config()),
+                format!(
+                    "checkpoint model config {:?} differs from the running {:?}",
+                    state.model,
+                    self.model.config()
+                ),
             ));
         }
         let weights = self.model.decode_weights(get("model.safetensors")?)?;
         let (moments, opt_steps) = self.opt.decode_state(get("optimizer.safetensors")?)?;
+        let reference = match files.iter().find(|(n, _)| n == REFERENCE_FILE) {
+            Some((_, bytes)) => {
+                let mut r = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
+                r.load_safetensors(bytes)?;
+                Some(r)
+            }
+            None => None,
+        };
         self.model.commit_weights(&weights)?;
+        self.reference = reference;
+        if let (Some(mut ctl), true) = (state.kl_controller, self.kl_ctl.is_some()) {
+            if let Some(bits) = state.kl_beta_bits {
+                ctl.set_beta(f64::from_bits(bits));
+            }
+            self.kl_ctl = Some(ctl);
+        }
         self.opt.commit_state(&moments, opt_steps)?;
         self.step = state.step;
         self.sft_steps = state.sft_steps;

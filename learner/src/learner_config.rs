@@ -1,108 +1,368 @@
-//! The learner's configuration: which objective, and its hyper-parameters with their ranges.
+//! The learner's configuration: which algorithm (a preset name), the optimisation settings, and
+//! optional overrides of the preset's hyper-parameters.
+//!
+//! `algo` names a [`Preset`]; the preset supplies the spec's defaults ([`Preset::config`]) and
+//! each override key that is set replaces one field ([`LearnerConfig::resolve`]). The keys of the
+//! walking skeleton (`clip_low`, `clip_high`, `gamma`, `lam`, `value_coef`, `value_clip`,
+//! `entropy_coef`, `grpo_normalize_std`) keep their names and meaning as overrides.
 //!
 //! Invariants:
-//! - LC-1: `validate` accepts exactly the documented ranges; a rejection names the key as
-//!   `learner.<field>` and shows the offending value ("learner.lr must be in (0, 1], got 5").
-//! - LC-2: defaults are verl's where verl has one (§1.1, §1.3): clip 0.2/0.2, γ = λ = 1,
-//!   value clip 0.5, entropy coefficient 0, one epoch.
+//! - LC-1: `validate` accepts exactly the documented ranges, checked on the *resolved*
+//!   hyper-parameters; a rejection names the key as `learner.<field>` and shows the offending
+//!   value ("learner.lr must be in (0, 1], got 5").
+//! - LC-2: an unset override means the preset's default; the defaults of the optimisation keys
+//!   are the quickstart's (`grpo`, lr 1e-3, 2 mini-batches).
+//! - LC-3: every key may be omitted in TOML (`serde(default)`), unknown keys are rejected.
 
+use crate::algo::aggregation::AggMode;
+use crate::algo::kl::{KlController, KlEstimator};
+use crate::algo::presets::{KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase};
 use crate::error::LearnerError;
 
-/// The RL objective.
-#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Algo {
-    /// PPO with a value head: GAE advantages, clipped value loss.
-    Ppo,
-    /// GRPO: group-normalised outcome advantages, no critic.
-    Grpo,
-}
+/// The walking skeleton's name for the objective; now the preset registry.
+pub type Algo = Preset;
 
 /// Hyper-parameters of `Learner::train_step`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
 pub struct LearnerConfig {
-    /// The objective. Range: `ppo` needs `model.value_head = true`.
-    pub algo: Algo,
+    /// The algorithm preset (`keel algo list`).
+    pub algo: Preset,
     /// AdamW learning rate, in (0, 1].
     pub lr: f64,
     /// AdamW decoupled weight decay, in [0, 1] (matrices and embeddings only).
     pub weight_decay: f64,
     /// Global gradient-norm clip, > 0.
     pub max_grad_norm: f64,
-    /// PPO ratio clip below 1, in (0, 1).
-    pub clip_low: f64,
-    /// PPO ratio clip above 1, in (0, 1) (0.28 = DAPO clip-higher).
-    pub clip_high: f64,
-    /// GAE discount, in [0, 1] (PPO only).
-    pub gamma: f64,
-    /// GAE λ, in [0, 1] (PPO only).
-    pub lam: f64,
-    /// Weight of the value loss, ≥ 0 (PPO only).
-    pub value_coef: f64,
-    /// Value clip range around the old values, > 0 (PPO only).
-    pub value_clip: f64,
-    /// Weight of the entropy bonus, ≥ 0.
-    pub entropy_coef: f64,
     /// Passes over each batch, ≥ 1.
     pub epochs: usize,
     /// Optimizer steps per pass (trajectories split evenly), ≥ 1.
     pub minibatches: usize,
-    /// GRPO: divide by the group's std (GRPO) or not (Dr. GRPO).
-    pub grpo_normalize_std: bool,
+    /// Override: ratio clip below 1 (`ε_low`; SAO: the DIS band's lower width), in (0, 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_low: Option<f64>,
+    /// Override: ratio clip above 1 (`ε_high`; 0.28 = DAPO clip-higher), in (0, 10].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_high: Option<f64>,
+    /// Override: dual-clip constant c > 1, or 0 to turn dual-clip off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dual_clip: Option<f64>,
+    /// Override: loss aggregation (`token-mean`, `seq-mean-token-mean`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_agg: Option<AggMode>,
+    /// Override: `H` of seq-mean-token-sum-norm, > 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale_factor: Option<f64>,
+    /// Override: ratio denominator (`behaviour` or `recompute`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_base: Option<RatioBase>,
+    /// Override: ARLArena sequence-mask δ, > 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq_mask_delta: Option<f64>,
+    /// Override: GAE discount, in [0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<f64>,
+    /// Override: GAE λ, in [0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lam: Option<f64>,
+    /// Override: whiten advantages over the batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whiten: Option<bool>,
+    /// Override: GRPO-family std normalisation (false = Dr. GRPO).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpo_normalize_std: Option<bool>,
+    /// Override: weight of the joint value loss, ≥ 0 (critic presets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_coef: Option<f64>,
+    /// Override: value clip range, > 0, or 0 for the unclipped loss (critic presets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_clip: Option<f64>,
+    /// Override: value-only optimizer steps per mini-batch (critic presets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critic_steps: Option<usize>,
+    /// Override: critic-only warm-up updates (critic presets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critic_warmup: Option<u64>,
+    /// Override: entropy bonus coefficient, ≥ 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entropy_coef: Option<f64>,
+    /// Override: KL-to-reference loss coefficient, ≥ 0 (0 turns the KL loss off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_coef: Option<f64>,
+    /// Override: KL estimator of the KL loss and KL in reward (`k1`, `k3`, `low_var_kl+`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_estimator: Option<KlEstimator>,
+    /// Override: KL-in-reward β, ≥ 0 (fixed controller; 0 = off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_reward_coef: Option<f64>,
+    /// Override: KL-in-reward target; with it the controller is adaptive (horizon 10000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kl_reward_target: Option<f64>,
+    /// Override: penalty per invalid action, ≥ 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid_action_penalty: Option<f64>,
 }
 
 impl Default for LearnerConfig {
     fn default() -> Self {
         LearnerConfig {
-            algo: Algo::Grpo,
-            lr: 1e-4,
+            algo: Preset::Grpo,
+            lr: 1e-3,
             weight_decay: 0.0,
             max_grad_norm: 1.0,
-            clip_low: 0.2,
-            clip_high: 0.2,
-            gamma: 1.0,
-            lam: 1.0,
-            value_coef: 0.5,
-            value_clip: 0.5,
-            entropy_coef: 0.0,
             epochs: 1,
-            minibatches: 1,
-            grpo_normalize_std: true,
+            minibatches: 2,
+            clip_low: None,
+            clip_high: None,
+            dual_clip: None,
+            loss_agg: None,
+            loss_scale_factor: None,
+            ratio_base: None,
+            seq_mask_delta: None,
+            gamma: None,
+            lam: None,
+            whiten: None,
+            grpo_normalize_std: None,
+            value_coef: None,
+            value_clip: None,
+            critic_steps: None,
+            critic_warmup: None,
+            entropy_coef: None,
+            kl_coef: None,
+            kl_estimator: None,
+            kl_reward_coef: None,
+            kl_reward_target: None,
+            invalid_action_penalty: None,
         }
     }
 }
 
 /// An interval check: `lo_open`/`hi_open` say whether each end is excluded.
-fn in_range(key: &str, v: f64, lo: f64, lo_open: bool, hi: f64, hi_open: bool) -> Result<(), LearnerError> {
+fn in_range(
+    key: &str,
+    v: f64,
+    lo: f64,
+    lo_open: bool,
+    hi: f64,
+    hi_open: bool,
+) -> Result<(), LearnerError> {
     let above = if lo_open { v > lo } else { v >= lo };
     let below = if hi_open { v < hi } else { v <= hi };
     if above && below {
         return Ok(());
     }
-    let (l, r) = (if lo_open { "(" } else { "[" }, if hi_open { ")" } else { "]" });
-    let hi_text = if hi.is_infinite() { "inf".to_string() } else { hi.to_string() };
-    Err(LearnerError::config(key, format!("must be in {l}{lo}, {hi_text}{r}, got {v}")))
+    let (l, r) = (
+        if lo_open { "(" } else { "[" },
+        if hi_open { ")" } else { "]" },
+    );
+    let hi_text = if hi.is_infinite() {
+        "inf".to_string()
+    } else {
+        hi.to_string()
+    };
+    Err(LearnerError::config(
+        key,
+        format!("must be in {l}{lo}, {hi_text}{r}, got {v}"),
+    ))
 }
 
 impl LearnerConfig {
-    /// Checks every field against its documented range (LC-1).
+    /// A config for `algo` with every other key at its default.
+    pub fn for_preset(algo: Preset) -> Self {
+        LearnerConfig {
+            algo,
+            ..LearnerConfig::default()
+        }
+    }
+
+    /// The preset's components and hyper-parameters with the overrides applied (LC-2).
+    pub fn resolve(&self) -> PresetConfig {
+        let mut p = self.algo.config();
+        if let Some(v) = self.clip_low {
+            p.clip.low = v;
+        }
+        if let Some(v) = self.clip_high {
+            p.clip.high = v;
+        }
+        if let Some(c) = self.dual_clip {
+            p.clip.dual = if c == 0.0 { None } else { Some(c) };
+        }
+        if let Some(v) = self.loss_agg {
+            p.agg = v;
+        }
+        if let Some(v) = self.loss_scale_factor {
+            p.loss_scale_factor = Some(v);
+        }
+        if let Some(v) = self.ratio_base {
+            p.ratio_base = v;
+        }
+        if let Some(v) = self.seq_mask_delta {
+            p.seq_mask_delta = Some(v);
+        }
+        if let Some(v) = self.gamma {
+            p.gamma = v;
+        }
+        if let Some(v) = self.lam {
+            p.lam = v;
+        }
+        if let Some(v) = self.whiten {
+            p.whiten = v;
+        }
+        if let Some(v) = self.grpo_normalize_std {
+            p.normalize_std = v;
+        }
+        if let Some(c) = p.critic.as_mut() {
+            if let Some(v) = self.value_coef {
+                c.value_coef = v;
+            }
+            if let Some(v) = self.value_clip {
+                c.value_clip = if v == 0.0 { None } else { Some(v) };
+            }
+            if let Some(v) = self.critic_steps {
+                c.steps_per_actor_step = v;
+                if v > 0 && c.trainable.is_empty() {
+                    c.trainable = vec!["value_head".into()];
+                }
+            }
+            if let Some(v) = self.critic_warmup {
+                c.warmup_updates = v;
+            }
+        }
+        if let Some(v) = self.entropy_coef {
+            p.entropy_coef = v;
+        }
+        let estimator = self.kl_estimator;
+        match self.kl_coef {
+            Some(0.0) => p.kl_loss = None,
+            Some(coef) => {
+                p.kl_loss = Some(KlLoss {
+                    estimator: estimator.unwrap_or(KlEstimator::K3),
+                    coef,
+                });
+            }
+            None => {
+                if let (Some(k), Some(e)) = (p.kl_loss.as_mut(), estimator) {
+                    k.estimator = e;
+                }
+            }
+        }
+        match (self.kl_reward_coef, self.kl_reward_target) {
+            (Some(0.0), _) => p.kl_reward = None,
+            (Some(beta), target) => {
+                let controller = match target {
+                    Some(target) => KlController::Adaptive {
+                        beta,
+                        target,
+                        horizon: 10000.0,
+                    },
+                    None => KlController::Fixed { beta },
+                };
+                p.kl_reward = Some(KlReward {
+                    estimator: estimator.unwrap_or(KlEstimator::K1),
+                    controller,
+                });
+            }
+            (None, _) => {}
+        }
+        if let Some(v) = self.invalid_action_penalty {
+            p.invalid_action_penalty = v;
+        }
+        p
+    }
+
+    /// Checks every field against its documented range, on the resolved values (LC-1).
     pub fn validate(&self) -> Result<(), LearnerError> {
         let inf = f64::INFINITY;
         in_range("learner.lr", self.lr, 0.0, true, 1.0, false)?;
-        in_range("learner.weight_decay", self.weight_decay, 0.0, false, 1.0, false)?;
-        in_range("learner.max_grad_norm", self.max_grad_norm, 0.0, true, inf, true)?;
-        in_range("learner.clip_low", self.clip_low, 0.0, true, 1.0, true)?;
-        in_range("learner.clip_high", self.clip_high, 0.0, true, 1.0, true)?;
-        in_range("learner.gamma", self.gamma, 0.0, false, 1.0, false)?;
-        in_range("learner.lam", self.lam, 0.0, false, 1.0, false)?;
-        in_range("learner.value_coef", self.value_coef, 0.0, false, inf, true)?;
-        in_range("learner.value_clip", self.value_clip, 0.0, true, inf, true)?;
-        in_range("learner.entropy_coef", self.entropy_coef, 0.0, false, inf, true)?;
+        in_range(
+            "learner.weight_decay",
+            self.weight_decay,
+            0.0,
+            false,
+            1.0,
+            false,
+        )?;
+        in_range(
+            "learner.max_grad_norm",
+            self.max_grad_norm,
+            0.0,
+            true,
+            inf,
+            true,
+        )?;
         if self.epochs == 0 {
-            return Err(LearnerError::config("learner.epochs", "must be >= 1, got 0"));
+            return Err(LearnerError::config(
+                "learner.epochs",
+                "must be >= 1, got 0",
+            ));
         }
         if self.minibatches == 0 {
-            return Err(LearnerError::config("learner.minibatches", "must be >= 1, got 0"));
+            return Err(LearnerError::config(
+                "learner.minibatches",
+                "must be >= 1, got 0",
+            ));
+        }
+        let p = self.resolve();
+        in_range("learner.clip_low", p.clip.low, 0.0, true, 1.0, true)?;
+        in_range("learner.clip_high", p.clip.high, 0.0, true, 10.0, false)?;
+        if let Some(c) = p.clip.dual {
+            in_range("learner.dual_clip", c, 1.0, true, inf, true)?;
+        }
+        if let Some(h) = p.loss_scale_factor {
+            in_range("learner.loss_scale_factor", h, 0.0, true, inf, true)?;
+        }
+        if let Some(d) = p.seq_mask_delta {
+            in_range("learner.seq_mask_delta", d, 0.0, true, inf, true)?;
+        }
+        in_range("learner.gamma", p.gamma, 0.0, false, 1.0, false)?;
+        in_range("learner.lam", p.lam, 0.0, false, 1.0, false)?;
+        in_range(
+            "learner.entropy_coef",
+            p.entropy_coef,
+            0.0,
+            false,
+            inf,
+            true,
+        )?;
+        in_range(
+            "learner.invalid_action_penalty",
+            p.invalid_action_penalty,
+            0.0,
+            false,
+            inf,
+            true,
+        )?;
+        if let Some(k) = p.kl_loss {
+            in_range("learner.kl_coef", k.coef, 0.0, false, inf, true)?;
+        }
+        if let Some(k) = p.kl_reward {
+            in_range(
+                "learner.kl_reward_coef",
+                k.controller.beta(),
+                0.0,
+                false,
+                inf,
+                true,
+            )?;
+            if let KlController::Adaptive { target, .. } = k.controller {
+                in_range("learner.kl_reward_target", target, 0.0, true, inf, true)?;
+            }
+        }
+        if let Some(c) = &p.critic {
+            in_range("learner.value_coef", c.value_coef, 0.0, false, inf, true)?;
+            if let Some(v) = c.value_clip {
+                in_range("learner.value_clip", v, 0.0, true, inf, true)?;
+            }
+        }
+        if let PolicyLossKind::Armor { mix_ratio } = p.policy_loss {
+            in_range(
+                "learner.algo (armor mix ratio)",
+                mix_ratio,
+                0.0,
+                true,
+                1.0,
+                false,
+            )?;
         }
         Ok(())
     }
@@ -114,20 +374,108 @@ mod tests {
 
     #[test]
     fn lc1_default_is_valid_and_messages_name_the_key() {
-        LearnerConfig::default().validate().expect("defaults are valid");
-        let c = LearnerConfig { lr: 5.0, ..LearnerConfig::default() };
-        assert_eq!(c.validate().expect_err("lr").to_string(), "learner.lr must be in (0, 1], got 5");
-        let c = LearnerConfig { clip_high: 1.0, ..LearnerConfig::default() };
-        assert_eq!(c.validate().expect_err("clip").to_string(), "learner.clip_high must be in (0, 1), got 1");
-        let c = LearnerConfig { max_grad_norm: f64::NAN, ..LearnerConfig::default() };
-        assert_eq!(c.validate().expect_err("nan").to_string(), "learner.max_grad_norm must be in (0, inf), got NaN");
-        let c = LearnerConfig { epochs: 0, ..LearnerConfig::default() };
-        assert_eq!(c.validate().expect_err("epochs").to_string(), "learner.epochs must be >= 1, got 0");
+        LearnerConfig::default()
+            .validate()
+            .expect("defaults are valid");
+        for p in Preset::ALL {
+            LearnerConfig::for_preset(p)
+                .validate()
+                .expect("every preset is valid");
+        }
+        let c = LearnerConfig {
+            lr: 5.0,
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("lr").to_string(),
+            "learner.lr must be in (0, 1], got 5"
+        );
+        let c = LearnerConfig {
+            clip_low: Some(1.0),
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("clip").to_string(),
+            "learner.clip_low must be in (0, 1), got 1"
+        );
+        let c = LearnerConfig {
+            max_grad_norm: f64::NAN,
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("nan").to_string(),
+            "learner.max_grad_norm must be in (0, inf), got NaN"
+        );
+        let c = LearnerConfig {
+            epochs: 0,
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("epochs").to_string(),
+            "learner.epochs must be >= 1, got 0"
+        );
+        let c = LearnerConfig {
+            dual_clip: Some(0.5),
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            c.validate().expect_err("dual").to_string(),
+            "learner.dual_clip must be in (1, inf), got 0.5"
+        );
     }
 
     #[test]
-    fn algo_serialises_snake_case() {
-        assert_eq!(serde_json::to_string(&Algo::Grpo).expect("json"), "\"grpo\"");
-        assert_eq!(serde_json::from_str::<Algo>("\"ppo\"").expect("json"), Algo::Ppo);
+    fn lc2_overrides_replace_single_fields() {
+        let c = LearnerConfig {
+            clip_high: Some(0.28),
+            dual_clip: Some(0.0),
+            kl_coef: Some(0.001),
+            ..LearnerConfig::for_preset(Preset::Grpo)
+        };
+        let p = c.resolve();
+        assert_eq!((p.clip.low, p.clip.high, p.clip.dual), (0.2, 0.28, None));
+        assert_eq!(
+            p.kl_loss,
+            Some(KlLoss {
+                estimator: KlEstimator::K3,
+                coef: 0.001
+            })
+        );
+        assert!(p.needs_reference());
+        let off = LearnerConfig {
+            kl_coef: Some(0.0),
+            ..LearnerConfig::for_preset(Preset::Sampo)
+        }
+        .resolve();
+        assert_eq!(off.kl_loss, None);
+        let adaptive = LearnerConfig {
+            kl_reward_coef: Some(0.1),
+            kl_reward_target: Some(6.0),
+            ..LearnerConfig::for_preset(Preset::Ppo)
+        }
+        .resolve();
+        assert!(matches!(
+            adaptive.kl_reward.map(|k| k.controller),
+            Some(KlController::Adaptive { .. })
+        ));
+        assert_eq!(LearnerConfig::default().resolve(), Preset::Grpo.config());
+    }
+
+    #[test]
+    fn lc3_toml_keys_are_optional_and_snake_case() {
+        let c: LearnerConfig =
+            serde_json::from_str(r#"{"algo": "so_grpo", "clip_high": 0.3}"#).expect("json");
+        assert_eq!(
+            (c.algo, c.clip_high, c.lr),
+            (Preset::SoGrpo, Some(0.3), 1e-3)
+        );
+        assert!(serde_json::from_str::<LearnerConfig>(r#"{"algo": "grpo", "nope": 1}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&Algo::DrMas).expect("json"),
+            "\"dr_mas\""
+        );
+        assert!(!serde_json::to_string(&LearnerConfig::default())
+            .expect("json")
+            .contains("clip_low"));
     }
 }

@@ -9,11 +9,23 @@ use crate::logprobs::token_logprobs;
 use crate::model::{ModelConfig, PolicyModel};
 
 fn tiny(value_head: bool) -> ModelConfig {
-    ModelConfig { vocab_size: 12, context_len: 16, n_layer: 2, d_model: 32, n_head: 4, value_head }
+    ModelConfig {
+        vocab_size: 12,
+        context_len: 16,
+        n_layer: 2,
+        d_model: 32,
+        n_head: 4,
+        value_head,
+    }
 }
 
 fn cfg(algo: Algo) -> LearnerConfig {
-    LearnerConfig { algo, lr: 3e-3, ..LearnerConfig::default() }
+    LearnerConfig {
+        algo,
+        lr: 3e-3,
+        minibatches: 1,
+        ..LearnerConfig::default()
+    }
 }
 
 /// On-policy behaviour log-probs of `model` for each row.
@@ -28,28 +40,46 @@ fn behaviour(model: &PolicyModel, tokens: &[u32]) -> Vec<f32> {
 /// reward 0; group 8 is constant. Prompt `1 2`, then the response, then an observation 9 and
 /// one more model token.
 fn rl_batch(model: &PolicyModel) -> TrainBatch {
-    let specs: [(&[u32], f32, u64); 4] =
-        [(&[1, 2, 3, 4, 9, 10], 1.0, 7), (&[1, 2, 5, 6, 9, 11], 0.0, 7), (&[1, 8, 3, 5], 0.5, 8), (&[1, 8, 6], 0.5, 8)];
+    let specs: [(&[u32], f32, u64); 4] = [
+        (&[1, 2, 3, 4, 9, 10], 1.0, 7),
+        (&[1, 2, 5, 6, 9, 11], 0.0, 7),
+        (&[1, 8, 3, 5], 0.5, 8),
+        (&[1, 8, 6], 0.5, 8),
+    ];
     let rows = specs
         .iter()
         .map(|(tokens, reward, group)| {
-            let mask: Vec<u8> = (0..tokens.len()).map(|t| u8::from(t >= 2 && tokens[t] != 9)).collect();
+            let mask: Vec<u8> = (0..tokens.len())
+                .map(|t| u8::from(t >= 2 && tokens[t] != 9))
+                .collect();
             let lp = behaviour(model, tokens);
-            let logp = lp.iter().zip(&mask).map(|(&l, &m)| if m == 1 { l } else { 0.0 }).collect();
-            Row { tokens: tokens.to_vec(), mask, logp, reward: *reward, group: *group }
+            let logp = lp
+                .iter()
+                .zip(&mask)
+                .map(|(&l, &m)| if m == 1 { l } else { 0.0 })
+                .collect();
+            Row::new(tokens.to_vec(), mask, logp, *reward, *group)
         })
         .collect();
     TrainBatch::from_rows(rows, Device::Cpu).expect("batch")
 }
 
 fn sequence_logp(model: &PolicyModel, tokens: &[u32], from: usize) -> f64 {
-    behaviour(model, tokens)[from..].iter().map(|&x| f64::from(x)).sum()
+    behaviour(model, tokens)[from..]
+        .iter()
+        .map(|&x| f64::from(x))
+        .sum()
 }
 
 #[test]
 fn ppo_requires_a_value_head() {
-    let Err(e) = Learner::new(&tiny(false), cfg(Algo::Ppo), Device::Cpu, 0) else { panic!("PPO without a value head") };
-    assert!(e.to_string().starts_with("model.value_head must be true"), "{e}");
+    let Err(e) = Learner::new(&tiny(false), cfg(Algo::Ppo), Device::Cpu, 0) else {
+        panic!("PPO without a value head")
+    };
+    assert!(
+        e.to_string().starts_with("model.value_head must be true"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -59,15 +89,24 @@ fn lr1_grpo_raises_the_rewarded_trajectory() {
     let batch = rl_batch(l.model());
     let good: &[u32] = &[1, 2, 3, 4];
     let bad: &[u32] = &[1, 2, 5, 6];
-    let (g0, b0) = (sequence_logp(l.model(), good, 2), sequence_logp(l.model(), bad, 2));
+    let (g0, b0) = (
+        sequence_logp(l.model(), good, 2),
+        sequence_logp(l.model(), bad, 2),
+    );
     let first = l.train_step(&batch).expect("step");
-    assert_eq!(first.clip_frac, 0.0, "on-policy behaviour log-probs give ratio 1 (LR-1)");
+    assert_eq!(
+        first.clip_frac, 0.0,
+        "on-policy behaviour log-probs give ratio 1 (LR-1)"
+    );
     assert!(first.approx_kl.abs() < 1e-6, "kl {}", first.approx_kl);
     for _ in 0..4 {
         let m = l.train_step(&batch).expect("step");
         assert!(m.loss.is_finite() && m.grad_norm.is_finite());
     }
-    let (g1, b1) = (sequence_logp(l.model(), good, 2), sequence_logp(l.model(), bad, 2));
+    let (g1, b1) = (
+        sequence_logp(l.model(), good, 2),
+        sequence_logp(l.model(), bad, 2),
+    );
     assert!(g1 > g0 + 1e-3, "good trajectory log-prob {g0} → {g1}");
     assert!(b1 < b0 - 1e-3, "bad trajectory log-prob {b0} → {b1}");
     assert_eq!(l.step(), 5);
@@ -78,7 +117,14 @@ fn lr1_grpo_raises_the_rewarded_trajectory() {
 #[test]
 fn ppo_step_trains_policy_and_critic() {
     tch::set_num_threads(1);
-    let c = LearnerConfig { epochs: 2, minibatches: 2, entropy_coef: 0.01, gamma: 1.0, lam: 0.95, ..cfg(Algo::Ppo) };
+    let c = LearnerConfig {
+        epochs: 2,
+        minibatches: 2,
+        entropy_coef: Some(0.01),
+        gamma: Some(1.0),
+        lam: Some(0.95),
+        ..cfg(Algo::Ppo)
+    };
     let mut l = Learner::new(&tiny(true), c, Device::Cpu, 4).expect("learner");
     let batch = rl_batch(l.model());
     let first = l.train_step(&batch).expect("step");
@@ -88,8 +134,17 @@ fn ppo_step_trains_policy_and_critic() {
         last = l.train_step(&batch).expect("step");
         assert!(last.loss.is_finite());
     }
-    assert!(last.value_loss < first.value_loss, "value loss {} → {}", first.value_loss, last.value_loss);
-    assert_eq!(l.step(), 11 * 4, "epochs × minibatches optimizer steps per call (LR-3)");
+    assert!(
+        last.value_loss < first.value_loss,
+        "value loss {} → {}",
+        first.value_loss,
+        last.value_loss
+    );
+    assert_eq!(
+        l.step(),
+        11 * 4,
+        "epochs × minibatches optimizer steps per call (LR-3)"
+    );
 }
 
 #[test]
@@ -101,7 +156,11 @@ fn lr2_non_finite_loss_skips_the_step() {
     let before = l.weights_safetensors().expect("weights");
     let e = l.train_step(&batch).expect_err("NaN reward");
     assert!(matches!(e, crate::LearnerError::NonFinite { .. }), "{e}");
-    assert_eq!(before, l.weights_safetensors().expect("weights"), "weights untouched (LR-2)");
+    assert_eq!(
+        before,
+        l.weights_safetensors().expect("weights"),
+        "weights untouched (LR-2)"
+    );
     assert_eq!(l.step(), 0);
 }
 
@@ -109,30 +168,47 @@ fn lr2_non_finite_loss_skips_the_step() {
 fn sft_decreases_loss() {
     tch::set_num_threads(1);
     let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 6).expect("learner");
-    let seqs = vec![(vec![1, 2, 3, 4, 5], vec![0, 0, 1, 1, 1]), (vec![1, 7, 8], vec![0, 1, 1])];
+    let seqs = vec![
+        (vec![1, 2, 3, 4, 5], vec![0, 0, 1, 1, 1]),
+        (vec![1, 7, 8], vec![0, 1, 1]),
+    ];
     let batch = TrainBatch::from_sequences(&seqs, Device::Cpu).expect("batch");
     let first = l.sft_step(&batch, 1e-2).expect("sft");
     let mut last = first.clone();
     for _ in 0..20 {
         last = l.sft_step(&batch, 1e-2).expect("sft");
     }
-    assert!(last.loss < 0.5 * first.loss, "sft loss {} → {}", first.loss, last.loss);
+    assert!(
+        last.loss < 0.5 * first.loss,
+        "sft loss {} → {}",
+        first.loss,
+        last.loss
+    );
     assert_eq!((l.step(), l.sft_steps()), (0, 21));
 }
 
 #[test]
 fn lr4_restore_continues_bit_identically() {
     tch::set_num_threads(1);
-    let c = LearnerConfig { epochs: 2, minibatches: 3, weight_decay: 0.01, ..cfg(Algo::Ppo) };
+    let c = LearnerConfig {
+        epochs: 2,
+        minibatches: 3,
+        weight_decay: 0.01,
+        ..cfg(Algo::Ppo)
+    };
     let mut a = Learner::new(&tiny(true), c.clone(), Device::Cpu, 11).expect("a");
     let batch = rl_batch(a.model());
-    let sft = TrainBatch::from_sequences(&[(vec![1, 2, 3], vec![0, 1, 1])], Device::Cpu).expect("sft");
+    let sft =
+        TrainBatch::from_sequences(&[(vec![1, 2, 3], vec![0, 1, 1])], Device::Cpu).expect("sft");
     a.train_step(&batch).expect("a1");
     a.sft_step(&sft, 1e-3).expect("a sft");
     a.train_step(&batch).expect("a2");
     let files = a.state_files().expect("state");
     let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["model.safetensors", "optimizer.safetensors", "learner.json"]);
+    assert_eq!(
+        names,
+        ["model.safetensors", "optimizer.safetensors", "learner.json"]
+    );
 
     let mut b = Learner::new(&tiny(true), c, Device::Cpu, 999).expect("b");
     b.restore(&files).expect("restore");
@@ -142,8 +218,16 @@ fn lr4_restore_continues_bit_identically() {
         l.sft_step(&sft, 1e-3).expect("sft");
         l.train_step(&batch).expect("4");
     }
-    assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"), "weights differ");
-    for ((name, x), (_, y)) in a.state_files().expect("a").iter().zip(&b.state_files().expect("b")) {
+    assert!(
+        a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"),
+        "weights differ"
+    );
+    for ((name, x), (_, y)) in a
+        .state_files()
+        .expect("a")
+        .iter()
+        .zip(&b.state_files().expect("b"))
+    {
         assert!(x == y, "{name} differs after restore");
     }
 }
@@ -152,10 +236,15 @@ fn lr4_restore_continues_bit_identically() {
 fn lr5_restore_rejects_other_models_and_changes_nothing() {
     tch::set_num_threads(1);
     let a = Learner::new(&tiny(true), cfg(Algo::Grpo), Device::Cpu, 1).expect("a");
-    let other = ModelConfig { d_model: 16, ..tiny(true) };
+    let other = ModelConfig {
+        d_model: 16,
+        ..tiny(true)
+    };
     let mut b = Learner::new(&other, cfg(Algo::Grpo), Device::Cpu, 2).expect("b");
     let before = b.weights_safetensors().expect("w");
-    let e = b.restore(&a.state_files().expect("files")).expect_err("model mismatch");
+    let e = b
+        .restore(&a.state_files().expect("files"))
+        .expect_err("model mismatch");
     assert!(e.to_string().contains("learner.json"), "{e}");
     let mut files = a.state_files().expect("files");
     files.retain(|(n, _)| n != "optimizer.safetensors");
@@ -174,7 +263,15 @@ fn ls2_no_gradient_reaches_logits_predicting_mask0_tokens() {
     let logits = logits.detach().set_requires_grad(true);
     let logp = token_logprobs(&logits, &batch.tokens);
     let adv = Tensor::ones_like(&logp);
-    crate::losses::ppo_clip_loss(&logp, &batch.behaviour_logp, &adv, &batch.loss_mask, 0.2, 0.2).loss.backward();
+    let clip = crate::algo::ppo::ClipBounds {
+        low: 0.2,
+        high: 0.2,
+        dual: Some(3.0),
+    };
+    let loss =
+        crate::algo::ppo::vanilla_ppo(&logp, &batch.behaviour_logp, &adv, &batch.loss_mask, clip)
+            .loss;
+    crate::algo::aggregation::masked_mean(&loss, &batch.loss_mask).backward();
     // logits[b, t-1] predicts token t: its gradient is zero exactly where mask[b, t] = 0.
     let g = logits.grad().abs().sum_dim_intlist(-1, false, Kind::Float);
     let mask = Vec::<Vec<f32>>::try_from(&batch.loss_mask).expect("mask");
@@ -183,6 +280,195 @@ fn ls2_no_gradient_reaches_logits_predicting_mask0_tokens() {
         for t in 1..row.len() {
             assert_eq!(g[b][t - 1] == 0.0, row[t] == 0.0, "row {b} position {t}");
         }
-        assert_eq!(g[b][row.len() - 1], 0.0, "the last position predicts nothing");
+        assert_eq!(
+            g[b][row.len() - 1],
+            0.0,
+            "the last position predicts nothing"
+        );
     }
+}
+
+fn preset_learner(p: crate::Preset, seed: u64) -> Learner {
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        ..LearnerConfig::for_preset(p)
+    };
+    let vh = c.resolve().needs_critic();
+    Learner::new(&tiny(vh), c, Device::Cpu, seed).expect("learner")
+}
+
+#[test]
+fn every_preset_trains_the_tiny_batch_without_nan() {
+    tch::set_num_threads(1);
+    for p in crate::Preset::ALL {
+        let mut l = preset_learner(p, 21);
+        let batch = rl_batch(l.model());
+        for _ in 0..3 {
+            let m = l
+                .train_step(&batch)
+                .unwrap_or_else(|e| panic!("{}: {e}", p.name()));
+            let v = serde_json::to_value(&m).expect("json");
+            for (k, x) in v.as_object().expect("object") {
+                assert!(
+                    x.as_f64().is_none_or(f64::is_finite),
+                    "{}: metric {k} = {x}",
+                    p.name()
+                );
+            }
+        }
+        assert_eq!(l.policy_version(), 3, "{}", p.name());
+    }
+}
+
+#[test]
+fn cs1_sao_warmup_trains_only_the_value_head() {
+    tch::set_num_threads(1);
+    let mut l = preset_learner(crate::Preset::Sao, 22);
+    let batch = rl_batch(l.model());
+    let named = |l: &Learner| -> Vec<(String, Vec<f32>)> {
+        l.model()
+            .named_variables()
+            .into_iter()
+            .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("w")))
+            .collect()
+    };
+    let before = named(&l);
+    let m = l.train_step(&batch).expect("warm-up step");
+    assert_eq!(
+        (m.actor_steps, m.critic_steps),
+        (0.0, 2.0),
+        "K = 2 value-only steps per minibatch, no actor step"
+    );
+    for ((n, a), (_, b)) in before.iter().zip(named(&l)) {
+        assert_eq!(a == &b, !n.starts_with("value_head"), "{n}");
+    }
+}
+
+#[test]
+fn lr4_reference_policy_is_taken_once_and_checkpointed() {
+    tch::set_num_threads(1);
+    let mut a = preset_learner(crate::Preset::Armor, 23);
+    let batch = rl_batch(a.model());
+    let initial = a.weights_safetensors().expect("w");
+    a.train_step(&batch).expect("1");
+    a.train_step(&batch).expect("2");
+    let reference = a
+        .reference()
+        .expect("reference")
+        .to_safetensors()
+        .expect("ref");
+    assert_eq!(
+        reference, initial,
+        "the reference is the weights at the first update"
+    );
+    let files = a.state_files().expect("files");
+    assert!(files.iter().any(|(n, _)| n == "reference.safetensors"));
+    let mut b = preset_learner(crate::Preset::Armor, 99);
+    b.restore(&files).expect("restore");
+    for l in [&mut a, &mut b] {
+        l.train_step(&batch).expect("3");
+    }
+    assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
+}
+
+#[test]
+fn ds1_dapo_filters_uniform_groups_and_sampo_regularises_to_the_reference() {
+    tch::set_num_threads(1);
+    let mut l = preset_learner(crate::Preset::Dapo, 24);
+    let batch = rl_batch(l.model());
+    let m = l.train_step(&batch).expect("dapo");
+    assert_eq!(
+        (m.groups_total, m.groups_kept),
+        (2.0, 1.0),
+        "group 8 has constant rewards"
+    );
+    assert!(m.tokens == batch.n_tokens);
+    let mut s = preset_learner(crate::Preset::Sampo, 25);
+    let m = s.train_step(&batch).expect("sampo");
+    assert!(
+        m.kl_ref.abs() < 1e-6 && m.kl_loss.abs() < 1e-6,
+        "the first step starts at the reference"
+    );
+    let m = s.train_step(&batch).expect("sampo 2");
+    assert!(
+        m.kl_ref > 0.0,
+        "the policy has moved away from the reference"
+    );
+}
+
+#[test]
+fn sorl_reports_turn_ratios_and_sao_reports_the_dis_mask() {
+    tch::set_num_threads(1);
+    let mut l = preset_learner(crate::Preset::SoGrpo, 26);
+    let batch = rl_batch(l.model());
+    let m = l.train_step(&batch).expect("so_grpo");
+    assert!(
+        (m.turn_ratio_mean - 1.0).abs() < 1e-5,
+        "on-policy turn ratios start at 1: {}",
+        m.turn_ratio_mean
+    );
+    let c = LearnerConfig {
+        lr: 3e-3,
+        critic_warmup: Some(0),
+        ..LearnerConfig::for_preset(crate::Preset::Sao)
+    };
+    let mut s = Learner::new(&tiny(true), c, Device::Cpu, 27).expect("sao");
+    let m = s.train_step(&batch).expect("sao");
+    assert_eq!(m.actor_steps, 2.0);
+    assert_eq!(
+        m.dis_masked_frac, 0.0,
+        "on-policy ratios are inside the band"
+    );
+}
+
+#[test]
+fn lr1_recompute_ratio_base_ignores_stale_behaviour_logprobs() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        ratio_base: Some(crate::algo::RatioBase::Recompute),
+        ..LearnerConfig::default()
+    };
+    let mut l = Learner::new(&tiny(false), c, Device::Cpu, 28).expect("learner");
+    let mut batch = rl_batch(l.model());
+    batch.behaviour_logp =
+        batch.behaviour_logp.f_sub_scalar(0.5).expect("stale") * &batch.loss_mask;
+    let m = l.train_step(&batch).expect("step");
+    assert!(
+        m.approx_kl.abs() < 1e-6 && m.clip_frac == 0.0,
+        "the recomputed π_old equals the current weights"
+    );
+}
+
+#[test]
+fn kl_in_reward_uses_the_adaptive_controller_and_survives_restore() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        kl_reward_coef: Some(0.1),
+        kl_reward_target: Some(1e-3),
+        ..LearnerConfig::for_preset(crate::Preset::Ppo)
+    };
+    let mut a = Learner::new(&tiny(true), c.clone(), Device::Cpu, 29).expect("learner");
+    let batch = rl_batch(a.model());
+    let first = a.train_step(&batch).expect("1");
+    assert_eq!(first.kl_reward_beta, 0.1);
+    let second = a.train_step(&batch).expect("2");
+    assert!(
+        second.kl_reward_beta < 0.1,
+        "KL below target lowers β: {}",
+        second.kl_reward_beta
+    );
+    let mut b = Learner::new(&tiny(true), c, Device::Cpu, 30).expect("b");
+    b.restore(&a.state_files().expect("files"))
+        .expect("restore");
+    let (ma, mb) = (
+        a.train_step(&batch).expect("a3"),
+        b.train_step(&batch).expect("b3"),
+    );
+    assert_eq!(ma.kl_reward_beta, mb.kl_reward_beta);
+    assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
 }

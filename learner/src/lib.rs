@@ -1,5 +1,6 @@
-//! keel's learner: a small decoder-only transformer in tch, the RL objectives (PPO, GRPO) and
-//! an AdamW whose state can be saved and restored exactly.
+//! keel's learner: a small decoder-only transformer in tch, the algorithm library (`algo`:
+//! losses, advantage estimators, KL, critic schedule and the preset registry) and an AdamW whose
+//! state can be saved and restored exactly.
 //!
 //! Data flow: a stored rollout batch → [`TrainBatch`] (padded tensors) → [`Learner::train_step`]
 //! (advantages, losses, optimizer) → weights as safetensors for generators and checkpoints.
@@ -10,36 +11,44 @@
 //! reads batches and produces weights and state files.
 #![deny(missing_docs)]
 
-pub mod advantages;
+pub mod algo;
 pub mod batch_tensors;
+pub mod causal_lm;
 pub mod error;
+pub mod hf;
 pub mod learner;
 pub mod learner_config;
 pub mod logprobs;
-pub mod losses;
 pub mod model;
 pub mod optimizer;
 pub mod sampler;
+pub mod step_metrics;
+mod targets;
 mod tensor_io;
 
 #[cfg(test)]
 mod learner_tests;
 
-pub use advantages::{gae, grpo_advantages, masked_whiten};
-pub use batch_tensors::TrainBatch;
+pub use algo::aggregation::{agg_loss, masked_mean, AggMode};
+pub use algo::gae::{gae, masked_whiten};
+pub use algo::grpo::grpo_advantages;
+pub use algo::presets::{Preset, PresetConfig};
+pub use batch_tensors::{TrainBatch, TurnSpan};
+pub use causal_lm::CausalLm;
 pub use error::LearnerError;
-pub use learner::{Learner, StepMetrics};
+pub use learner::Learner;
 pub use learner_config::{Algo, LearnerConfig};
 pub use logprobs::{token_entropy, token_logprobs};
-pub use losses::{masked_mean, ppo_clip_loss, value_loss, PolicyLoss};
 pub use model::{ModelConfig, PolicyModel};
 pub use optimizer::{AdamW, AdamWConfig};
 pub use sampler::{greedy_next, sample_next, NextTokenSample};
+pub use step_metrics::StepMetrics;
 
 // Generators and the learner run inside actors on other threads: keep these types `Send`.
 const _: fn() = || {
     fn send<T: Send>() {}
     send::<PolicyModel>();
+    send::<hf::HfModel>();
     send::<Learner>();
     send::<TrainBatch>();
 };

@@ -33,7 +33,9 @@ fn shift_right(x: &Tensor) -> Tensor {
 /// tensors produced together by `PolicyModel::try_forward`.
 pub fn token_logprobs(logits: &Tensor, tokens: &Tensor) -> Tensor {
     let t = tokens.size()[1];
-    let lp = logits.narrow(1, 0, t - 1).log_softmax(-1, reduce_kind(logits));
+    let lp = logits
+        .narrow(1, 0, t - 1)
+        .log_softmax(-1, reduce_kind(logits));
     let next = tokens.narrow(1, 1, t - 1).unsqueeze(-1);
     shift_right(&lp.gather(-1, &next, false).squeeze_dim(-1))
 }
@@ -43,7 +45,9 @@ pub fn token_logprobs(logits: &Tensor, tokens: &Tensor) -> Tensor {
 /// `out[b, 0] = 0`.
 pub fn token_entropy(logits: &Tensor) -> Tensor {
     let t = logits.size()[1];
-    let lp = logits.narrow(1, 0, t - 1).log_softmax(-1, reduce_kind(logits));
+    let lp = logits
+        .narrow(1, 0, t - 1)
+        .log_softmax(-1, reduce_kind(logits));
     let h = -(lp.exp() * &lp).sum_dim_intlist(-1, false, lp.kind());
     shift_right(&h)
 }

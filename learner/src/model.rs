@@ -61,7 +61,10 @@ impl ModelConfig {
         if self.d_model % self.n_head != 0 {
             return Err(LearnerError::config(
                 "model.n_head",
-                format!("must divide model.d_model ({}), got {}", self.d_model, self.n_head),
+                format!(
+                    "must divide model.d_model ({}), got {}",
+                    self.d_model, self.n_head
+                ),
             ));
         }
         Ok(())
@@ -112,7 +115,13 @@ struct Initialiser {
 }
 
 impl Initialiser {
-    fn normal(&mut self, p: &nn::Path, name: &str, shape: &[i64], std: f64) -> Result<Tensor, LearnerError> {
+    fn normal(
+        &mut self,
+        p: &nn::Path,
+        name: &str,
+        shape: &[i64],
+        std: f64,
+    ) -> Result<Tensor, LearnerError> {
         let n: i64 = shape.iter().product();
         let mut values = Vec::with_capacity(n as usize);
         while values.len() < n as usize {
@@ -129,7 +138,12 @@ impl Initialiser {
         Ok(p.f_var_copy(name, &t)?)
     }
 
-    fn constant(p: &nn::Path, name: &str, shape: &[i64], value: f64) -> Result<Tensor, LearnerError> {
+    fn constant(
+        p: &nn::Path,
+        name: &str,
+        shape: &[i64],
+        value: f64,
+    ) -> Result<Tensor, LearnerError> {
         let t = Tensor::f_full(shape, value, (Kind::Float, Device::Cpu))?;
         Ok(p.f_var_copy(name, &t)?)
     }
@@ -141,8 +155,14 @@ impl PolicyModel {
         cfg.validate()?;
         let vs = nn::VarStore::new(device);
         let root = vs.root();
-        let mut init = Initialiser { rng: ChaCha8Rng::seed_from_u64(seed) };
-        let (v, c, d) = (cfg.vocab_size as i64, cfg.context_len as i64, cfg.d_model as i64);
+        let mut init = Initialiser {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        };
+        let (v, c, d) = (
+            cfg.vocab_size as i64,
+            cfg.context_len as i64,
+            cfg.d_model as i64,
+        );
         let std = 0.02;
         let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
         let tok_emb = init.normal(&root.sub("tok_emb"), "weight", &[v, d], std)?;
@@ -174,11 +194,24 @@ impl PolicyModel {
         let lm_head = init.normal(&root.sub("lm_head"), "weight", &[v, d], std)?;
         let value = if cfg.value_head {
             let p = root.sub("value_head");
-            Some((init.normal(&p, "weight", &[1, d], std)?, Initialiser::constant(&p, "bias", &[1], 0.0)?))
+            Some((
+                init.normal(&p, "weight", &[1, d], std)?,
+                Initialiser::constant(&p, "bias", &[1], 0.0)?,
+            ))
         } else {
             None
         };
-        Ok(PolicyModel { cfg: cfg.clone(), vs, tok_emb, pos_emb, blocks, lnf_w, lnf_b, lm_head, value })
+        Ok(PolicyModel {
+            cfg: cfg.clone(),
+            vs,
+            tok_emb,
+            pos_emb,
+            blocks,
+            lnf_w,
+            lnf_b,
+            lm_head,
+            value,
+        })
     }
 
     /// The model's shape.
@@ -214,10 +247,15 @@ impl PolicyModel {
     pub fn try_forward(&self, tokens: &Tensor) -> Result<(Tensor, Option<Tensor>), LearnerError> {
         let size = tokens.size();
         if size.len() != 2 || size[0] == 0 || size[1] == 0 {
-            return Err(LearnerError::input(format!("tokens must be a non-empty [B, T] tensor, got shape {size:?}")));
+            return Err(LearnerError::input(format!(
+                "tokens must be a non-empty [B, T] tensor, got shape {size:?}"
+            )));
         }
         if tokens.kind() != Kind::Int64 {
-            return Err(LearnerError::input(format!("tokens must be Int64, got {:?}", tokens.kind())));
+            return Err(LearnerError::input(format!(
+                "tokens must be Int64, got {:?}",
+                tokens.kind()
+            )));
         }
         if size[1] as usize > self.cfg.context_len {
             return Err(LearnerError::input(format!(
@@ -236,7 +274,12 @@ impl PolicyModel {
         self.forward_checked(tokens.f_to_device(self.device())?, size[0], size[1])
     }
 
-    fn forward_checked(&self, tokens: Tensor, b: i64, t: i64) -> Result<(Tensor, Option<Tensor>), LearnerError> {
+    fn forward_checked(
+        &self,
+        tokens: Tensor,
+        b: i64,
+        t: i64,
+    ) -> Result<(Tensor, Option<Tensor>), LearnerError> {
         let d = self.cfg.d_model as i64;
         let nh = self.cfg.n_head as i64;
         let eps = 1e-5;
@@ -250,10 +293,19 @@ impl PolicyModel {
                 Ok(x.f_reshape([b, t, nh, d / nh])?.f_transpose(1, 2)?)
             };
             let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
-            let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?
-                .f_transpose(1, 2)?
-                .f_contiguous()?
-                .f_reshape([b, t, d])?;
+            let y = Tensor::f_scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                None::<Tensor>,
+                0.0,
+                true,
+                None,
+                false,
+            )?
+            .f_transpose(1, 2)?
+            .f_contiguous()?
+            .f_reshape([b, t, d])?;
             x = x.f_add(&y.f_linear(&blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
             let h = x.f_layer_norm([d], Some(&blk.ln2_w), Some(&blk.ln2_b), eps, true)?;
             let m = h
@@ -285,8 +337,11 @@ impl PolicyModel {
 
     /// Checks a buffer against this model's variables without changing anything.
     pub(crate) fn decode_weights(&self, bytes: &[u8]) -> Result<Vec<Tensor>, LearnerError> {
-        let expected: Vec<(String, Vec<i64>)> =
-            self.named_variables().into_iter().map(|(n, t)| (n, t.size())).collect();
+        let expected: Vec<(String, Vec<i64>)> = self
+            .named_variables()
+            .into_iter()
+            .map(|(n, t)| (n, t.size()))
+            .collect();
         Ok(tensor_io::decode_checked(bytes, &expected, "model")?.tensors)
     }
 
@@ -310,13 +365,25 @@ mod tests {
     use super::*;
 
     fn tiny(value_head: bool) -> ModelConfig {
-        ModelConfig { vocab_size: 11, context_len: 16, n_layer: 2, d_model: 16, n_head: 4, value_head }
+        ModelConfig {
+            vocab_size: 11,
+            context_len: 16,
+            n_layer: 2,
+            d_model: 16,
+            n_head: 4,
+            value_head,
+        }
     }
 
     fn weights(m: &PolicyModel) -> Vec<(String, Vec<f32>)> {
         m.named_variables()
             .into_iter()
-            .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32 weights")))
+            .map(|(n, t)| {
+                (
+                    n,
+                    Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32 weights"),
+                )
+            })
             .collect()
     }
 
@@ -328,7 +395,10 @@ mod tests {
         assert_eq!(e, "model.n_head must divide model.d_model (16), got 3");
         c.n_head = 4;
         c.vocab_size = 0;
-        assert_eq!(c.validate().expect_err("zero vocab").to_string(), "model.vocab_size must be > 0, got 0");
+        assert_eq!(
+            c.validate().expect_err("zero vocab").to_string(),
+            "model.vocab_size must be > 0, got 0"
+        );
     }
 
     #[test]
@@ -349,7 +419,12 @@ mod tests {
         let c = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 8).expect("c"));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        let get = |name: &str| a.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).expect(name);
+        let get = |name: &str| {
+            a.iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .expect(name)
+        };
         assert!(get("blocks.0.ln1.weight").iter().all(|&x| x == 1.0));
         assert!(get("blocks.1.mlp.fc.bias").iter().all(|&x| x == 0.0));
         let std = |v: &[f32]| {
@@ -377,7 +452,8 @@ mod tests {
         let before2 = logits2.narrow(1, 0, 4);
         let diff = f64::try_from((before - before2).abs().max()).expect("scalar");
         assert!(diff < 1e-6, "earlier logits changed by {diff}");
-        let later = f64::try_from((logits.get(0).get(4) - logits2.get(0).get(4)).abs().max()).expect("scalar");
+        let later = f64::try_from((logits.get(0).get(4) - logits2.get(0).get(4)).abs().max())
+            .expect("scalar");
         assert!(later > 0.0, "the changed position must see its own token");
     }
 
@@ -385,7 +461,9 @@ mod tests {
     fn forward_rejects_bad_tokens() {
         tch::set_num_threads(1);
         let m = PolicyModel::new(&tiny(false), Device::Cpu, 1).expect("model");
-        let e = m.try_forward(&Tensor::from_slice(&[1i64, 11]).view([1, 2])).expect_err("id 11");
+        let e = m
+            .try_forward(&Tensor::from_slice(&[1i64, 11]).view([1, 2]))
+            .expect_err("id 11");
         assert!(e.to_string().contains("0..11"), "{e}");
         let long = Tensor::zeros([1, 17], (Kind::Int64, Device::Cpu));
         assert!(m.try_forward(&long).is_err());
@@ -403,14 +481,22 @@ mod tests {
         // A model without the value head lacks two tensors.
         let mut c = PolicyModel::new(&tiny(false), Device::Cpu, 4).expect("c");
         let before = weights(&c);
-        let e = c.load_safetensors(&bytes).expect_err("extra tensors").to_string();
+        let e = c
+            .load_safetensors(&bytes)
+            .expect_err("extra tensors")
+            .to_string();
         assert!(e.contains("value_head"), "{e}");
         assert_eq!(before, weights(&c), "a failed load changes nothing");
-        let e = b.load_safetensors(&c.to_safetensors().expect("save c")).expect_err("missing");
+        let e = b
+            .load_safetensors(&c.to_safetensors().expect("save c"))
+            .expect_err("missing");
         assert!(e.to_string().contains("missing"), "{e}");
         let mut wide = tiny(true);
         wide.vocab_size = 12;
-        let e = PolicyModel::new(&wide, Device::Cpu, 0).expect("wide").load_safetensors(&bytes).expect_err("shape");
+        let e = PolicyModel::new(&wide, Device::Cpu, 0)
+            .expect("wide")
+            .load_safetensors(&bytes)
+            .expect_err("shape");
         assert!(e.to_string().contains("shape"), "{e}");
     }
 }

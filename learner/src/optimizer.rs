@@ -21,6 +21,8 @@
 //!   defined is skipped by `step`. `zero_grad` zeroes gradients in place (tch cannot reset them
 //!   to None), so once a gradient exists the parameter keeps moving with its momentum in later
 //!   steps even if it gets no new gradient — PyTorch's `set_to_none=False` behaviour.
+//! - OP-5: `step_where` moves only the parameters it is asked to; frozen ones keep their values
+//!   and moments exactly (the step counter, used for bias correction, still advances).
 //! - OP-4: `clip_grad_norm` returns the pre-clip global L2 norm and rescales only when that norm
 //!   is finite and above the bound (coefficient `max_norm / (norm + 1e-6)`, as PyTorch).
 
@@ -64,8 +66,11 @@ pub struct AdamW {
 impl AdamW {
     /// Tracks every trainable variable of `vs`, with zeroed moments and step counter 0.
     pub fn new(vs: &nn::VarStore, cfg: AdamWConfig) -> Self {
-        let mut vars: Vec<(String, Tensor)> =
-            vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        let mut vars: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let params = tch::no_grad(|| {
             vars.into_iter()
@@ -78,7 +83,11 @@ impl AdamW {
                 })
                 .collect()
         });
-        AdamW { cfg, params, steps: 0 }
+        AdamW {
+            cfg,
+            params,
+            steps: 0,
+        }
     }
 
     /// Sets the learning rate used by the next `step`.
@@ -106,11 +115,19 @@ impl AdamW {
     /// Global L2 norm of all defined gradients before clipping; rescales them to `max_norm`
     /// when larger (OP-4). A non-finite norm is returned as is and nothing is rescaled.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
-        let grads: Vec<Tensor> = self.params.iter().map(|p| p.param.grad()).filter(|g| g.defined()).collect();
+        let grads: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|p| p.param.grad())
+            .filter(|g| g.defined())
+            .collect();
         if grads.is_empty() {
             return 0.0;
         }
-        let norms: Vec<Tensor> = grads.iter().map(|g| g.norm().to_kind(tch::Kind::Double)).collect();
+        let norms: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.norm().to_kind(tch::Kind::Double))
+            .collect();
         let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
         if total.is_finite() && total > max_norm {
             let coef = max_norm / (total + 1e-6);
@@ -125,15 +142,27 @@ impl AdamW {
 
     /// Applies one AdamW update to every parameter with a defined gradient.
     pub fn step(&mut self) {
+        self.step_where(|_| true)
+    }
+
+    /// Like [`AdamW::step`], but only parameters whose name satisfies `trainable` move; the
+    /// others keep their values and moments (OP-5, frozen parameter groups).
+    pub fn step_where(&mut self, trainable: impl Fn(&str) -> bool) {
         self.steps += 1;
         let t = self.steps as i32;
-        let AdamWConfig { lr, beta1, beta2, eps, weight_decay } = self.cfg;
+        let AdamWConfig {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.cfg;
         let bc1 = 1.0 - beta1.powi(t);
         let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         tch::no_grad(|| {
             for p in &mut self.params {
                 let g = p.param.grad();
-                if !g.defined() {
+                if !g.defined() || !trainable(&p.name) {
                     continue;
                 }
                 if p.decay && weight_decay != 0.0 {
@@ -163,7 +192,10 @@ impl AdamW {
         let mut tensors = Vec::with_capacity(2 * self.params.len());
         for p in &self.params {
             tensors.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
-            tensors.push((format!("{}.exp_avg_sq", p.name), p.exp_avg_sq.shallow_clone()));
+            tensors.push((
+                format!("{}.exp_avg_sq", p.name),
+                p.exp_avg_sq.shallow_clone(),
+            ));
         }
         // A single key: safetensors writes metadata from a HashMap, so more keys would make
         // the header's byte order vary between runs.
@@ -178,12 +210,21 @@ impl AdamW {
             .metadata
             .get("steps")
             .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| LearnerError::mismatch("optimizer.safetensors", "metadata `steps` is missing or not an integer"))?;
+            .ok_or_else(|| {
+                LearnerError::mismatch(
+                    "optimizer.safetensors",
+                    "metadata `steps` is missing or not an integer",
+                )
+            })?;
         Ok((decoded.tensors, steps))
     }
 
     /// Installs state checked by `decode_state`.
-    pub(crate) fn commit_state(&mut self, tensors: &[Tensor], steps: u64) -> Result<(), LearnerError> {
+    pub(crate) fn commit_state(
+        &mut self,
+        tensors: &[Tensor],
+        steps: u64,
+    ) -> Result<(), LearnerError> {
         let targets: Vec<Tensor> = self
             .params
             .iter()
@@ -207,12 +248,20 @@ mod tests {
     use tch::{Device, Kind};
 
     fn cfg(lr: f64, wd: f64) -> AdamWConfig {
-        AdamWConfig { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: wd }
+        AdamWConfig {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: wd,
+        }
     }
 
     fn store(init: &[f32]) -> (nn::VarStore, Tensor) {
         let vs = nn::VarStore::new(Device::Cpu);
-        let x = vs.root().var_copy("x", &Tensor::from_slice(init).view([1, -1]));
+        let x = vs
+            .root()
+            .var_copy("x", &Tensor::from_slice(init).view([1, -1]));
         (vs, x)
     }
 
@@ -293,14 +342,30 @@ mod tests {
         let (vs_b, xb) = store(&[0.0, 0.0, 0.0]);
         let mut b = AdamW::new(&vs_b, cfg(0.01, 0.1));
         tch::no_grad(|| xb.shallow_clone().copy_(&xa));
-        b.load_safetensors(&a.to_safetensors().expect("save")).expect("load");
+        b.load_safetensors(&a.to_safetensors().expect("save"))
+            .expect("load");
         assert_eq!(b.steps(), 3);
         run(&mut a, &xa, 4);
         run(&mut b, &xb, 4);
         assert_eq!(values(&xa), values(&xb));
         let (vs_c, _) = store(&[0.0, 0.0]);
         let mut c = AdamW::new(&vs_c, cfg(0.01, 0.1));
-        let e = c.load_safetensors(&a.to_safetensors().expect("save")).expect_err("shape");
+        let e = c
+            .load_safetensors(&a.to_safetensors().expect("save"))
+            .expect_err("shape");
         assert!(e.to_string().contains("x.exp_avg"), "{e}");
+    }
+
+    #[test]
+    fn op5_step_where_freezes_the_rest() {
+        tch::set_num_threads(1);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let a = vs.root().var_copy("a", &Tensor::from_slice(&[1.0f32]));
+        let b = vs.root().var_copy("b", &Tensor::from_slice(&[1.0f32]));
+        let mut opt = AdamW::new(&vs, cfg(0.1, 0.0));
+        (&a * 2.0 + &b * 3.0).sum(Kind::Float).backward();
+        opt.step_where(|n| n == "a");
+        assert!(values(&a)[0] < 1.0);
+        assert_eq!(values(&b)[0], 1.0);
     }
 }

@@ -35,7 +35,9 @@ fn last_logits(model: &PolicyModel, contexts: &[&[u32]]) -> Result<Tensor, Learn
     }
     let max_len = contexts.iter().map(|c| c.len()).max().unwrap_or(0);
     if let Some(i) = contexts.iter().position(|c| c.is_empty()) {
-        return Err(LearnerError::input(format!("context {i} is empty; start it with a <bos> token")));
+        return Err(LearnerError::input(format!(
+            "context {i} is empty; start it with a <bos> token"
+        )));
     }
     let mut flat = vec![0i64; contexts.len() * max_len];
     for (i, c) in contexts.iter().enumerate() {
@@ -52,7 +54,11 @@ fn last_logits(model: &PolicyModel, contexts: &[&[u32]]) -> Result<Tensor, Learn
         .f_to_device(model.device())?
         .f_reshape([contexts.len() as i64, 1, 1])?
         .f_expand([contexts.len() as i64, 1, v], false)?;
-    Ok(logits.f_gather(1, &idx, false)?.f_squeeze_dim(1)?.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?)
+    Ok(logits
+        .f_gather(1, &idx, false)?
+        .f_squeeze_dim(1)?
+        .f_to_device(Device::Cpu)?
+        .f_to_kind(Kind::Float)?)
 }
 
 /// Rows of a `[N, V]` CPU f32 tensor.
@@ -63,13 +69,17 @@ fn rows(t: &Tensor) -> Result<Vec<Vec<f32>>, LearnerError> {
 /// Checks banned ids against the vocabulary and that at least one token stays allowed.
 fn check_banned(banned: &[u32], vocab: usize) -> Result<(), LearnerError> {
     if let Some(b) = banned.iter().find(|&&b| b as usize >= vocab) {
-        return Err(LearnerError::input(format!("banned token {b} is outside the vocabulary (0..{vocab})")));
+        return Err(LearnerError::input(format!(
+            "banned token {b} is outside the vocabulary (0..{vocab})"
+        )));
     }
     let mut distinct = banned.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
     if distinct.len() >= vocab {
-        return Err(LearnerError::input("every token is banned; nothing can be sampled"));
+        return Err(LearnerError::input(
+            "every token is banned; nothing can be sampled",
+        ));
     }
     Ok(())
 }
@@ -84,7 +94,9 @@ pub fn sample_next(
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<NextTokenSample>, LearnerError> {
     if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(LearnerError::input(format!("temperature must be finite and > 0, got {temperature}")));
+        return Err(LearnerError::input(format!(
+            "temperature must be finite and > 0, got {temperature}"
+        )));
     }
     check_banned(banned, model.config().vocab_size)?;
     let scaled = last_logits(model, contexts)?.f_div_scalar(temperature)?;
@@ -97,7 +109,9 @@ pub fn sample_next(
         }
         let total: f64 = probs.iter().sum();
         if !(total.is_finite() && total > 0.0) {
-            return Err(LearnerError::NonFinite { what: "sampling distribution".into() });
+            return Err(LearnerError::NonFinite {
+                what: "sampling distribution".into(),
+            });
         }
         let u = rng.gen::<f64>() * total;
         let mut acc = 0.0;
@@ -110,14 +124,21 @@ pub fn sample_next(
                 break;
             }
         }
-        out.push(NextTokenSample { token: token as u32, logprob: row[token] });
+        out.push(NextTokenSample {
+            token: token as u32,
+            logprob: row[token],
+        });
     }
     Ok(out)
 }
 
 /// Greedy decoding: the highest-logit allowed token (lowest id on ties) and its temperature-1
 /// log-prob over the full vocabulary.
-pub fn greedy_next(model: &PolicyModel, contexts: &[&[u32]], banned: &[u32]) -> Result<Vec<NextTokenSample>, LearnerError> {
+pub fn greedy_next(
+    model: &PolicyModel,
+    contexts: &[&[u32]],
+    banned: &[u32],
+) -> Result<Vec<NextTokenSample>, LearnerError> {
     check_banned(banned, model.config().vocab_size)?;
     let logp = rows(&last_logits(model, contexts)?.f_log_softmax(-1, Kind::Float)?)?;
     let mut out = Vec::with_capacity(logp.len());
@@ -133,9 +154,14 @@ pub fn greedy_next(model: &PolicyModel, contexts: &[&[u32]], banned: &[u32]) -> 
         }
         let token = best.ok_or_else(|| LearnerError::input("every token is banned"))?;
         if !row[token].is_finite() {
-            return Err(LearnerError::NonFinite { what: "logits".into() });
+            return Err(LearnerError::NonFinite {
+                what: "logits".into(),
+            });
         }
-        out.push(NextTokenSample { token: token as u32, logprob: row[token] });
+        out.push(NextTokenSample {
+            token: token as u32,
+            logprob: row[token],
+        });
     }
     Ok(out)
 }
@@ -148,7 +174,14 @@ mod tests {
     use rand::SeedableRng;
 
     fn model() -> PolicyModel {
-        let cfg = ModelConfig { vocab_size: 13, context_len: 24, n_layer: 2, d_model: 16, n_head: 2, value_head: false };
+        let cfg = ModelConfig {
+            vocab_size: 13,
+            context_len: 24,
+            n_layer: 2,
+            d_model: 16,
+            n_head: 2,
+            value_head: false,
+        };
         PolicyModel::new(&cfg, Device::Cpu, 5).expect("model")
     }
 

@@ -23,7 +23,11 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>, LearnerError> {
     let mut owned: Vec<(&str, Vec<usize>, Vec<u8>)> = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
-        let flat = t.f_detach()?.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?.f_contiguous()?;
+        let flat = t
+            .f_detach()?
+            .f_to_device(Device::Cpu)?
+            .f_to_kind(Kind::Float)?
+            .f_contiguous()?;
         let shape: Vec<usize> = flat.size().iter().map(|&d| d as usize).collect();
         let numel = flat.numel();
         let mut values = vec![0f32; numel];
@@ -55,7 +59,11 @@ pub(crate) fn decode_checked(
 ) -> Result<Decoded, LearnerError> {
     let st = SafeTensors::deserialize(bytes)?;
     let wanted: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
-    let mut extra: Vec<&str> = st.names().into_iter().filter(|n| !wanted.contains(n)).collect();
+    let mut extra: Vec<&str> = st
+        .names()
+        .into_iter()
+        .filter(|n| !wanted.contains(n))
+        .collect();
     extra.sort_unstable();
     if let Some(name) = extra.first() {
         return Err(LearnerError::mismatch(
@@ -65,9 +73,9 @@ pub(crate) fn decode_checked(
     }
     let mut tensors = Vec::with_capacity(expected.len());
     for (name, shape) in expected {
-        let view = st.tensor(name).map_err(|_| {
-            LearnerError::mismatch(name, format!("missing from the {what} file"))
-        })?;
+        let view = st
+            .tensor(name)
+            .map_err(|_| LearnerError::mismatch(name, format!("missing from the {what} file")))?;
         if view.dtype() != Dtype::F32 {
             return Err(LearnerError::mismatch(
                 name,

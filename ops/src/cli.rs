@@ -36,6 +36,33 @@ pub enum Command {
         #[command(subcommand)]
         command: CkptCommand,
     },
+    /// Environments: list them, play one, evaluate a policy.
+    Env {
+        /// What to do.
+        #[command(subcommand)]
+        command: crate::env_cmd::EnvCommand,
+    },
+    /// Plot a run's curves (PNG + SVG, one line per branch) and write a markdown summary.
+    Report(ReportArgs),
+    /// Algorithm presets: list them, show one.
+    Algo {
+        /// What to show.
+        #[command(subcommand)]
+        command: crate::algo_cmd::AlgoCommand,
+    },
+}
+
+/// `keel report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Run root: a local directory or s3://bucket/prefix.
+    pub run: String,
+    /// Output folder (default: <run root>/report for a local run, ./report-<name> for S3).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// `keel train`.
@@ -60,6 +87,16 @@ pub struct TrainArgs {
     /// Write the final outcome as JSON to this file.
     #[arg(long)]
     pub summary_json: Option<PathBuf>,
+    /// Start a new branch from this checkpoint id (its parent); a branch that already has
+    /// checkpoints is resumed instead.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Branch to train on (default `main`, or `from-<id>` with --from).
+    #[arg(long)]
+    pub branch: Option<String>,
+    /// Record this checkpoint as the reference anchor (KL / ARMOR) of new checkpoints.
+    #[arg(long)]
+    pub reference: Option<String>,
 }
 
 /// `keel config ...`.
@@ -71,6 +108,12 @@ pub enum ConfigCommand {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// List every config key with its type, default, allowed range and meaning.
+    Explain {
+        /// As a markdown table (docs/config.md).
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 /// `keel ckpt ...`.
@@ -81,5 +124,53 @@ pub enum CkptCommand {
         /// Run root: a local directory or s3://bucket/prefix.
         #[arg(long, default_value = "runs/quickstart")]
         run_root: String,
+    },
+    /// Show the checkpoints as a tree (parents, branches, tags, heads).
+    Lineage {
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+    },
+    /// Print one checkpoint's manifest (lineage, data frontier, files, metrics) as JSON.
+    Show {
+        /// Checkpoint id.
+        id: String,
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+    },
+    /// Add a tag (e.g. `reference`, `healthy`) to a checkpoint.
+    Tag {
+        /// Checkpoint id.
+        id: String,
+        /// The tag: 1-64 of [A-Za-z0-9._-].
+        tag: String,
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+    },
+    /// Re-read every file of a checkpoint and check its size and crc32 against the manifest.
+    Verify {
+        /// Checkpoint id.
+        id: String,
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+    },
+    /// Lineage-aware retention: keep the last N per branch, tagged ones and what they need;
+    /// collect the rest and orphan blobs of failed commits.
+    Gc {
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+        /// Checkpoints kept on each branch's lineage, newest first.
+        #[arg(long, default_value_t = 3)]
+        keep_last: usize,
+        /// Orphan blobs younger than this are left alone (a commit may be in progress).
+        #[arg(long, default_value_t = 3600)]
+        orphan_min_age_s: u64,
+        /// Only print what would go.
+        #[arg(long)]
+        dry_run: bool,
     },
 }

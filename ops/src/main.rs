@@ -1,9 +1,18 @@
 //! `keel`: the command-line front end. A thin shell over the `keel-actors` runtime and the
 //! `keel-store` run root: parse arguments and config, wire logs, progress and metrics, run.
 
+mod algo_cmd;
+mod ckpt;
 mod cli;
+mod env_cmd;
+mod explain;
+mod lineage;
 mod metrics_server;
+mod preemption;
 mod progress;
+mod pushgateway;
+mod report;
+mod store_retries;
 
 use std::path::Path;
 
@@ -25,21 +34,31 @@ fn main() {
 }
 
 fn init_tracing(cli: &Cli) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if cli.log_json {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if cli.log_json {
+        fmt.json().boxed()
     } else {
-        builder.init();
-    }
+        fmt.boxed()
+    };
+    // The retry counter has its own filter, so it sees retries whatever the log filter (SR-1).
+    let counter = store_retries::RetryCounter.with_filter(store_retries::retry_events());
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(counter)
+        .init();
 }
 
 fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
     match path {
         None => Ok(TrainConfig::default()),
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read config {}", p.display()))?;
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config {}", p.display()))?;
             TrainConfig::from_toml(&text).with_context(|| format!("in config {}", p.display()))
         }
     }
@@ -48,13 +67,110 @@ fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train(args),
-        Command::Config { command: ConfigCommand::Show { config } } => {
+        Command::Config {
+            command: ConfigCommand::Show { config },
+        } => {
             let cfg = load_config(config.as_deref())?;
             print!("{}", cfg.to_toml());
             Ok(())
         }
-        Command::Ckpt { command: CkptCommand::List { run_root } } => ckpt_list(&run_root),
+        Command::Config {
+            command: ConfigCommand::Explain { markdown },
+        } => {
+            explain::print(markdown);
+            Ok(())
+        }
+        Command::Ckpt {
+            command: CkptCommand::List { run_root },
+        } => ckpt_list(&run_root),
+        Command::Ckpt {
+            command: CkptCommand::Lineage { run_root },
+        } => ckpt_lineage(&run_root),
+        Command::Ckpt {
+            command: CkptCommand::Show { id, run_root },
+        } => ckpt::show(&run_root, &id),
+        Command::Ckpt {
+            command: CkptCommand::Tag { id, tag, run_root },
+        } => ckpt::tag(&run_root, &id, &tag),
+        Command::Ckpt {
+            command: CkptCommand::Verify { id, run_root },
+        } => ckpt::verify(&run_root, &id),
+        Command::Ckpt {
+            command:
+                CkptCommand::Gc {
+                    run_root,
+                    keep_last,
+                    orphan_min_age_s,
+                    dry_run,
+                },
+        } => ckpt::gc(&run_root, keep_last, orphan_min_age_s, dry_run),
+        Command::Report(args) => run_report(args),
+        Command::Env { command } => env_cmd::run(command),
+        Command::Algo { command } => algo_cmd::run(command),
     }
+}
+
+fn ckpt_lineage(run_root: &str) -> Result<()> {
+    let store =
+        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let list = rt.block_on(store.list_checkpoints_tagged())?;
+    let heads = rt.block_on(store.list_branches())?;
+    if list.is_empty() {
+        println!("no checkpoints under {run_root}");
+        return Ok(());
+    }
+    print!("{}", lineage::render_tree(&list, &heads));
+    Ok(())
+}
+
+fn run_report(args: cli::ReportArgs) -> Result<()> {
+    let store =
+        RunStore::open(&args.run).with_context(|| format!("cannot open run root {}", args.run))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let bytes = rt
+        .block_on(store.get_object(keel_actors::jsonl::METRICS_LOG))
+        .with_context(|| {
+            format!(
+                "cannot read {} in {}",
+                keel_actors::jsonl::METRICS_LOG,
+                args.run
+            )
+        })?;
+    let log = report::parse_log(&String::from_utf8_lossy(&bytes));
+    let out = args.out.unwrap_or_else(|| {
+        if args.run.contains("://") {
+            let name = args
+                .run
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or("run");
+            std::path::PathBuf::from(format!("report-{name}"))
+        } else {
+            Path::new(&args.run).join("report")
+        }
+    });
+    let text = report::load_font();
+    if !text {
+        eprintln!("report: no font found (install fonts-dejavu-core or set KEEL_REPORT_FONT); plots are drawn without text");
+    }
+    let bar = indicatif::ProgressBar::new(report::CURVES.len() as u64 + 1);
+    if args.no_progress {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("report {pos}/{len} {wide_bar} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    report::write_report(&args.run, &log, &out, text, &bar)?;
+    bar.finish_and_clear();
+    println!("report: {}", out.join("summary.md").display());
+    Ok(())
 }
 
 fn train(args: cli::TrainArgs) -> Result<()> {
@@ -66,8 +182,11 @@ fn train(args: cli::TrainArgs) -> Result<()> {
         cfg.metrics.port = port;
     }
     cfg.validate().context("invalid configuration")?;
-    let run_root = args.run_root.unwrap_or_else(|| format!("runs/{}", cfg.run.name));
-    let store = RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let run_root = args
+        .run_root
+        .unwrap_or_else(|| format!("runs/{}", cfg.run.name));
+    let store =
+        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
     let metrics = TrainMetrics::new(&cfg.run.name).context("cannot register metrics")?;
     let _server = if cfg.metrics.enabled {
         let server = metrics_server::serve(&cfg.metrics.bind, cfg.metrics.port, metrics.clone())?;
@@ -78,10 +197,54 @@ fn train(args: cli::TrainArgs) -> Result<()> {
     };
     eprintln!("run root: {}", store.root_url());
     let progress = progress::Progress::new(cfg.run.steps, args.no_progress);
-    let outcome = run_job(cfg, store, metrics, progress.sink(), JobOptions::default())?;
+    let push = (!cfg.metrics.pushgateway_url.is_empty())
+        .then(|| (cfg.metrics.pushgateway_url.clone(), cfg.run.name.clone()));
+    // GD-6: without --branch/--from, continue where the collapse guard's rewinds led.
+    let branch = match (&args.branch, &args.from) {
+        (None, None) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let b = rt.block_on(keel_actors::guard::follow_rewinds(
+                &store,
+                keel_store::DEFAULT_BRANCH,
+            ))?;
+            (b != keel_store::DEFAULT_BRANCH).then(|| {
+                eprintln!("branch: {b} (a collapse-guard rewind moved the run there)");
+                b
+            })
+        }
+        _ => args.branch.clone(),
+    };
+    let options = JobOptions {
+        from: args.from.clone(),
+        branch,
+        reference: args.reference.clone(),
+        ..JobOptions::default()
+    };
+    preemption::install(
+        options.stop.clone(),
+        std::time::Duration::from_secs(cfg.run.sigterm_grace_s),
+    )?;
+    let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
     progress.finish();
-    println!("held-out success before RL (after SFT): {:.3}", outcome.eval_before);
-    println!("held-out success after RL:              {:.3}", outcome.eval_after);
+    if let Some((url, run)) = push {
+        // Batch jobs: the final values outlive the process (PG-1), also when the run failed.
+        store_retries::export(&metrics);
+        match pushgateway::push(&url, &run, metrics.render()) {
+            Ok(()) => eprintln!("metrics pushed to {}", pushgateway::group_url(&url, &run)),
+            Err(e) => eprintln!("warning: {e:#}"),
+        }
+    }
+    let outcome = result?;
+    println!(
+        "held-out success before RL (after SFT): {:.3}",
+        outcome.eval_before
+    );
+    println!(
+        "held-out success after RL:              {:.3}",
+        outcome.eval_after
+    );
     println!(
         "steps: {}  last checkpoint: {}  resumed from: {}  reused batches: {}  dropped batches: {}",
         outcome.final_step,
@@ -90,6 +253,13 @@ fn train(args: cli::TrainArgs) -> Result<()> {
         outcome.reused_batches,
         outcome.dropped_batches
     );
+    if outcome.stopped {
+        println!(
+            "stopped on request: checkpoint {} committed on branch {}",
+            outcome.last_checkpoint.as_deref().unwrap_or("-"),
+            outcome.branch
+        );
+    }
     if let Some(path) = args.summary_json {
         std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -98,18 +268,32 @@ fn train(args: cli::TrainArgs) -> Result<()> {
 }
 
 fn ckpt_list(run_root: &str) -> Result<()> {
-    let store = RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let store =
+        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let list = rt.block_on(store.list_checkpoints())?;
     let head = rt.block_on(store.latest_checkpoint())?.map(|m| m.id);
     if list.is_empty() {
         println!("no checkpoints under {run_root}");
         return Ok(());
     }
-    println!("{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}", "id", "step", "version", "parent", "tags", "eval");
+    println!(
+        "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}",
+        "id", "step", "version", "parent", "tags", "eval"
+    );
     for m in list {
-        let mark = if head.as_deref() == Some(m.id.as_str()) { " <- HEAD" } else { "" };
-        let eval = m.metrics.get("eval_success_before").map(|v| format!("{v:.3}")).unwrap_or_else(|| "-".into());
+        let mark = if head.as_deref() == Some(m.id.as_str()) {
+            " <- HEAD"
+        } else {
+            ""
+        };
+        let eval = m
+            .metrics
+            .get("eval_success_before")
+            .map(|v| format!("{v:.3}"))
+            .unwrap_or_else(|| "-".into());
         println!(
             "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}{mark}",
             m.id,

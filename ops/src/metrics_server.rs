@@ -36,29 +36,41 @@ impl Drop for MetricsServer {
 pub fn serve(bind: &str, port: u16, metrics: TrainMetrics) -> Result<MetricsServer> {
     let server = tiny_http::Server::http((bind, port))
         .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("cannot serve metrics on {bind}:{port} (set metrics.port or --metrics-port)"))?;
+        .with_context(|| {
+            format!("cannot serve metrics on {bind}:{port} (set metrics.port or --metrics-port)")
+        })?;
     let addr = server
         .server_addr()
         .to_ip()
         .context("metrics server has no IP address")?;
     let server = Arc::new(server);
     let s = server.clone();
-    let thread = std::thread::Builder::new().name("keel-metrics".into()).spawn(move || {
-        for request in s.incoming_requests() {
-            let response = match request.url() {
-                "/metrics" => {
-                    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"text/plain; version=0.0.4"[..]);
-                    let mut r = tiny_http::Response::from_string(metrics.render());
-                    if let Ok(h) = header {
-                        r = r.with_header(h);
+    let thread = std::thread::Builder::new()
+        .name("keel-metrics".into())
+        .spawn(move || {
+            for request in s.incoming_requests() {
+                let response = match request.url() {
+                    "/metrics" => {
+                        let header = tiny_http::Header::from_bytes(
+                            &b"Content-Type"[..],
+                            &b"text/plain; version=0.0.4"[..],
+                        );
+                        crate::store_retries::export(&metrics);
+                        let mut r = tiny_http::Response::from_string(metrics.render());
+                        if let Ok(h) = header {
+                            r = r.with_header(h);
+                        }
+                        r
                     }
-                    r
-                }
-                "/healthz" => tiny_http::Response::from_string("ok\n"),
-                _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
-            };
-            let _ = request.respond(response);
-        }
-    })?;
-    Ok(MetricsServer { server, addr, thread: Some(thread) })
+                    "/healthz" => tiny_http::Response::from_string("ok\n"),
+                    _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
+                };
+                let _ = request.respond(response);
+            }
+        })?;
+    Ok(MetricsServer {
+        server,
+        addr,
+        thread: Some(thread),
+    })
 }

@@ -17,8 +17,10 @@ impl Progress {
         if hidden {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }
-        let style = ProgressStyle::with_template("{spinner} rl step {pos}/{len} [{elapsed_precise}<{eta_precise}] {wide_bar} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style = ProgressStyle::with_template(
+            "{spinner} rl step {pos}/{len} [{elapsed_precise}<{eta_precise}] {wide_bar} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         Self { bar }
     }
@@ -26,7 +28,8 @@ impl Progress {
     /// The event sink driving this bar.
     pub fn sink(&self) -> EventSink {
         let bar = self.bar.clone();
-        Arc::new(move |ev: &TrainEvent| match ev {
+        Arc::new(move |ev: &TrainEvent| {
+            match ev {
             TrainEvent::SftDone { steps, loss } => bar.println(format!("sft: {steps} steps, final loss {loss:.3}")),
             TrainEvent::Eval { phase, version, success, episodes } => {
                 bar.println(format!("eval {phase} (version {version}): success {success:.3} over {episodes} held-out tasks"))
@@ -46,6 +49,16 @@ impl Progress {
             }
             TrainEvent::Dropped { batch_seq, reason } => bar.println(format!("dropped batch {batch_seq}: {reason}")),
             TrainEvent::Checkpoint { id, step } => bar.println(format!("checkpoint {id} at step {step}")),
+            TrainEvent::Skipped { step, batch_seq, what } => {
+                bar.println(format!("skipped batch {batch_seq} at step {step}: non-finite {what}"))
+            }
+            TrainEvent::Rewind { from_step, to_step, to_checkpoint, branch, reason, lr, .. } => {
+                bar.set_position(*to_step);
+                bar.println(format!(
+                    "collapse guard: {reason} at step {from_step}; rewound to {to_checkpoint} (step {to_step}) on branch {branch}, lr {lr:e}"
+                ))
+            }
+        }
         })
     }
 

@@ -1,48 +1,84 @@
-//! Checkpoints: the blobs first, the manifest last, then the HEAD pointer.
+//! Checkpoints: the blobs first, the manifest next, then the branch head.
 //!
 //! ```text
 //! <root>/checkpoints/<id>/<file>          one object per blob (weights, optimizer state, ...)
-//! <root>/checkpoints/<id>/MANIFEST.json   names, sizes and crc32s of the blobs, plus metadata
-//! <root>/checkpoints/HEAD                 the id of the latest committed checkpoint
+//! <root>/checkpoints/<id>/MANIFEST.json   lineage, data frontier, names/sizes/crc32s of the blobs
+//! <root>/branches/<branch>/HEAD.<n>       the branch heads (see `branch`)
 //! ```
 //!
-//! A commit writes every blob, then the manifest with `PutMode::Create`, then moves HEAD. A crash
-//! at any point leaves either no manifest (the checkpoint does not exist; its blobs are garbage)
-//! or a complete checkpoint that HEAD may or may not name yet.
-//!
-//! HEAD moves by a conditional put: `PutMode::Update` with the e-tag/version from a `head()` when
-//! HEAD exists, `PutMode::Create` when it does not. Where the backend answers `NotImplemented` for
-//! conditional puts (the local filesystem backend does for `Update`), HEAD is written with a
-//! plain put instead, which is still atomic there (write to a staging file, then rename); on such
-//! a backend two concurrent committers are not detected, and the last one wins.
+//! A commit reads the branch head (generation `n`), writes every blob (create-only; blobs of at
+//! least the multipart threshold as S3 multipart uploads), then the manifest with
+//! `PutMode::Create`, then creates `HEAD.<n+1>` with `PutMode::Create` (BR-2). No step renames or
+//! overwrites, so the protocol holds on S3 semantics. A crash at any point leaves either no
+//! manifest (the checkpoint does not exist; its blobs are orphans for `gc`) or a complete
+//! checkpoint that the head may or may not name yet.
 //!
 //! Invariants:
 //! - CK-1: a checkpoint is committed iff `checkpoints/<id>/MANIFEST.json` exists; the manifest is
 //!   written only after every blob it lists, and never overwritten.
-//! - CK-2: HEAD only ever names a committed checkpoint: it is written after the manifest.
-//! - CK-3: where the backend supports conditional puts, a HEAD moved by another writer between our
-//!   read and our write makes the commit fail with `Conflict` (the new checkpoint stays committed
-//!   and listable) instead of silently replacing the other writer's HEAD.
+//! - CK-2: a head only ever names a committed checkpoint: it is written after the manifest.
+//! - CK-3: two writers racing to commit on one branch head: exactly one moves the head; the other
+//!   gets `Conflict` (its checkpoint stays committed and listable, off any branch). With
+//!   [`ExpectHead::Id`] a head moved by anyone since the caller last saw it is also a `Conflict`.
 //! - CK-4: [`RunStore::read_checkpoint_file`] returns a blob only if its size and crc32 match the
 //!   manifest; any mismatch, a missing blob or an unreadable manifest is `CorruptCheckpoint`.
 //! - CK-5: checkpoint ids are `{step:08}-{8 hex}`; the hex part mixes the clock, the process id
 //!   and a counter, so two branches committing the same step get different ids.
 //! - CK-6: blob names are single plain key segments (KY-2), unique, and never `MANIFEST.json`.
+//! - CK-7 (resume): [`RunStore::resume_point`] returns the newest checkpoint on the branch's
+//!   lineage whose every blob verifies (CK-4), starting at the head; each one skipped on the way is
+//!   reported with its reason and its corrupt blob is quarantined (QU-1). If none verifies it is an
+//!   error, never "start from scratch".
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use object_store::{ObjectStoreExt, PutMode, UpdateVersion};
+use object_store::{PutMultipartOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::key::{to_path, validate_segment};
-use crate::root::RunStore;
+use crate::key::{to_path, validate_branch, validate_segment};
+use crate::root::{RunStore, DEFAULT_BRANCH};
 
 /// The manifest format this build writes and reads.
 pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
 const MANIFEST: &str = "MANIFEST.json";
+/// Size of one part of a multipart blob upload (S3's minimum part size is 5 MiB).
+const PART_BYTES: usize = 8 << 20;
+
+/// What the committer believes the branch head is (CK-3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExpectHead {
+    /// Whatever the head is when the commit starts (still exactly one winner among racers).
+    Current,
+    /// The branch must have no head yet (a new branch).
+    NoHead,
+    /// The head must still name this checkpoint.
+    Id(String),
+}
+
+/// A checkpoint passed over on the way to a verifiable one (CK-7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedCheckpoint {
+    /// Its id.
+    pub id: String,
+    /// Why it could not be used.
+    pub reason: String,
+}
+
+/// Where a run resumes: a verified checkpoint and its blobs.
+#[derive(Debug, Clone)]
+pub struct ResumePoint {
+    /// The verified checkpoint.
+    pub manifest: CheckpointManifest,
+    /// Every blob of it, verified, in manifest order.
+    pub files: Vec<(String, Bytes)>,
+    /// The branch head when resume looked (differs from `manifest.id` after a fallback).
+    pub head: String,
+    /// Newer checkpoints of the lineage that failed verification, newest first.
+    pub skipped: Vec<SkippedCheckpoint>,
+}
 
 /// Where the data stream stood when the checkpoint was taken, so training resumes exactly there.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
@@ -54,9 +90,16 @@ pub struct DataPosition {
     /// Batch seqs trained on since the parent checkpoint.
     pub consumed_batches: Vec<u64>,
     /// First task ids of task ranges handed out to generators but not yet trained on when the
-    /// checkpoint was taken; a resumed run owes them first.
+    /// checkpoint was taken (in flight); a resumed run owes them first.
     #[serde(default)]
     pub pending_tasks: Vec<u64>,
+    /// First task ids of the ranges trained on since the parent checkpoint, in training order.
+    #[serde(default)]
+    pub consumed_tasks: Vec<u64>,
+    /// Batch seqs found or produced since the parent checkpoint and dropped (stale, or a lost
+    /// future found on resume); their ranges were owed again.
+    #[serde(default)]
+    pub dropped_batches: Vec<u64>,
 }
 
 /// One blob of a checkpoint, as recorded in its manifest.
@@ -79,6 +122,9 @@ pub struct CheckpointManifest {
     pub id: String,
     /// The checkpoint training resumed from, if any.
     pub parent: Option<String>,
+    /// The branch it was committed on.
+    #[serde(default = "default_branch")]
+    pub branch: String,
     /// Optimizer step.
     pub step: u64,
     /// Policy version of the saved weights.
@@ -122,6 +168,10 @@ pub struct NewCheckpoint {
     pub files: Vec<(String, Bytes)>,
 }
 
+fn default_branch() -> String {
+    DEFAULT_BRANCH.to_string()
+}
+
 fn corrupt(id: &str, reason: String) -> StoreError {
     StoreError::CorruptCheckpoint {
         id: id.to_string(),
@@ -130,12 +180,39 @@ fn corrupt(id: &str, reason: String) -> StoreError {
 }
 
 impl RunStore {
-    /// Commits a checkpoint: blobs, then the manifest (CK-1), then HEAD (CK-2, CK-3).
+    /// Commits a checkpoint on this handle's branch, expecting whatever head it has now.
     pub async fn commit_checkpoint(
         &self,
         ckpt: NewCheckpoint,
     ) -> Result<CheckpointManifest, StoreError> {
+        let branch = self.branch().to_string();
+        self.commit_checkpoint_on(&branch, ckpt, ExpectHead::Current)
+            .await
+    }
+
+    /// Commits a checkpoint on `branch`: blobs, then the manifest (CK-1), then the head
+    /// (CK-2, CK-3). The parent is whatever `ckpt.parent` says (any checkpoint, on any branch),
+    /// so "start branch X from checkpoint P" is `commit_checkpoint_on("X", {parent: P}, NoHead)`.
+    pub async fn commit_checkpoint_on(
+        &self,
+        branch: &str,
+        ckpt: NewCheckpoint,
+        expect: ExpectHead,
+    ) -> Result<CheckpointManifest, StoreError> {
+        validate_branch(branch)?;
         check_new(&ckpt)?;
+        let head = self.branch_head(branch).await?;
+        let head_key =
+            || crate::branch::head_rel_key(branch, head.as_ref().map_or(0, |h| h.generation));
+        match (&expect, &head) {
+            (ExpectHead::Current, _) | (ExpectHead::NoHead, None) => {}
+            (ExpectHead::Id(want), Some(h)) if *want == h.id => {}
+            _ => {
+                return Err(StoreError::Conflict {
+                    key: self.full_key(&head_key()),
+                })
+            }
+        }
         let id = new_id(ckpt.step, &ckpt.config_hash);
         let files: Vec<FileEntry> = ckpt
             .files
@@ -148,7 +225,7 @@ impl RunStore {
             .collect();
         let puts = ckpt.files.into_iter().map(|(name, bytes)| {
             let key = self.full_key(&format!("checkpoints/{id}/{name}"));
-            async move { self.put_full(&key, bytes, PutMode::Create).await }
+            async move { self.put_blob(&key, bytes).await }
         });
         futures::future::try_join_all(puts).await?;
 
@@ -156,6 +233,7 @@ impl RunStore {
             format_version: CHECKPOINT_FORMAT_VERSION,
             id: id.clone(),
             parent: ckpt.parent,
+            branch: branch.to_string(),
             step: ckpt.step,
             policy_version: ckpt.policy_version,
             created_unix_ms: u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0),
@@ -167,32 +245,125 @@ impl RunStore {
             metrics: ckpt.metrics,
         };
         let body = Bytes::from(serde_json::to_vec_pretty(&manifest)?);
-        self.put_full(&self.manifest_key(&id), body, PutMode::Create)
+        self.create_idempotent(&self.manifest_key(&id), body)
             .await?;
-        self.move_head(&id).await?;
-        tracing::info!(id = %id, step = manifest.step, root = self.root_url(), "committed checkpoint");
+        self.advance_head(branch, head.map(|h| h.generation), &id)
+            .await?;
+        tracing::info!(id = %id, branch, step = manifest.step, root = self.root_url(), "committed checkpoint");
         Ok(manifest)
     }
 
-    /// The checkpoint HEAD names, or `None` when no checkpoint was ever committed.
+    /// The checkpoint this branch's head names, or `None` when the branch has no checkpoint.
+    /// The blobs are not verified here; [`RunStore::resume_point`] does that.
     pub async fn latest_checkpoint(&self) -> Result<Option<CheckpointManifest>, StoreError> {
-        let head = match self.get_full(&self.head_key()).await {
-            Ok(bytes) => bytes,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(head) = self.branch_head(self.branch()).await? else {
+            return Ok(None);
         };
-        let id = std::str::from_utf8(&head)
-            .map_err(|_| corrupt("HEAD", "checkpoints/HEAD is not UTF-8".into()))?
-            .trim();
-        validate_segment(id)
-            .map_err(|e| corrupt("HEAD", format!("checkpoints/HEAD does not hold an id: {e}")))?;
-        match self.read_manifest(id).await? {
+        match self.read_manifest(&head.id).await? {
             Some(manifest) => Ok(Some(manifest)),
             None => Err(corrupt(
-                id,
-                "HEAD names it but its MANIFEST.json does not exist".into(),
+                &head.id,
+                format!(
+                    "the head of branch {} names it but its MANIFEST.json does not exist",
+                    head.branch
+                ),
             )),
         }
+    }
+
+    /// The manifest of checkpoint `id`; `NotFound` if it was never committed.
+    pub async fn checkpoint(&self, id: &str) -> Result<CheckpointManifest, StoreError> {
+        validate_segment(id)?;
+        self.read_manifest(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound {
+                key: self.manifest_key(id),
+            })
+    }
+
+    /// Reads every blob of a checkpoint and verifies it against the manifest (CK-4).
+    pub async fn verify_checkpoint(
+        &self,
+        manifest: &CheckpointManifest,
+    ) -> Result<Vec<(String, Bytes)>, StoreError> {
+        self.verify_files(manifest).await.map_err(|(_, e)| e)
+    }
+
+    /// Blobs verified, or the name of the blob that failed (if one did) and the error.
+    async fn verify_files(
+        &self,
+        manifest: &CheckpointManifest,
+    ) -> Result<Vec<(String, Bytes)>, (Option<String>, StoreError)> {
+        let mut out = Vec::with_capacity(manifest.files.len());
+        for f in &manifest.files {
+            match self.read_checkpoint_file(manifest, &f.name).await {
+                Ok(bytes) => out.push((f.name.clone(), bytes)),
+                Err(e) => return Err((Some(f.name.clone()), e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest verifiable checkpoint on this branch's lineage (CK-7), or `None` when the branch
+    /// has no head.
+    pub async fn resume_point(&self) -> Result<Option<ResumePoint>, StoreError> {
+        let Some(head) = self.branch_head(self.branch()).await? else {
+            return Ok(None);
+        };
+        let mut skipped = Vec::new();
+        let mut next = Some(head.id.clone());
+        while let Some(id) = next.take() {
+            let manifest = match self.read_manifest(&id).await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    skipped.push(SkippedCheckpoint {
+                        id: id.clone(),
+                        reason: "its MANIFEST.json does not exist".into(),
+                    });
+                    break;
+                }
+                Err(StoreError::CorruptCheckpoint { reason, .. }) => {
+                    let _ = self
+                        .quarantine(&format!("checkpoints/{id}/{MANIFEST}"), &reason)
+                        .await;
+                    skipped.push(SkippedCheckpoint { id, reason });
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            match self.verify_files(&manifest).await {
+                Ok(files) => {
+                    for s in &skipped {
+                        tracing::warn!(skipped = %s.id, reason = %s.reason, resumed = %manifest.id,
+                            "checkpoint failed verification; resuming from its newest verifiable ancestor");
+                    }
+                    return Ok(Some(ResumePoint {
+                        manifest,
+                        files,
+                        head: head.id,
+                        skipped,
+                    }));
+                }
+                Err((name, StoreError::CorruptCheckpoint { reason, .. })) => {
+                    if let Some(name) = name {
+                        let _ = self
+                            .quarantine(&format!("checkpoints/{id}/{name}"), &reason)
+                            .await;
+                    }
+                    skipped.push(SkippedCheckpoint { id, reason });
+                    next = manifest.parent.clone();
+                }
+                Err((_, e)) => return Err(e),
+            }
+        }
+        Err(StoreError::NoVerifiableCheckpoint {
+            branch: self.branch().to_string(),
+            skipped: skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.id, s.reason))
+                .collect::<Vec<_>>()
+                .join("; "),
+        })
     }
 
     /// Every committed checkpoint (CK-1), sorted by step, then creation time, then id.
@@ -269,16 +440,15 @@ impl RunStore {
         Ok(bytes)
     }
 
-    fn head_key(&self) -> String {
-        self.full_key("checkpoints/HEAD")
-    }
-
-    fn manifest_key(&self, id: &str) -> String {
+    pub(crate) fn manifest_key(&self, id: &str) -> String {
         self.full_key(&format!("checkpoints/{id}/{MANIFEST}"))
     }
 
     /// The manifest of `id`, `None` if it does not exist, `CorruptCheckpoint` if it does not parse.
-    async fn read_manifest(&self, id: &str) -> Result<Option<CheckpointManifest>, StoreError> {
+    pub(crate) async fn read_manifest(
+        &self,
+        id: &str,
+    ) -> Result<Option<CheckpointManifest>, StoreError> {
         let bytes = match self.get_full(&self.manifest_key(id)).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => return Ok(None),
@@ -305,38 +475,38 @@ impl RunStore {
         Ok(Some(manifest))
     }
 
-    /// Points HEAD at `id` with a conditional put where the backend has one (CK-3).
-    async fn move_head(&self, id: &str) -> Result<(), StoreError> {
-        let key = self.head_key();
-        let path = to_path(&key)?;
-        let mode = match self.backend().head(&path).await {
-            Ok(meta) => PutMode::Update(UpdateVersion {
-                e_tag: meta.e_tag,
-                version: meta.version,
-            }),
-            Err(e) => match StoreError::from_object_store(&key, e) {
-                StoreError::NotFound { .. } => PutMode::Create,
-                other => return Err(other),
-            },
-        };
-        let body = Bytes::from(format!("{id}\n"));
-        match self.put_full(&key, body.clone(), mode).await {
-            Ok(_) => Ok(()),
-            Err(StoreError::ObjectStore {
-                source: object_store::Error::NotImplemented { .. },
-                ..
-            }) => {
-                tracing::debug!(
-                    root = self.root_url(),
-                    "no conditional puts here; plain put of HEAD"
-                );
-                self.put_full(&key, body, PutMode::Overwrite)
-                    .await
-                    .map(|_| ())
-            }
-            Err(StoreError::AlreadyExists { key }) => Err(StoreError::Conflict { key }),
-            Err(e) => Err(e),
+    /// Writes one blob: create-only, or as a multipart upload at or above the threshold.
+    async fn put_blob(&self, full_key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        if (bytes.len() as u64) < self.multipart_threshold() {
+            return self.create_idempotent(full_key, bytes).await;
         }
+        let path = to_path(full_key)?;
+        let map = |e| StoreError::from_object_store(full_key, e);
+        let mut upload = self
+            .backend()
+            .put_multipart_opts(&path, PutMultipartOptions::default())
+            .await
+            .map_err(map)?;
+        let part = PART_BYTES.max(self.multipart_threshold() as usize);
+        let mut result = Ok(());
+        for chunk in (0..bytes.len()).step_by(part) {
+            let end = (chunk + part).min(bytes.len());
+            if let Err(e) = upload
+                .put_part(PutPayload::from(bytes.slice(chunk..end)))
+                .await
+            {
+                result = Err(map(e));
+                break;
+            }
+        }
+        if result.is_ok() {
+            result = upload.complete().await.map(|_| ()).map_err(map);
+            if result.is_ok() {
+                return Ok(());
+            }
+        }
+        let _ = upload.abort().await;
+        result
     }
 }
 
@@ -384,4 +554,4 @@ fn new_id(step: u64, config_hash: &str) -> String {
 
 #[cfg(test)]
 #[path = "checkpoint_tests.rs"]
-mod tests;
+pub(crate) mod tests;

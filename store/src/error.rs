@@ -170,6 +170,18 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// A branch has a head but no checkpoint on its lineage passes verification (CK-7).
+    #[error(
+        "branch {branch} has no verifiable checkpoint (tried: {skipped}); restore the run root \
+         from a backup or start a new branch with `keel train --from <checkpoint>`"
+    )]
+    NoVerifiableCheckpoint {
+        /// The branch.
+        branch: String,
+        /// Each checkpoint tried and why it failed.
+        skipped: String,
+    },
+
     /// A checkpoint to commit breaks a rule (bad metric value, duplicate or reserved file name).
     #[error("invalid checkpoint: {reason}; fix the caller that built it")]
     InvalidCheckpoint {

@@ -7,6 +7,8 @@
 //!   run root and nowhere else.
 //! - KY-2: a name accepted by [`validate_segment`] is a single such segment (no `/`).
 //! - KY-3: keys are at most [`MAX_KEY_BYTES`] bytes, the S3 limit.
+//! - KY-4: a name accepted by [`validate_name`] (run names, branch names, tags) is 1 to 64
+//!   characters of `A-Z a-z 0-9 . _ -`, not starting with `.` or `-`: a plain, portable segment.
 
 use object_store::path::Path;
 
@@ -72,6 +74,31 @@ pub fn validate_segment(name: &str) -> Result<(), StoreError> {
         ));
     }
     Ok(())
+}
+
+/// Checks KY-4 for a run, branch or tag name.
+pub fn validate_name(name: &str) -> Result<(), StoreError> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(reject(name, "a name must be 1 to 64 characters long"));
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return Err(reject(name, "a name must not start with '.' or '-'"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(reject(
+            name,
+            "a name may only contain letters, digits, '.', '_' and '-'",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks KY-4 for a branch name.
+pub fn validate_branch(name: &str) -> Result<(), StoreError> {
+    validate_name(name)
 }
 
 /// Joins an already validated prefix (possibly empty) and an already validated relative key.
@@ -144,6 +171,25 @@ mod tests {
             validate_segment(".."),
             Err(StoreError::InvalidKey { .. })
         ));
+    }
+
+    #[test]
+    fn ky4_names_are_plain() {
+        for ok in ["main", "from-00000006-abc", "run_1.b"] {
+            validate_name(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "..",
+            "a b",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -7,28 +7,47 @@
 //! - [`batch`] — the rollout data model and the zero-copy view of a stored batch.
 //! - [`frame`] — the `.krb` byte format (magic, version, length, crc32, zstd(rkyv)).
 //! - [`root`] — a run root on an object store; batch keys, generic objects, key validation.
-//! - [`checkpoint`] — the checkpoint commit protocol (blobs, manifest, HEAD).
+//! - [`checkpoint`] — the checkpoint commit protocol (blobs, manifest, branch head) and resume.
+//! - [`branch`] — branch heads moved by create-only puts (the compare-and-swap).
+//! - [`lineage`] — tags, ancestry, "newest checkpoint tagged T on the lineage of the head".
+//! - [`gc`] — lineage-aware retention and orphan collection.
+//! - [`quarantine`] — corrupt objects moved aside under `quarantine/`.
 //! - [`error`] — [`StoreError`].
 //!
 //! Invariants (each module states its own, numbered, and its tests are named after them):
 //! - KS-1: the store never overwrites a rollout batch or a checkpoint manifest (ST-1, CK-1).
 //! - KS-2: nothing read from the store is trusted before it is checked: batches by frame checks
 //!   and bytecheck (FR-1..FR-4), checkpoint blobs by size and crc32 (CK-4).
-//! - KS-3: no key a caller gives can leave the run root (ST-2, KY-1).
+//! - KS-3: no key a caller gives can leave the run root (ST-2, KY-1, KY-4).
+//! - KS-4: every commit is atomic on S3 semantics (no rename): create-only blobs, create-only
+//!   manifest, create-only head generation (CK-1..3, BR-2).
 
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod branch;
 pub mod checkpoint;
 pub mod error;
 pub mod frame;
+pub mod gc;
 mod key;
+pub mod lineage;
+pub mod quarantine;
 pub mod root;
+#[cfg(test)]
+mod test_backends;
 
 pub use batch::{
     ArchivedRolloutBatch, ArchivedSource, ArchivedTrajectory, ArchivedTurn, BatchBuf, RolloutBatch,
     Source, Trajectory, Turn,
 };
-pub use checkpoint::{CheckpointManifest, DataPosition, FileEntry, NewCheckpoint};
+pub use branch::BranchHead;
+pub use checkpoint::{
+    CheckpointManifest, DataPosition, ExpectHead, FileEntry, NewCheckpoint, ResumePoint,
+    SkippedCheckpoint,
+};
 pub use error::StoreError;
-pub use root::{BatchKey, RunStore};
+pub use gc::GcPlan;
+pub use key::{validate_name, validate_rel_key};
+pub use lineage::COLLECTED_TAG;
+pub use root::{BatchKey, RunStore, DEFAULT_BRANCH};

@@ -1,10 +1,17 @@
 //! A run root: the directory (local) or bucket prefix (S3) that holds everything one run writes.
 //!
 //! ```text
-//! <root>/batches/0000000012.krb      rollout batches, framed (see `frame`)
-//! <root>/checkpoints/<id>/...        checkpoints (see `checkpoint`)
-//! <root>/<any rel key>               other objects, through put_object / get_object
+//! <root>/batches/0000000012.krb                  rollout batches of branch `main`, framed (`frame`)
+//! <root>/branches/<b>/batches/0000000012.krb      rollout batches of any other branch `b`
+//! <root>/branches/<b>/HEAD.0000000007            branch heads (see `branch`)
+//! <root>/checkpoints/<id>/...                    checkpoints (see `checkpoint`)
+//! <root>/tags/<tag>/<id>                         tags added after commit (see `lineage`)
+//! <root>/quarantine/<rel key>                    corrupt objects moved aside (see `quarantine`)
+//! <root>/<any rel key>                           other objects, through put_object / get_object
 //! ```
+//!
+//! A [`RunStore`] handle is scoped to one branch ([`RunStore::on_branch`], default
+//! [`DEFAULT_BRANCH`]): its batches, its `latest_checkpoint` and its commits are that branch's.
 //!
 //! Invariants:
 //! - ST-1: a batch object is never overwritten: [`RunStore::put_batch`] writes with
@@ -19,6 +26,14 @@
 //! - ST-5: writes are atomic (all or nothing) on both backends; the local backend also fsyncs
 //!   files and directories before a write returns, matching S3's durability.
 //! - ST-6: S3 settings come only from the standard `AWS_*` environment; they are never logged.
+//! - ST-7: transient S3 failures (connection refused, timeouts, 5xx) are retried with exponential
+//!   backoff (0.1 s doubling to 5 s) for up to [`S3_RETRY_TIMEOUT`] per request, so an outage of
+//!   tens of seconds pauses the caller and loses nothing.
+//! - ST-9: object_store does not retry conditional (create-only / CAS) puts on transport errors;
+//!   `put_full` does, within the same time budget, and a create-only retry that finds its own
+//!   bytes already there succeeds (the first attempt landed).
+//! - ST-8: two branches never share a batch object: batch keys live under the branch's own
+//!   prefix, so branches of one run root can train at the same time.
 
 use std::path::Path as FsPath;
 use std::sync::Arc;
@@ -27,12 +42,22 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutResult};
+use object_store::{
+    BackoffConfig, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutResult,
+    RetryConfig,
+};
 
 use crate::batch::{BatchBuf, RolloutBatch};
 use crate::error::StoreError;
 use crate::frame::{decode_batch, encode_batch};
-use crate::key::{join, to_path, validate_rel_key};
+use crate::key::{join, to_path, validate_branch, validate_rel_key};
+
+/// The branch a run root trains on unless told otherwise.
+pub const DEFAULT_BRANCH: &str = "main";
+/// How long one S3 request is retried before its error surfaces (ST-7).
+pub const S3_RETRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Checkpoint blobs at least this large are uploaded in parts by default.
+pub const DEFAULT_MULTIPART_BYTES: u64 = 16 << 20;
 
 /// zstd level used for rollout batches: fast to write, ~3-4x on token streams.
 pub const BATCH_ZSTD_LEVEL: i32 = 3;
@@ -64,6 +89,8 @@ impl std::fmt::Display for BatchKey {
 #[derive(Clone)]
 pub struct RunStore {
     inner: Arc<Inner>,
+    branch: String,
+    multipart_bytes: u64,
 }
 
 struct Inner {
@@ -80,6 +107,7 @@ impl std::fmt::Debug for RunStore {
             .field("root", &self.inner.root_url)
             .field("backend", &self.inner.store.to_string())
             .field("prefix", &self.inner.prefix)
+            .field("branch", &self.branch)
             .finish()
     }
 }
@@ -131,7 +159,42 @@ impl RunStore {
                 prefix,
                 root_url: root.to_string(),
             }),
+            branch: DEFAULT_BRANCH.to_string(),
+            multipart_bytes: DEFAULT_MULTIPART_BYTES,
         })
+    }
+
+    /// The same run root, scoped to branch `name` (validated by KY-4).
+    pub fn on_branch(&self, name: &str) -> Result<RunStore, StoreError> {
+        validate_branch(name)?;
+        let mut other = self.clone();
+        other.branch = name.to_string();
+        Ok(other)
+    }
+
+    /// The branch this handle reads and commits on.
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    /// Checkpoint blobs of at least `bytes` bytes are uploaded in parts (S3 multipart).
+    pub fn with_multipart_threshold(mut self, bytes: u64) -> RunStore {
+        self.multipart_bytes = bytes.max(1);
+        self
+    }
+
+    /// The multipart threshold in bytes.
+    pub fn multipart_threshold(&self) -> u64 {
+        self.multipart_bytes
+    }
+
+    /// The relative folder of this branch's batches (ST-8).
+    pub fn batch_dir(&self) -> String {
+        if self.branch == DEFAULT_BRANCH {
+            "batches".to_string()
+        } else {
+            format!("branches/{}/batches", self.branch)
+        }
     }
 
     /// The root as the user gave it, for messages.
@@ -141,7 +204,7 @@ impl RunStore {
 
     /// The key batch `batch_seq` is stored under: `<prefix>/batches/{batch_seq:010}.krb`.
     pub fn batch_key(&self, batch_seq: u64) -> BatchKey {
-        BatchKey(self.full_key(&format!("batches/{batch_seq:010}.krb")))
+        BatchKey(self.full_key(&format!("{}/{batch_seq:010}.krb", self.batch_dir())))
     }
 
     /// Validates, encodes and stores `batch` under [`RunStore::batch_key`]; never overwrites (ST-1).
@@ -174,7 +237,7 @@ impl RunStore {
 
     /// Every stored batch, sorted by `batch_seq` (ST-3).
     pub async fn list_batches(&self) -> Result<Vec<BatchKey>, StoreError> {
-        let dir = self.full_key("batches");
+        let dir = self.full_key(&self.batch_dir());
         let path = to_path(&dir)?;
         let metas: Vec<_> = self
             .inner
@@ -216,19 +279,6 @@ impl RunStore {
 
     // ---- crate-internal primitives, shared with `checkpoint` --------------------------------
 
-    /// A run store over any backend, with an empty prefix (tests of backend-specific paths).
-    #[cfg(test)]
-    pub(crate) fn with_backend_for_tests(store: Arc<dyn ObjectStore>) -> RunStore {
-        let root_url = format!("test:{store}");
-        RunStore {
-            inner: Arc::new(Inner {
-                store,
-                prefix: String::new(),
-                root_url,
-            }),
-        }
-    }
-
     /// The backend.
     pub(crate) fn backend(&self) -> &dyn ObjectStore {
         self.inner.store.as_ref()
@@ -239,8 +289,51 @@ impl RunStore {
         join(&self.inner.prefix, rel)
     }
 
-    /// Writes `bytes` at a full key with `mode`; backend errors are mapped, not retried.
+    /// Writes `bytes` at a full key with `mode` (ST-9).
+    ///
+    /// object_store retries only requests it knows to be idempotent; a conditional PUT that dies
+    /// on a transport error (connection reset, refused while the server restarts) comes back at
+    /// once. Those are retried here with backoff for up to [`S3_RETRY_TIMEOUT`]. A create-only
+    /// retry that finds the object already holding exactly `bytes` is the first attempt having
+    /// landed, and counts as success.
     pub(crate) async fn put_full(
+        &self,
+        full_key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError> {
+        let started = std::time::Instant::now();
+        let mut backoff = std::time::Duration::from_millis(100);
+        let mut attempt = 0u32;
+        loop {
+            match self.put_once(full_key, bytes.clone(), mode.clone()).await {
+                Err(StoreError::AlreadyExists { key })
+                    if attempt > 0 && matches!(mode, PutMode::Create) =>
+                {
+                    return match self.get_full(full_key).await {
+                        Ok(existing) if existing == bytes => Ok(PutResult {
+                            e_tag: None,
+                            version: None,
+                            extensions: Default::default(),
+                        }),
+                        _ => Err(StoreError::AlreadyExists { key }),
+                    };
+                }
+                Err(StoreError::ObjectStore {
+                    key,
+                    source: object_store::Error::Generic { store, source },
+                }) if started.elapsed() < S3_RETRY_TIMEOUT => {
+                    attempt += 1;
+                    tracing::warn!(key = %key, store, attempt, error = %source, "transient store error; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn put_once(
         &self,
         full_key: &str,
         bytes: Bytes,
@@ -255,6 +348,58 @@ impl RunStore {
             .put_opts(&path, bytes.into(), opts)
             .await
             .map_err(|e| StoreError::from_object_store(full_key, e))
+    }
+
+    /// Deletes the object at a full key; a missing object is not an error.
+    pub(crate) async fn delete_full(&self, full_key: &str) -> Result<(), StoreError> {
+        let path = to_path(full_key)?;
+        match self.backend().delete(&path).await {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::from_object_store(full_key, e)),
+        }
+    }
+
+    /// Every object under the relative folder `rel_dir` (recursively); empty if there is none.
+    pub(crate) async fn list_rel(&self, rel_dir: &str) -> Result<Vec<ObjectMeta>, StoreError> {
+        validate_rel_key(rel_dir)?;
+        let dir = self.full_key(rel_dir);
+        let path = to_path(&dir)?;
+        match self.backend().list(Some(&path)).try_collect().await {
+            Ok(v) => Ok(v),
+            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(StoreError::from_object_store(&dir, e)),
+        }
+    }
+
+    /// The key relative to the run root of a full key, if it lies under the run root.
+    pub(crate) fn rel_key<'a>(&self, full_key: &'a str) -> Option<&'a str> {
+        if self.inner.prefix.is_empty() {
+            return Some(full_key);
+        }
+        full_key
+            .strip_prefix(self.inner.prefix.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+    }
+
+    /// Creates the object at a full key unless it exists; if it exists with exactly `bytes`
+    /// (a retried request whose first attempt landed), that counts as success.
+    pub(crate) async fn create_idempotent(
+        &self,
+        full_key: &str,
+        bytes: Bytes,
+    ) -> Result<(), StoreError> {
+        match self
+            .put_full(full_key, bytes.clone(), PutMode::Create)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(StoreError::AlreadyExists { key }) => match self.get_full(full_key).await {
+                Ok(existing) if existing == bytes => Ok(()),
+                _ => Err(StoreError::AlreadyExists { key }),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Reads the whole object at a full key.
@@ -292,9 +437,23 @@ fn open_s3(url: &url::Url) -> Result<(Arc<dyn ObjectStore>, String), String> {
         validate_rel_key(&prefix).map_err(|e| format!("bad prefix: {e}"))?;
     }
     let s3 = configure_s3(AmazonS3Builder::from_env(), bucket)
+        .with_retry(s3_retry())
         .build()
         .map_err(|e| format!("cannot configure S3 from the AWS_* environment: {e}"))?;
     Ok((Arc::new(s3), prefix))
+}
+
+/// Backoff and retry budget of every S3 request (ST-7).
+fn s3_retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: std::time::Duration::from_millis(100),
+            max_backoff: std::time::Duration::from_secs(5),
+            base: 2.0,
+        },
+        max_retries: 64,
+        retry_timeout: S3_RETRY_TIMEOUT,
+    }
 }
 
 /// Sets the bucket and, for an `http://` endpoint (a local S3-compatible server), allows plain

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::batch::tests::sample_batch;
+use crate::test_backends::{each_backend, flip_byte};
 use object_store::ClientConfigKey;
 
 fn local() -> (tempfile::TempDir, RunStore) {
@@ -12,89 +13,93 @@ fn local() -> (tempfile::TempDir, RunStore) {
 
 #[tokio::test]
 async fn st3_st4_put_get_list_batches() {
-    let (_dir, store) = local();
-    assert!(store.list_batches().await.expect("empty list").is_empty());
-    for seq in [12, 3, 10_000_000_000, 7] {
-        let key = store.put_batch(&sample_batch(seq)).await.expect("put");
-        assert_eq!(key, store.batch_key(seq));
-    }
-    assert_eq!(store.batch_key(12).0, "batches/0000000012.krb");
-    let keys = store.list_batches().await.expect("list");
-    let seqs: Vec<_> = keys.iter().map(|k| k.batch_seq().expect("seq")).collect();
-    assert_eq!(seqs, vec![3, 7, 12, 10_000_000_000]);
+    each_backend("st3", |store| async move {
+        assert!(store.list_batches().await.expect("empty list").is_empty());
+        for seq in [12, 3, 10_000_000_000, 7] {
+            let key = store.put_batch(&sample_batch(seq)).await.expect("put");
+            assert_eq!(key, store.batch_key(seq));
+        }
+        assert!(store.batch_key(12).0.ends_with("batches/0000000012.krb"));
+        let keys = store.list_batches().await.expect("list");
+        let seqs: Vec<_> = keys.iter().map(|k| k.batch_seq().expect("seq")).collect();
+        assert_eq!(seqs, vec![3, 7, 12, 10_000_000_000]);
 
-    let buf = store.get_batch(&store.batch_key(7)).await.expect("get");
-    assert_eq!(buf.to_owned().expect("deserialize"), sample_batch(7));
-    assert_eq!(buf.archived().batch_seq.to_native(), 7);
+        let buf = store.get_batch(&store.batch_key(7)).await.expect("get");
+        assert_eq!(buf.to_owned().expect("deserialize"), sample_batch(7));
+        assert_eq!(buf.archived().batch_seq.to_native(), 7);
 
-    // Other objects under batches/ are ignored by the listing.
-    store
-        .put_object("batches/README", Bytes::from_static(b"hi"))
-        .await
-        .expect("put");
-    assert_eq!(store.list_batches().await.expect("list").len(), 4);
+        // Other objects under batches/ are ignored by the listing.
+        store
+            .put_object("batches/README", Bytes::from_static(b"hi"))
+            .await
+            .expect("put");
+        assert_eq!(store.list_batches().await.expect("list").len(), 4);
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn st1_second_put_of_a_seq_is_already_exists() {
-    let (_dir, store) = local();
-    store.put_batch(&sample_batch(5)).await.expect("first put");
-    let mut other = sample_batch(5);
-    other.generator_id = 99;
-    match store.put_batch(&other).await {
-        Err(StoreError::AlreadyExists { key }) => assert_eq!(key, "batches/0000000005.krb"),
-        r => panic!("expected AlreadyExists, got {r:?}"),
-    }
-    let kept = store
-        .get_batch(&store.batch_key(5))
-        .await
-        .expect("get")
-        .to_owned()
-        .expect("owned");
-    assert_eq!(kept.generator_id, 3, "the first batch must be untouched");
+    each_backend("st1", |store| async move {
+        store.put_batch(&sample_batch(5)).await.expect("first put");
+        let mut other = sample_batch(5);
+        other.generator_id = 99;
+        match store.put_batch(&other).await {
+            Err(StoreError::AlreadyExists { key }) => {
+                assert!(key.ends_with("batches/0000000005.krb"), "{key}")
+            }
+            r => panic!("expected AlreadyExists, got {r:?}"),
+        }
+        let kept = store
+            .get_batch(&store.batch_key(5))
+            .await
+            .expect("get")
+            .to_owned()
+            .expect("owned");
+        assert_eq!(kept.generator_id, 3, "the first batch must be untouched");
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn st4_corrupt_batch_names_its_key() {
-    let (dir, store) = local();
-    store.put_batch(&sample_batch(1)).await.expect("put");
-    let file = dir.path().join("batches/0000000001.krb");
-    let mut bytes = std::fs::read(&file).expect("read");
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    std::fs::write(&file, bytes).expect("write");
-    match store.get_batch(&store.batch_key(1)).await {
-        Err(e @ StoreError::CorruptBatch { .. }) => {
-            let StoreError::CorruptBatch { key, source } = &e else {
-                unreachable!()
-            };
-            assert_eq!(key, "batches/0000000001.krb");
-            assert!(
-                matches!(**source, StoreError::ChecksumMismatch { .. }),
-                "{source:?}"
-            );
-            assert!(e
-                .to_string()
-                .starts_with("rollout batch batches/0000000001.krb is corrupt"));
+    each_backend("st4", |store| async move {
+        store.put_batch(&sample_batch(1)).await.expect("put");
+        flip_byte(&store, "batches/0000000001.krb", usize::MAX).await;
+        match store.get_batch(&store.batch_key(1)).await {
+            Err(e @ StoreError::CorruptBatch { .. }) => {
+                let StoreError::CorruptBatch { key, source } = &e else {
+                    unreachable!()
+                };
+                assert!(key.ends_with("batches/0000000001.krb"), "{key}");
+                assert!(
+                    matches!(**source, StoreError::ChecksumMismatch { .. }),
+                    "{source:?}"
+                );
+                assert!(e.to_string().contains("batches/0000000001.krb is corrupt"));
+            }
+            r => panic!("expected CorruptBatch, got {r:?}"),
         }
-        r => panic!("expected CorruptBatch, got {r:?}"),
-    }
-    assert!(matches!(
-        store.get_batch(&store.batch_key(2)).await,
-        Err(StoreError::NotFound { .. })
-    ));
+        assert!(matches!(
+            store.get_batch(&store.batch_key(2)).await,
+            Err(StoreError::NotFound { .. })
+        ));
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn st1_invalid_batches_are_not_stored() {
-    let (_dir, store) = local();
-    let mut b = sample_batch(1);
-    b.trajectories[0].loss_mask.clear();
-    assert!(matches!(
-        store.put_batch(&b).await,
-        Err(StoreError::InvalidBatch { .. })
-    ));
-    assert!(store.list_batches().await.expect("list").is_empty());
+    each_backend("st1b", |store| async move {
+        let mut b = sample_batch(1);
+        b.trajectories[0].loss_mask.clear();
+        assert!(matches!(
+            store.put_batch(&b).await,
+            Err(StoreError::InvalidBatch { .. })
+        ));
+        assert!(store.list_batches().await.expect("list").is_empty());
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ const MAX_REDRAWS: usize = 1000;
 const EVAL_BUCKETS: u64 = 10;
 
 /// A binary operator of the calculator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Op {
     Add,
     Sub,
@@ -71,7 +71,7 @@ pub(crate) fn in_range(v: i64) -> bool {
 }
 
 /// `first op₁ x₁ op₂ x₂ …`, evaluated left to right.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Expression {
     first: i64,
     steps: Vec<(Op, i64)>,
@@ -106,6 +106,11 @@ impl Expression {
             }
         }
         Expression { first, steps }
+    }
+
+    /// Number of operations.
+    pub(crate) fn len(&self) -> usize {
+        self.steps.len()
     }
 
     pub(crate) fn first(&self) -> i64 {

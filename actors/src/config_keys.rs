@@ -1,0 +1,207 @@
+//! The declaration of every config key: its allowed range and its doc, in one table. `keel config
+//! explain` and `docs` are derived from it; the type and default come from `TrainConfig::default()`
+//! itself, so they cannot be wrong.
+//!
+//! Invariants:
+//! - CX-1: the table lists exactly the keys that `TrainConfig::default()` serialises to, no
+//!   more and no fewer (test `table_matches_the_schema`); adding a config field without a row
+//!   here fails the build's tests with the key's name.
+//! - CX-2: a key's type and default shown to users are read from the serialised default
+//!   config, never written by hand.
+
+use crate::config::TrainConfig;
+
+/// One config key: `section.key`, allowed range (as users write values) and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyDoc {
+    /// `section.key` as written in TOML.
+    pub key: &'static str,
+    /// The allowed values.
+    pub range: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+const fn k(key: &'static str, range: &'static str, doc: &'static str) -> KeyDoc {
+    KeyDoc { key, range, doc }
+}
+
+/// Every config key (CX-1).
+pub const KEYS: &[KeyDoc] = &[
+    k("run.name", "1-64 chars of [A-Za-z0-9_-]", "Name of the run; the `run` label of every metric and the default run root runs/<name>."),
+    k("run.seed", "any u64", "Seed of everything: model init, task order, sampling, minibatch order."),
+    k("run.steps", ">= 1", "RL steps (learner updates) in total."),
+    k("run.mode", "sync | async", "sync: generate, train, publish, repeat; async: generators run ahead within run.staleness_bound."),
+    k("run.staleness_bound", ">= 1 in async mode", "Async: most policy versions between a sampled token and the update using it."),
+    k("run.checkpoint_every", ">= 1", "Commit a checkpoint every this many RL steps (and at the end)."),
+    k("run.device", "cpu | cuda | auto", "Torch device; auto = CUDA when available."),
+    k("run.threads", ">= 0", "Torch intra-op threads (0 = torch's default)."),
+    k("run.sigterm_grace_s", ">= 1", "On SIGTERM/SIGINT: seconds to finish the step, commit a checkpoint and exit 0 (else exit 1)."),
+    k("run.checkpoint_multipart_bytes", ">= 1", "Checkpoint blobs at least this large go up as S3 multipart uploads (parts of max(this, 8 MiB))."),
+    k("env.name", "calc | search-qa | household | shop | sokoban | solver-verifier | search-team | external", "Environment name (`keel env list`)."),
+    k("env.difficulty", "1..=4 (1..=3 for search-qa, search-team)", "The difficulty knob; sets the horizon. `n_ops` is an alias (calc: operations per task)."),
+    k("env.url", "http://... when env.name = external", "Base URL of an env server speaking keel's HTTP+JSON env protocol."),
+    k("env.timeout_ms", ">= 1", "External env: deadline of one request."),
+    k("env.retries", ">= 0", "External env: retries after a failed request (steps are idempotent per turn)."),
+    k("env.concurrency", ">= 1", "Episodes each env shard steps at once (threads)."),
+    k("env.latency", "none | lognormal | pareto", "Simulated long-tailed step latency (async-vs-sync benchmarks)."),
+    k("env.latency_ms", "> 0", "Latency median (lognormal) or minimum (pareto), milliseconds."),
+    k("env.latency_shape", "> 0", "Lognormal sigma or Pareto tail index alpha."),
+    k("env.latency_cap_ms", "> 0", "Longest simulated delay, milliseconds."),
+    k("model.context_len", ">= 16 and >= the env's horizon", "Longest token sequence (prompt + all turns)."),
+    k("model.n_layer", ">= 1", "Transformer blocks."),
+    k("model.d_model", ">= 8, a multiple of model.n_head", "Residual width."),
+    k("model.n_head", ">= 1", "Attention heads."),
+    k("sft.steps", ">= 0", "SFT warm-start optimizer steps (0 skips the warm start)."),
+    k("sft.batch_size", ">= 1", "Demonstrations per SFT step."),
+    k("sft.lr", "(0, 1]", "SFT learning rate."),
+    k("sft.demos", ">= 1 when sft.steps > 0", "Demonstrations generated from train task seeds."),
+    k("sft.noise", "[0, 1]", "Probability that a demonstrated turn is replaced by a plausible mistake."),
+    k("rollout.tasks_per_batch", ">= 1", "Distinct tasks per rollout batch."),
+    k("rollout.group_size", ">= 1", "Episodes per task (a GRPO group)."),
+    k("rollout.temperature", "(0, 10]", "Sampling temperature (1 = the policy itself)."),
+    k("rollout.max_turn_tokens", ">= 1", "Most tokens the model may emit in one turn."),
+    k("rollout.generators", ">= 1", "Generator actors."),
+    k("rollout.env_shards", ">= 1", "Environment-shard actors."),
+    k("rollout.eval_tasks", ">= 1", "Held-out tasks per evaluation."),
+    k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (clip_low, clip_high, dual_clip, loss_agg, kl_coef, ...)."),
+    k("learner.lr", "(0, 1]", "AdamW learning rate."),
+    k("learner.weight_decay", "[0, 1]", "AdamW decoupled weight decay."),
+    k("learner.max_grad_norm", "> 0", "Global gradient-norm clip."),
+    k("learner.epochs", ">= 1", "Passes over each batch."),
+    k("learner.minibatches", ">= 1", "Optimizer steps per pass."),
+    k("metrics.enabled", "true | false", "Serve Prometheus /metrics while training."),
+    k("metrics.bind", "an IP address", "Address of /metrics; loopback unless you mean to expose it."),
+    k("metrics.port", "0..=65535", "Port of /metrics (0 picks a free port, printed at start)."),
+    k("metrics.pushgateway_url", "empty or http(s)://host:port", "Push the final metrics to this Prometheus Pushgateway when the run ends (batch jobs)."),
+    k("guard.enabled", "true | false", "Collapse guard: skip non-finite steps and rewind on collapse; off = a non-finite step ends the run."),
+    k("guard.max_consecutive_skips", ">= 1", "Non-finite steps in a row that trigger a rewind."),
+    k("guard.window", ">= 1", "Healthy values in each median window (grad norm, KL)."),
+    k("guard.warmup", ">= 0", "Healthy values needed before spikes are judged."),
+    k("guard.grad_norm_spike_ratio", "0 (off) or > 1", "Rewind when the grad norm exceeds this many times its recent median."),
+    k("guard.grad_norm_floor", ">= 0", "Grad norms at or below this are never spikes."),
+    k("guard.kl_spike_ratio", "0 (off) or > 1", "Rewind when the KL to the behaviour policy exceeds this many times its recent median."),
+    k("guard.kl_floor", ">= 0", "KL values at or below this are never spikes."),
+    k("guard.max_rewinds", ">= 0", "Rewinds allowed before the run gives up with an error."),
+    k("guard.rewind_lr_factor", "(0, 1]", "Learning rate multiplier applied at every rewind (1 keeps it)."),
+    k("faults.nan_loss_at_step", ">= 0 (0 = off)", "TESTING AID: poison the update producing this policy version with NaN log-probs."),
+    k("faults.nan_loss_count", ">= 1", "TESTING AID: attempts at that update poisoned in a row."),
+    k("faults.lr_blowup_at_step", ">= 0 (0 = off)", "TESTING AID: before the update producing this version, set the learning rate to faults.lr_blowup_to."),
+    k("faults.lr_blowup_to", "(0, 1]", "TESTING AID: the blown-up learning rate."),
+];
+
+/// One row of `keel config explain`: the declaration plus type and default from the schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyInfo {
+    /// `section.key`.
+    pub key: String,
+    /// `integer`, `float`, `string`, `boolean`, `array` or `table`.
+    pub kind: &'static str,
+    /// The default as TOML.
+    pub default: String,
+    /// Allowed values.
+    pub range: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+fn kind_of(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Number(n) if n.is_f64() => "float",
+        serde_json::Value::Number(_) => "integer",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "table",
+        serde_json::Value::Null => "optional",
+    }
+}
+
+/// Every `section.key` of the default config with its value (CX-2). Serialised through JSON so
+/// that optional keys (unset by default) are listed too.
+pub fn schema_keys() -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    if let Ok(serde_json::Value::Object(root)) = serde_json::to_value(TrainConfig::default()) {
+        for (section, v) in root {
+            match v {
+                serde_json::Value::Object(t) => {
+                    out.extend(t.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)))
+                }
+                other => out.push((section, other)),
+            }
+        }
+    }
+    out
+}
+
+/// The full listing: every declared key with its type and default (CX-2), in table order.
+pub fn explain() -> Vec<KeyInfo> {
+    let schema = schema_keys();
+    KEYS.iter()
+        .map(|d| {
+            let value = schema.iter().find(|(k, _)| k == d.key).map(|(_, v)| v);
+            KeyInfo {
+                key: d.key.to_string(),
+                kind: value.map_or("?", kind_of),
+                default: value.map_or_else(
+                    || "?".into(),
+                    |v| {
+                        if v.is_null() {
+                            "unset".into()
+                        } else {
+                            v.to_string()
+                        }
+                    },
+                ),
+                range: d.range,
+                doc: d.doc,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_matches_the_schema() {
+        let schema: Vec<String> = schema_keys().into_iter().map(|(k, _)| k).collect();
+        assert!(
+            schema.len() > 20,
+            "the default config did not serialise: {schema:?}"
+        );
+        let declared: Vec<&str> = KEYS.iter().map(|d| d.key).collect();
+        for key in &schema {
+            assert!(
+                declared.contains(&key.as_str()),
+                "config key `{key}` has no row in actors/src/config_keys.rs KEYS: add one"
+            );
+        }
+        for key in &declared {
+            assert!(
+                schema.iter().any(|k| k == key),
+                "KEYS row `{key}` is not a config key any more: remove it"
+            );
+        }
+        let mut sorted = declared.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), declared.len(), "a key is declared twice");
+    }
+
+    #[test]
+    fn explain_reads_types_and_defaults_from_the_schema() {
+        let rows = explain();
+        let steps = rows
+            .iter()
+            .find(|r| r.key == "run.steps")
+            .expect("run.steps");
+        assert_eq!((steps.kind, steps.default.as_str()), ("integer", "200"));
+        let bind = rows
+            .iter()
+            .find(|r| r.key == "metrics.bind")
+            .expect("metrics.bind");
+        assert_eq!(bind.default, "\"127.0.0.1\"");
+        assert!(rows.iter().all(|r| r.kind != "?"), "every row resolves");
+    }
+}

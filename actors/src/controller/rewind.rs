@@ -1,0 +1,190 @@
+//! The collapse guard's action (CT-4): rewind to the newest healthy checkpoint on the lineage and
+//! continue on a new branch from it.
+//!
+//! Steps, in order: refuse if the rewind budget is spent (GD-5); bump the epoch so that every
+//! batch sampled on the abandoned branch is discarded, giving the ready ones' task ranges back
+//! now and the in-flight ones' when they arrive; find `newest_tagged_on_lineage("healthy")` on
+//! the current branch; restore its files into the learner and set the lowered learning rate;
+//! publish the restored weights under a new board epoch (WB-3); tag the abandoned head
+//! `rewound-to-rewind-<n>` (GD-6); switch the store handle and the metrics to the new branch
+//! `rewind-<n>`; commit the branch's first checkpoint (parent: the healthy one; tags `rewind`,
+//! `anomaly-<kind>`) before any further update.
+
+use actix::prelude::*;
+use bytes::Bytes;
+use keel_store::RunStore;
+
+use super::Controller;
+use crate::error::ActorError;
+use crate::events::TrainEvent;
+use crate::guard::{Anomaly, HEALTHY_TAG, REWOUND_TO_PREFIX};
+use crate::learner_actor::{CurrentWeights, Restore, SetLearningRate};
+use crate::weights::PublishedWeights;
+
+/// The prefix of branches started by a rewind.
+pub const REWIND_BRANCH_PREFIX: &str = "rewind-";
+
+/// What the asynchronous part of a rewind found and did.
+struct Rewound {
+    target_id: String,
+    target_step: u64,
+    version: u64,
+    weights: PublishedWeights,
+    branch: String,
+    read_seconds: f64,
+    read_bytes: u64,
+}
+
+/// The first `rewind-<n>` not among `existing` branch names.
+pub fn next_rewind_branch<'a>(existing: impl IntoIterator<Item = &'a str>) -> String {
+    let taken: std::collections::BTreeSet<&str> = existing.into_iter().collect();
+    (1u64..)
+        .map(|n| format!("{REWIND_BRANCH_PREFIX}{n}"))
+        .find(|b| !taken.contains(b.as_str()))
+        .unwrap_or_default()
+}
+
+impl Controller {
+    /// Rewinds after `anomaly` (CT-4, GD-5).
+    pub(super) fn rewind(&mut self, anomaly: Anomaly, ctx: &mut Context<Self>) {
+        let rewinds = self.guard.rewinds();
+        tracing::warn!(step = self.s.version, anomaly = %anomaly, rewinds, "collapse guard: anomaly");
+        if !self.guard.may_rewind() {
+            return self.finish(
+                ctx,
+                Err(ActorError::Collapse {
+                    reason: anomaly.to_string(),
+                    rewinds,
+                }),
+            );
+        }
+        self.rewinding = true;
+        self.epoch += 1;
+        for b in self.ready.drain(..) {
+            self.cursor.give_back(b.first_task);
+            self.dropped += 1;
+            self.s.metrics.batches_dropped_by.inc_for("rewind", 1);
+        }
+        let from_step = self.s.version;
+        let store: RunStore = self.s.store.clone();
+        let io = self.s.io.clone();
+        let learner = self.s.learner.clone();
+        let lr = self.s.cfg.learner.lr * self.s.cfg.guard.rewind_lr_factor.powi(rewinds as i32 + 1);
+        let reason = anomaly.to_string();
+        let fut = async move {
+            let io_err =
+                |e: tokio::task::JoinError| ActorError::Internal(format!("rewind I/O task: {e}"));
+            let s = store.clone();
+            let found = io
+                .spawn(async move { s.newest_tagged_on_lineage(HEALTHY_TAG).await })
+                .await
+                .map_err(io_err)??;
+            let Some(target) = found else {
+                return Err(ActorError::Collapse {
+                    reason: format!(
+                        "{reason}, and no checkpoint on the lineage is tagged `{HEALTHY_TAG}`"
+                    ),
+                    rewinds,
+                });
+            };
+            let started = std::time::Instant::now();
+            let mut files = Vec::with_capacity(target.files.len());
+            for f in &target.files {
+                let (s, m, name) = (store.clone(), target.clone(), f.name.clone());
+                let bytes: Bytes = io
+                    .spawn(async move { s.read_checkpoint_file(&m, &name).await })
+                    .await
+                    .map_err(io_err)??;
+                files.push((f.name.clone(), bytes.to_vec()));
+            }
+            let read_bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
+            let read_seconds = started.elapsed().as_secs_f64();
+            let mailbox = |e: MailboxError| ActorError::Mailbox(e.to_string());
+            let version = learner.send(Restore(files)).await.map_err(mailbox)??;
+            learner.send(SetLearningRate(lr)).await.map_err(mailbox)??;
+            let weights = learner.send(CurrentWeights).await.map_err(mailbox)??;
+            let s = store.clone();
+            let heads = io
+                .spawn(async move { s.list_branches().await })
+                .await
+                .map_err(io_err)??;
+            let branch = next_rewind_branch(heads.iter().map(|h| h.branch.as_str()));
+            // GD-6: the abandoned head points to the new branch, so a resume follows it.
+            if let Some(head) = heads.iter().find(|h| h.branch == store.branch()) {
+                let (s, id, tag) = (
+                    store.clone(),
+                    head.id.clone(),
+                    format!("{REWOUND_TO_PREFIX}{branch}"),
+                );
+                io.spawn(async move { s.tag_checkpoint(&id, &tag).await })
+                    .await
+                    .map_err(io_err)??;
+            }
+            Ok(Rewound {
+                target_id: target.id,
+                target_step: target.step,
+                version,
+                weights,
+                branch,
+                read_seconds,
+                read_bytes,
+            })
+        };
+        let kind = anomaly.kind();
+        let reason = anomaly.to_string();
+        fut.into_actor(self)
+            .map(move |res, act, ctx| {
+                act.rewinding = false;
+                let r = match res {
+                    Ok(r) => r,
+                    Err(e) => return act.finish(ctx, Err(e)),
+                };
+                let store = match act.s.store.on_branch(&r.branch) {
+                    Ok(s) => s,
+                    Err(e) => return act.finish(ctx, Err(e.into())),
+                };
+                act.s.store = store;
+                act.s.version = r.version;
+                act.s.parent_checkpoint = Some(r.target_id.clone());
+                act.s.board.rewind(r.weights);
+                act.guard.on_rewound();
+                let m = &act.s.metrics;
+                m.store_get_seconds.observe_for("checkpoint", r.read_seconds);
+                m.store_bytes.inc_for("get", r.read_bytes);
+                m.set_branch(&r.branch);
+                m.guard_rewinds.inc();
+                act.export_static(lr);
+                act.next_tags = vec!["rewind".to_string(), format!("anomaly-{kind}")];
+                act.last_metrics.insert("rewind_from_step".into(), from_step as f64);
+                act.last_metrics.insert("rewind_number".into(), f64::from(act.guard.rewinds()));
+                tracing::warn!(from_step, to = %r.target_id, to_step = r.target_step, branch = %r.branch, lr, "collapse guard: rewound");
+                (act.s.events)(&TrainEvent::Rewind {
+                    from_step,
+                    to_step: r.target_step,
+                    to_checkpoint: r.target_id,
+                    branch: r.branch,
+                    kind: kind.to_string(),
+                    reason: reason.clone(),
+                    lr,
+                });
+                // The branch's first checkpoint: committed before any further update (CT-4).
+                act.checkpointed_version = None;
+                act.checkpoint(ctx);
+            })
+            .spawn(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewind_branch_names_are_fresh() {
+        assert_eq!(next_rewind_branch([]), "rewind-1");
+        assert_eq!(
+            next_rewind_branch(["main", "rewind-1", "rewind-3"]),
+            "rewind-2"
+        );
+    }
+}

@@ -1,0 +1,369 @@
+//! [`ExternalEnv`]: an environment served by another process (or machine) over keel's HTTP+JSON
+//! env protocol, so real benchmarks (ALFWorld, WebShop, a search engine) plug in without Rust.
+//!
+//! The protocol (full text in `envs/external/PROTOCOL.md`; reference server
+//! `envs/external/reference_server.py`): `GET /info`, `POST /reset`, `/step`, `/snapshot`,
+//! `/restore`, `/close`, JSON bodies. Every answer that changes the state carries a `view`
+//! (agent id, anchor state, admissible and oracle actions, success, turns, done), which the
+//! client caches so that the trait's queries cost no round trip.
+//!
+//! Invariants:
+//! - EX-1 Every request has a deadline (`timeout_ms`) and is retried up to `retries` times with
+//!   doubling backoff on transport errors and 5xx answers; 4xx answers are not retried.
+//! - EX-2 Retrying a step is safe: each `/step` names its turn number and the server answers a
+//!   repeated turn with the stored answer instead of stepping again.
+//! - EX-3 A server that stays unreachable makes `try_reset`/`try_step` return
+//!   `EnvError::External`; the env shard fails that episode without restarting (ES-4). The
+//!   infallible `reset`/`step` panic with the same message, which the shard's supervision
+//!   (ES-1) turns into a failed episode.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::env::{fnv1a64, Env, StepOutcome};
+use crate::error::EnvError;
+use crate::snapshot::EnvSnapshot;
+
+/// Where the external env server is and how patiently to talk to it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExternalConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8770`.
+    pub url: String,
+    /// Deadline of one request in milliseconds.
+    pub timeout_ms: u64,
+    /// Retries after the first attempt.
+    pub retries: u32,
+    /// First backoff in milliseconds (doubles per retry).
+    pub backoff_ms: u64,
+}
+
+impl Default for ExternalConfig {
+    fn default() -> Self {
+        ExternalConfig {
+            url: String::new(),
+            timeout_ms: 5_000,
+            retries: 3,
+            backoff_ms: 50,
+        }
+    }
+}
+
+impl ExternalConfig {
+    /// Checks the URL scheme and the timeout.
+    pub fn validate(&self) -> Result<(), EnvError> {
+        if !self.url.starts_with("http://") {
+            return Err(EnvError::InvalidConfig {
+                env: "external",
+                field: "url",
+                value: self.url.clone(),
+                expected: "an http:// base URL of an env server",
+            });
+        }
+        if self.timeout_ms == 0 {
+            return Err(EnvError::InvalidConfig {
+                env: "external",
+                field: "timeout_ms",
+                value: "0".into(),
+                expected: "a positive number of milliseconds",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the server says about itself.
+#[derive(Clone, Debug, Deserialize)]
+struct Info {
+    name: String,
+    max_turns: usize,
+    vocabulary: Vec<String>,
+}
+
+/// The cached per-state answers of the server.
+#[derive(Clone, Debug, Default, Deserialize)]
+struct View {
+    #[serde(default)]
+    agent_id: u32,
+    #[serde(default)]
+    anchor_state: String,
+    #[serde(default)]
+    admissible_actions: Vec<String>,
+    #[serde(default)]
+    oracle_action: String,
+    #[serde(default)]
+    success: bool,
+    #[serde(default)]
+    turns: u64,
+    #[serde(default = "yes")]
+    done: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+struct Outcome {
+    observation: String,
+    reward: f32,
+    done: bool,
+    invalid_action: bool,
+}
+
+/// A client of one environment instance on an external server.
+pub struct ExternalEnv {
+    cfg: ExternalConfig,
+    agent: ureq::Agent,
+    info: Info,
+    session: Option<String>,
+    view: View,
+}
+
+impl ExternalEnv {
+    /// Connects and reads `/info`.
+    pub fn connect(cfg: ExternalConfig) -> Result<Self, EnvError> {
+        cfg.validate()?;
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(cfg.timeout_ms)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut env = ExternalEnv {
+            cfg,
+            agent,
+            info: Info {
+                name: String::new(),
+                max_turns: 0,
+                vocabulary: vec![],
+            },
+            session: None,
+            view: View {
+                done: true,
+                ..View::default()
+            },
+        };
+        env.info = env.call("info", None)?;
+        Ok(env)
+    }
+
+    fn err(&self, reason: String) -> EnvError {
+        EnvError::External {
+            url: self.cfg.url.clone(),
+            reason,
+        }
+    }
+
+    /// One request with deadline and retries (EX-1).
+    fn call<T: DeserializeOwned>(&self, path: &str, body: Option<Value>) -> Result<T, EnvError> {
+        let url = format!("{}/{path}", self.cfg.url.trim_end_matches('/'));
+        let mut backoff = Duration::from_millis(self.cfg.backoff_ms);
+        let mut last = String::new();
+        for attempt in 0..=self.cfg.retries {
+            if attempt > 0 {
+                std::thread::sleep(backoff);
+                backoff *= 2;
+            }
+            let sent = match &body {
+                Some(b) => self.agent.post(&url).send_json(b),
+                None => self.agent.get(&url).call(),
+            };
+            let mut resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{path}: {e}");
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            if status >= 500 {
+                last = format!("{path}: HTTP {status}: {text}");
+                continue;
+            }
+            if status >= 400 {
+                return Err(self.err(format!("{path}: HTTP {status}: {text}")));
+            }
+            return serde_json::from_str(&text)
+                .map_err(|e| self.err(format!("{path}: bad JSON answer ({e})")));
+        }
+        Err(self.err(format!("{last} (after {} retries)", self.cfg.retries)))
+    }
+
+    fn session_value(&self) -> Value {
+        self.session.clone().map_or(Value::Null, Value::String)
+    }
+}
+
+impl Drop for ExternalEnv {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let url = format!("{}/close", self.cfg.url.trim_end_matches('/'));
+            let _ = self.agent.post(&url).send_json(json!({ "session": s }));
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ResetAnswer {
+    session: String,
+    prompt: String,
+    view: View,
+}
+
+#[derive(Deserialize)]
+struct StepAnswer {
+    outcome: Outcome,
+    view: View,
+}
+
+#[derive(Deserialize)]
+struct SnapshotAnswer {
+    state: Value,
+}
+
+#[derive(Deserialize)]
+struct RestoreAnswer {
+    session: String,
+    view: View,
+}
+
+impl Env for ExternalEnv {
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    fn reset(&mut self, task_seed: u64) -> String {
+        self.try_reset(task_seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn step(&mut self, action: &str) -> StepOutcome {
+        self.try_step(action).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_reset(&mut self, task_seed: u64) -> Result<String, EnvError> {
+        let a: ResetAnswer = self.call(
+            "reset",
+            Some(json!({ "session": self.session_value(), "seed": task_seed })),
+        )?;
+        self.session = Some(a.session);
+        self.view = a.view;
+        Ok(a.prompt)
+    }
+
+    fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
+        if self.session.is_none() || self.view.done {
+            return Ok(StepOutcome {
+                observation: "error invalid action".into(),
+                reward: 0.0,
+                done: true,
+                invalid_action: true,
+                agent_id: self.view.agent_id,
+                anchor_key: self.anchor_key(),
+            });
+        }
+        let turn = self.view.turns + 1;
+        let a: StepAnswer = self.call(
+            "step",
+            Some(json!({ "session": self.session_value(), "turn": turn, "action": action })),
+        )?;
+        self.view = a.view;
+        Ok(StepOutcome {
+            observation: a.outcome.observation,
+            reward: a.outcome.reward,
+            done: a.outcome.done,
+            invalid_action: a.outcome.invalid_action,
+            agent_id: self.view.agent_id,
+            anchor_key: fnv1a64(self.view.anchor_state.as_bytes()),
+        })
+    }
+
+    fn oracle_action(&self) -> String {
+        self.view.oracle_action.clone()
+    }
+
+    fn max_turns(&self) -> usize {
+        self.info.max_turns
+    }
+
+    fn success(&self) -> bool {
+        self.view.success
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        self.info.vocabulary.clone()
+    }
+
+    fn admissible_actions(&self) -> Vec<String> {
+        if self.view.done {
+            return Vec::new();
+        }
+        self.view.admissible_actions.clone()
+    }
+
+    fn agent_id(&self) -> u32 {
+        self.view.agent_id
+    }
+
+    fn anchor_state(&self) -> String {
+        self.view.anchor_state.clone()
+    }
+
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
+        let a: SnapshotAnswer =
+            self.call("snapshot", Some(json!({ "session": self.session_value() })))?;
+        Ok(EnvSnapshot {
+            env: self.info.name.clone(),
+            state: a.state,
+        })
+    }
+
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
+        if snapshot.env != self.info.name {
+            return Err(EnvError::Snapshot {
+                env: self.info.name.clone(),
+                reason: format!("the snapshot was taken from `{}`", snapshot.env),
+            });
+        }
+        let a: RestoreAnswer = self.call(
+            "restore",
+            Some(json!({ "session": self.session_value(), "state": snapshot.state })),
+        )?;
+        self.session = Some(a.session);
+        self.view = a.view;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_server_is_a_clear_error_after_retries() {
+        // Port 9 (discard) on loopback: nothing listens in the test environment.
+        let cfg = ExternalConfig {
+            url: "http://127.0.0.1:9".into(),
+            timeout_ms: 200,
+            retries: 1,
+            backoff_ms: 1,
+        };
+        let err = ExternalEnv::connect(cfg).err().unwrap().to_string();
+        assert!(
+            err.starts_with("external env at http://127.0.0.1:9: info:"),
+            "{err}"
+        );
+        assert!(err.contains("after 1 retries"), "{err}");
+        let bad = ExternalConfig {
+            url: "ftp://x".into(),
+            ..ExternalConfig::default()
+        };
+        assert!(matches!(
+            ExternalEnv::connect(bad),
+            Err(EnvError::InvalidConfig { field: "url", .. })
+        ));
+    }
+}

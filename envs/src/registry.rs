@@ -1,0 +1,208 @@
+//! The environment registry: names, one-line descriptions, difficulty ranges; [`build_env`]
+//! from an [`EnvConfig`], or [`make_env`] for a built-in by name.
+//!
+//! Invariants:
+//! - RG-1 Every name in [`ENVS`] builds with every difficulty in its range, and its tokenizer
+//!   covers every word it emits (EN-6; `suite_tests` checks it).
+//! - RG-2 `external` is the only entry that needs a `url`; it is the HTTP+JSON protocol client.
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::Env;
+use crate::error::{quote, EnvError};
+use crate::external::{ExternalConfig, ExternalEnv};
+use crate::tokenizer::Tokenizer;
+
+/// One registered environment.
+#[derive(Clone, Copy, Debug)]
+pub struct EnvInfo {
+    /// Registry name.
+    pub name: &'static str,
+    /// Largest difficulty (the smallest is 1).
+    pub max_difficulty: usize,
+    /// Agents taking turns (1 for single-agent envs).
+    pub agents: usize,
+    /// One line for `keel env list`.
+    pub about: &'static str,
+}
+
+/// Every environment keel knows, in `keel env list` order.
+pub const ENVS: &[EnvInfo] = &[
+    EnvInfo {
+        name: "calc",
+        max_difficulty: 4,
+        agents: 1,
+        about: "tool-integrated arithmetic: `calc A op B`, `answer N`; difficulty = operations",
+    },
+    EnvInfo {
+        name: "search-qa",
+        max_difficulty: 3,
+        agents: 1,
+        about: "multi-hop QA over a generated knowledge base with a BM25 `search` tool; F1 reward",
+    },
+    EnvInfo {
+        name: "household",
+        max_difficulty: 4,
+        agents: 1,
+        about: "ALFWorld-like rooms: pick, clean, heat, cool, examine, pick-two",
+    },
+    EnvInfo {
+        name: "shop",
+        max_difficulty: 4,
+        agents: 1,
+        about: "WebShop-like catalog: search, click, select options, buy; attribute-match reward",
+    },
+    EnvInfo {
+        name: "sokoban",
+        max_difficulty: 4,
+        agents: 1,
+        about: "box-pushing grid puzzles rendered as text",
+    },
+    EnvInfo {
+        name: "solver-verifier",
+        max_difficulty: 4,
+        agents: 2,
+        about: "Dr. MAS math: a solver proposes, a verifier accepts or rejects (2 loops)",
+    },
+    EnvInfo {
+        name: "search-team",
+        max_difficulty: 3,
+        agents: 3,
+        about: "Dr. MAS search: a router, a searcher and an answerer",
+    },
+    EnvInfo {
+        name: "external",
+        max_difficulty: 0,
+        agents: 1,
+        about: "any env served over keel's HTTP+JSON protocol (set `url`)",
+    },
+];
+
+/// Which environment to build and how hard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvConfig {
+    /// Registry name (see [`ENVS`]).
+    pub name: String,
+    /// The difficulty knob (sets the horizon), from 1 to the env's maximum.
+    pub difficulty: usize,
+    /// The external env server, for `name = "external"`.
+    pub external: Option<ExternalConfig>,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            name: "calc".into(),
+            difficulty: 2,
+            external: None,
+        }
+    }
+}
+
+impl EnvConfig {
+    /// A built-in env at `difficulty`.
+    pub fn new(name: &str, difficulty: usize) -> Self {
+        EnvConfig {
+            name: name.into(),
+            difficulty,
+            external: None,
+        }
+    }
+
+    /// Checks the name, the difficulty range and the external section (RG-2).
+    pub fn validate(&self) -> Result<&'static EnvInfo, EnvError> {
+        let info =
+            ENVS.iter()
+                .find(|e| e.name == self.name)
+                .ok_or_else(|| EnvError::UnknownEnv {
+                    name: quote(&self.name),
+                    known: ENVS.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+                })?;
+        if info.name == "external" {
+            let ext = self.external.as_ref().ok_or(EnvError::InvalidConfig {
+                env: "external",
+                field: "url",
+                value: "(none)".into(),
+                expected: "the base URL of an env server, e.g. http://127.0.0.1:8770",
+            })?;
+            ext.validate()?;
+        } else if !(1..=info.max_difficulty).contains(&self.difficulty) {
+            return Err(EnvError::InvalidConfig {
+                env: info.name,
+                field: "difficulty",
+                value: self.difficulty.to_string(),
+                expected: if info.max_difficulty == 3 {
+                    "an integer in 1..=3"
+                } else {
+                    "an integer in 1..=4"
+                },
+            });
+        }
+        Ok(info)
+    }
+}
+
+/// The built-in environment `name` at `difficulty` (`calc`: operations per task).
+pub fn make_env(name: &str, difficulty: usize) -> Result<Box<dyn Env>, EnvError> {
+    build_env(&EnvConfig::new(name, difficulty))
+}
+
+/// The environment `cfg` describes (validated first), built-in or external.
+pub fn build_env(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
+    cfg.validate()?;
+    let d = cfg.difficulty;
+    Ok(match cfg.name.as_str() {
+        "calc" => Box::new(crate::calc::CalcEnv::new(crate::calc::CalcConfig {
+            n_ops: d,
+        })),
+        "search-qa" => Box::new(crate::search_qa::SearchQaEnv::new(d)),
+        "household" => Box::new(crate::household::HouseholdEnv::new(d)),
+        "shop" => Box::new(crate::shop::ShopEnv::new(d)),
+        "sokoban" => Box::new(crate::sokoban::SokobanEnv::new(d)),
+        "solver-verifier" => Box::new(crate::solver_verifier::SolverVerifierEnv::new(d)),
+        "search-team" => Box::new(crate::search_team::SearchTeamEnv::new(d)),
+        _ => {
+            let ext = cfg.external.clone().unwrap_or_default();
+            Box::new(ExternalEnv::connect(ext)?)
+        }
+    })
+}
+
+/// The tokenizer of the env `cfg` describes (connects to an external server to ask for its
+/// vocabulary).
+pub fn tokenizer_for(cfg: &EnvConfig) -> Result<Tokenizer, EnvError> {
+    if cfg.name == "calc" {
+        return Ok(Tokenizer::calc());
+    }
+    Ok(Tokenizer::for_env(build_env(cfg)?.as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn make_env_by_name_and_errors() {
+        let env = make_env("calc", 3).unwrap();
+        assert_eq!(env.name(), "calc");
+        assert_eq!(env.max_turns(), 5);
+        assert!(matches!(
+            make_env("calc", 0),
+            Err(EnvError::InvalidConfig { .. })
+        ));
+        assert_eq!(
+            make_env("search-qa", 4).err().unwrap().to_string(),
+            "invalid search-qa config: difficulty = 4, expected an integer in 1..=3; fix the `difficulty` key"
+        );
+        let err = make_env("maze", 2).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "unknown environment `maze`; known environments: calc, search-qa, household, shop, sokoban, solver-verifier, search-team, external"
+        );
+        assert!(matches!(
+            make_env("external", 1),
+            Err(EnvError::InvalidConfig { field: "url", .. })
+        ));
+    }
+}

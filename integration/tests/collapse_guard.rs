@@ -1,0 +1,184 @@
+//! The collapse guard on real runs with injected faults (`[faults]`, a testing aid): non-finite
+//! steps are skipped and K of them in a row rewind to the newest healthy checkpoint on a new
+//! branch (GD-1, GD-2, CT-4); a learning-rate blow-up is caught as a spike and rewound with a
+//! lower rate; with no rewinds left the run ends with an error (GD-5); a later run follows the
+//! rewind to the new branch (GD-6).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use keel_integration::{keel_bin, tiny_config};
+
+fn train(dir: &Path, config: &str) -> Output {
+    let cfg = dir.join("keel.toml");
+    std::fs::write(&cfg, config).expect("write config");
+    Command::new(keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(&cfg)
+        .arg("--run-root")
+        .arg(dir.join("run"))
+        .output()
+        .expect("run keel train")
+}
+
+fn events(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("run/metrics.jsonl")).expect("metrics.jsonl");
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["event"] == kind).collect()
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_branch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg =
+        tiny_config(10, 2, "sync", 1) + "\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n";
+    let out = train(dir.path(), &cfg);
+    assert!(out.status.success(), "{}", text(&out));
+    let ev = events(dir.path());
+    let skipped = of_kind(&ev, "skipped");
+    assert_eq!(skipped.len(), 3, "{skipped:?}");
+    assert!(
+        skipped
+            .iter()
+            .all(|e| e["step"] == 4 && e["what"] == "loss"),
+        "{skipped:?}"
+    );
+    let rewinds = of_kind(&ev, "rewind");
+    assert_eq!(rewinds.len(), 1, "{rewinds:?}");
+    let r = rewinds[0];
+    assert_eq!(
+        (
+            r["kind"].as_str(),
+            r["from_step"].as_u64(),
+            r["to_step"].as_u64()
+        ),
+        (Some("nonfinite"), Some(4), Some(4))
+    );
+    assert_eq!(r["branch"], "rewind-1");
+    let steps = of_kind(&ev, "step");
+    let last = steps.last().expect("steps");
+    assert_eq!(
+        (last["step"].as_u64(), last["branch"].as_str()),
+        (Some(10), Some("rewind-1")),
+        "the run finished on the new branch"
+    );
+    assert!(
+        steps
+            .iter()
+            .all(|s| s["metrics"]["loss"].as_f64().is_some_and(f64::is_finite)),
+        "no NaN reached an update"
+    );
+
+    // The lineage records the new branch, its reason, and its parent: the healthy step-4 checkpoint.
+    let lineage = Command::new(keel_bin())
+        .args(["ckpt", "lineage", "--run-root"])
+        .arg(dir.path().join("run"))
+        .output()
+        .expect("lineage");
+    let tree = text(&lineage);
+    assert!(lineage.status.success(), "{tree}");
+    let branch_start = tree
+        .lines()
+        .find(|l| l.contains("branch rewind-1 [rewind, anomaly-nonfinite"))
+        .unwrap_or_else(|| panic!("{tree}"));
+    let parent_line = tree
+        .lines()
+        .take_while(|l| *l != branch_start)
+        .last()
+        .expect("parent line");
+    assert!(
+        parent_line.contains("step 4  branch main [healthy, rewound-to-rewind-1]"),
+        "{tree}"
+    );
+    assert!(tree.contains("<- HEAD rewind-1"), "{tree}");
+
+    // GD-6: a later `keel train` on the run root continues the new branch, not the abandoned one.
+    let more = tiny_config(12, 2, "sync", 1);
+    let out = train(dir.path(), &more);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("branch: rewind-1"), "{t}");
+    let ev = events(dir.path());
+    let last = of_kind(&ev, "step")
+        .last()
+        .map(|s| (s["step"].as_u64(), s["branch"].as_str().map(str::to_string)));
+    assert_eq!(
+        last,
+        Some((Some(12), Some("rewind-1".to_string()))),
+        "resumed on the rewind branch"
+    );
+
+    // And the report plots both branches.
+    let report = Command::new(keel_bin())
+        .args(["report", "--no-progress"])
+        .arg(dir.path().join("run"))
+        .output()
+        .expect("report");
+    assert!(report.status.success(), "{}", text(&report));
+    let summary =
+        std::fs::read_to_string(dir.path().join("run/report/summary.md")).expect("summary");
+    assert!(
+        summary.contains("`rewind-1`") && summary.contains("non-finite loss"),
+        "{summary}"
+    );
+    assert!(
+        dir.path().join("run/report/grad_norm.png").exists()
+            && dir.path().join("run/report/kl.svg").exists()
+    );
+}
+
+#[test]
+fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg =
+        tiny_config(12, 3, "sync", 1) + "\n[faults]\nlr_blowup_at_step = 8\nlr_blowup_to = 1.0\n";
+    let out = train(dir.path(), &cfg);
+    assert!(out.status.success(), "{}", text(&out));
+    let ev = events(dir.path());
+    let rewinds = of_kind(&ev, "rewind");
+    assert!(
+        !rewinds.is_empty(),
+        "the blow-up went unnoticed: {}",
+        text(&out)
+    );
+    let r = rewinds[0];
+    assert!(
+        ["kl_spike", "grad_norm_spike", "nonfinite"].contains(&r["kind"].as_str().unwrap_or("")),
+        "{r}"
+    );
+    assert!(r["from_step"].as_u64().is_some_and(|s| s >= 8), "{r}");
+    assert_eq!(
+        r["to_step"].as_u64(),
+        Some(6),
+        "newest healthy checkpoint before the blow-up: {r}"
+    );
+    assert!(
+        r["lr"].as_f64().is_some_and(|lr| lr > 0.0 && lr < 0.01),
+        "the rate after the rewind is lowered: {r}"
+    );
+    let last = of_kind(&ev, "step").last().map(|s| s["step"].as_u64());
+    assert_eq!(last, Some(Some(12)));
+}
+
+#[test]
+fn gd5_with_no_rewinds_left_the_run_fails_naming_the_anomaly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = tiny_config(8, 2, "sync", 1)
+        + "\n[guard]\nmax_rewinds = 0\nmax_consecutive_skips = 2\n\n[faults]\nnan_loss_at_step = 3\nnan_loss_count = 2\n";
+    let out = train(dir.path(), &cfg);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("training collapsed: 2 consecutive steps with a non-finite loss"),
+        "{t}"
+    );
+}

@@ -1,0 +1,480 @@
+//! The algorithm registry: one [`Preset`] per named algorithm, mapped to components and the
+//! spec's default hyper-parameters ([`PresetConfig`]). `learner.algo` in the TOML config names a
+//! preset; `learner.*` override keys replace single fields (see `LearnerConfig::resolve`).
+//!
+//! Adding an algorithm built from existing components touches this file only: a variant in
+//! [`Preset`], its entry in [`Preset::ALL`], and its arm in [`Preset::config`]. One with a new
+//! loss or estimator adds that component's module as the second file (and its arm in the
+//! learner's dispatch).
+//!
+//! | preset | policy loss | advantage | aggregation | extras |
+//! |---|---|---|---|---|
+//! | ppo | PPO clip 0.2/0.2, dual c=3 | GAE γ=1 λ=1, whitened | token-mean | critic (joint, value_coef 0.5, clip 0.5) |
+//! | grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | — |
+//! | dr_grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (no std) | seq-mean-token-sum-norm | — |
+//! | gspo | GSPO ε 3e-3/4e-3 | GRPO (std) | seq-mean-token-mean | — |
+//! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping |
+//! | sampo | GSPO ratio per turn, ε 3e-3/4e-3 | GiGPO ω=1 γ=0.95 | seq-mean-token-mean | k3 KL 0.01, entropy 0.001, invalid −0.1, filter (3 tries, cold start 15) |
+//! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | critic K=2, warm-up 10, lr ×5 |
+//! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10 | GRPO (std) | token-mean | reference policy |
+//! | so_ppo | turn-level ratio ε=0.2 + CTN δ=5 | GAE, whitened | token-mean | critic (joint) |
+//! | so_grpo | turn-level ratio ε=0.2 + CTN δ=5 | GRPO (std) | token-mean | — |
+//! | rtpo | PPO clip 0.2/0.2 on the branched turn | sibling GRPO | token-mean | — |
+//! | dr_mas | PPO clip 0.2/0.2, dual c=3 | GRPO per (group, agent) | token-mean | invalid −0.1 |
+//! | pats | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | scaffold (runtime, not in the learner) |
+//!
+//! Invariants:
+//! - PR-1: every preset's name round-trips through serde and [`Preset::from_name`]; `ALL` lists
+//!   each variant once.
+//! - PR-2: `config()` is a pure function of the preset; overrides never mutate the registry.
+
+use crate::algo::aggregation::AggMode;
+use crate::algo::gigpo::GigpoNorm;
+use crate::algo::kl::{KlController, KlEstimator};
+use crate::algo::ppo::ClipBounds;
+use crate::algo::value::CriticSchedule;
+
+/// A named algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Preset {
+    /// PPO with a critic (verl defaults).
+    Ppo,
+    /// GRPO (verl defaults; the quickstart's).
+    Grpo,
+    /// Dr. GRPO: no std normalisation, length-normalised sequence sums.
+    DrGrpo,
+    /// GSPO: sequence-level ratio.
+    Gspo,
+    /// DAPO: clip-higher, token-mean, dynamic sampling, overlong shaping.
+    Dapo,
+    /// ARLArena's SAMPO: GSPO + GiGPO + filtering + KL.
+    Sampo,
+    /// SAO: single rollout, critic baseline, DIS mask.
+    Sao,
+    /// ARMOR: mixed-probability ratio with the reference policy.
+    Armor,
+    /// SO-PPO: turn-level ratio + CTN with a critic.
+    SoPpo,
+    /// SO-GRPO: turn-level ratio + CTN with GRPO advantages.
+    SoGrpo,
+    /// RTPO: sibling advantages, loss on the branched turn.
+    Rtpo,
+    /// Dr. MAS: agent-wise GRPO normalisation.
+    DrMas,
+    /// PATS: GRPO under a training-only prompt scaffold.
+    Pats,
+}
+
+/// Which policy loss (each a module of `algo`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PolicyLossKind {
+    /// Vanilla PPO clip (`algo::ppo`), dual-clip when `clip.dual` is set.
+    Ppo,
+    /// GSPO sequence ratio (`algo::gspo`).
+    Gspo,
+    /// SORL turn-level ratio with optional CTN (`algo::sorl`).
+    TurnLevel {
+        /// CTN threshold δ, or None for no CTN.
+        ctn_delta: Option<f64>,
+    },
+    /// SAO's DIS mask (`algo::sao`); the band is `(1 − clip.low, 1 + clip.high)`.
+    Dis,
+    /// ARMOR's mixed ratio (`algo::armor`).
+    Armor {
+        /// Mixture weight `r` of the current policy.
+        mix_ratio: f64,
+    },
+    /// REINFORCE with truncated IS weights (`algo::reinforce`).
+    Reinforce {
+        /// Truncation τ, or None.
+        is_threshold: Option<f64>,
+    },
+}
+
+/// Which advantage estimator.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AdvantageKind {
+    /// Skip-observation GAE with the critic (`algo::gae`), γ and λ from the config.
+    Gae,
+    /// SAO's GAE with the length-adaptive λ (`algo::sao`); critic targets with λ = 1.
+    SaoGae {
+        /// α of `λ = 1 − 1/(α·L)`.
+        alpha: f64,
+    },
+    /// GRPO over rollout groups (`algo::grpo`).
+    Grpo,
+    /// GiGPO over turns (`algo::gigpo`).
+    Gigpo {
+        /// Weight ω of the step part.
+        omega: f64,
+        /// γ of the step returns.
+        step_gamma: f64,
+        /// Normalisation of both parts.
+        norm: GigpoNorm,
+    },
+    /// Dr. MAS agent-wise GRPO (`algo::drmas`).
+    DrMas,
+    /// RTPO sibling advantages (`algo::rtpo`).
+    Rtpo,
+}
+
+/// Where the PPO ratio's denominator comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioBase {
+    /// The batch's behaviour log-probs (bypass mode, §1.10): corrects for staleness.
+    Behaviour,
+    /// A forward pass of the weights at the start of the update (π_old recompute).
+    Recompute,
+}
+
+/// KL to the reference as a loss term.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KlLoss {
+    /// Estimator.
+    pub estimator: KlEstimator,
+    /// Coefficient.
+    pub coef: f64,
+}
+
+/// KL to the reference subtracted from token rewards (GAE presets only).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KlReward {
+    /// Estimator (verl default k1).
+    pub estimator: KlEstimator,
+    /// β and its controller.
+    pub controller: KlController,
+}
+
+/// Dynamic sampling (DAPO group filter).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicSampling {
+    /// Generation tries before filling with uniform groups (0 = unlimited).
+    pub max_tries: usize,
+    /// Updates before filtering starts.
+    pub cold_start_updates: u64,
+}
+
+/// DAPO overlong reward shaping.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Overlong {
+    /// `L_max` in model tokens.
+    pub max_len: usize,
+    /// Buffer `B`.
+    pub buffer: usize,
+    /// Factor `f`.
+    pub factor: f64,
+}
+
+/// Everything `train_step` needs to know about an algorithm.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PresetConfig {
+    /// The policy loss.
+    pub policy_loss: PolicyLossKind,
+    /// Ratio clip bounds (DIS: its band).
+    pub clip: ClipBounds,
+    /// Denominator of the ratio.
+    pub ratio_base: RatioBase,
+    /// Loss aggregation.
+    pub agg: AggMode,
+    /// `H` of seq-mean-token-sum-norm (None: padded length).
+    pub loss_scale_factor: Option<f64>,
+    /// Sequence-mask δ (ARLArena GRPO_SM), or None.
+    pub seq_mask_delta: Option<f64>,
+    /// The advantage estimator.
+    pub advantage: AdvantageKind,
+    /// GRPO-family: divide by the group std.
+    pub normalize_std: bool,
+    /// GAE γ.
+    pub gamma: f64,
+    /// GAE λ (GAE only; SAO computes its own).
+    pub lam: f64,
+    /// Whiten advantages over the batch.
+    pub whiten: bool,
+    /// KL-to-reference loss.
+    pub kl_loss: Option<KlLoss>,
+    /// KL-to-reference in the reward.
+    pub kl_reward: Option<KlReward>,
+    /// Entropy bonus coefficient.
+    pub entropy_coef: f64,
+    /// The critic, when the advantage needs one.
+    pub critic: Option<CriticSchedule>,
+    /// Dynamic sampling.
+    pub dynamic_sampling: Option<DynamicSampling>,
+    /// Overlong shaping.
+    pub overlong: Option<Overlong>,
+    /// Penalty per invalid action (subtracted from the record's score).
+    pub invalid_action_penalty: f64,
+    /// What the learner does not do for this algorithm (runtime parts), for `keel algo show`.
+    pub runtime_notes: String,
+}
+
+impl PresetConfig {
+    /// Whether the model needs a value head.
+    pub fn needs_critic(&self) -> bool {
+        self.critic.is_some()
+    }
+
+    /// Whether the learner must keep a reference policy.
+    pub fn needs_reference(&self) -> bool {
+        self.kl_loss.is_some()
+            || self.kl_reward.is_some()
+            || matches!(self.policy_loss, PolicyLossKind::Armor { .. })
+    }
+}
+
+const VANILLA: ClipBounds = ClipBounds {
+    low: 0.2,
+    high: 0.2,
+    dual: Some(3.0),
+};
+const GSPO_CLIP: ClipBounds = ClipBounds {
+    low: 3e-3,
+    high: 4e-3,
+    dual: None,
+};
+
+fn joint_critic() -> CriticSchedule {
+    CriticSchedule {
+        steps_per_actor_step: 0,
+        warmup_updates: 0,
+        lr_ratio: 1.0,
+        trainable: vec![],
+        value_coef: 0.5,
+        value_clip: Some(0.5),
+    }
+}
+
+/// The verl GRPO baseline every other preset starts from.
+fn base() -> PresetConfig {
+    PresetConfig {
+        policy_loss: PolicyLossKind::Ppo,
+        clip: VANILLA,
+        ratio_base: RatioBase::Behaviour,
+        agg: AggMode::TokenMean,
+        loss_scale_factor: None,
+        seq_mask_delta: None,
+        advantage: AdvantageKind::Grpo,
+        normalize_std: true,
+        gamma: 1.0,
+        lam: 1.0,
+        whiten: false,
+        kl_loss: None,
+        kl_reward: None,
+        entropy_coef: 0.0,
+        critic: None,
+        dynamic_sampling: None,
+        overlong: None,
+        invalid_action_penalty: 0.0,
+        runtime_notes: String::new(),
+    }
+}
+
+impl Preset {
+    /// Every preset, in documentation order (PR-1).
+    pub const ALL: [Preset; 13] = [
+        Preset::Ppo,
+        Preset::Grpo,
+        Preset::DrGrpo,
+        Preset::Gspo,
+        Preset::Dapo,
+        Preset::Sampo,
+        Preset::Sao,
+        Preset::Armor,
+        Preset::SoPpo,
+        Preset::SoGrpo,
+        Preset::Rtpo,
+        Preset::DrMas,
+        Preset::Pats,
+    ];
+
+    /// The config name (`so_ppo`, …).
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// The preset called `name`, if any.
+    pub fn from_name(name: &str) -> Option<Preset> {
+        Preset::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// One line for `keel algo list`, with the spec section.
+    pub fn summary(self) -> &'static str {
+        match self {
+            Preset::Ppo => "PPO with a critic: GAE, clipped value loss, dual-clip (spec §1.1, §1.3)",
+            Preset::Grpo => "GRPO: group-normalised outcome advantages, PPO clip (spec §1.4)",
+            Preset::DrGrpo => "Dr. GRPO: no std normalisation, seq-mean-token-sum-norm (spec §1.5)",
+            Preset::Gspo => "GSPO: sequence-level length-normalised ratio (spec §1.6)",
+            Preset::Dapo => "DAPO: clip-higher, dynamic sampling, overlong shaping (spec §1.7)",
+            Preset::Sampo => "SAMPO (ARLArena): GSPO + GiGPO + filtering + k3 KL (spec §2)",
+            Preset::Sao => "SAO: single rollout, critic baseline, DIS mask vs behaviour (spec §3)",
+            Preset::Armor => "ARMOR: PPO on a policy/reference mixture ratio (spec §4)",
+            Preset::SoPpo => "SO-PPO (SORL): turn-level ratio + clipping-triggered normalisation, critic (spec §6)",
+            Preset::SoGrpo => "SO-GRPO (SORL): turn-level ratio + clipping-triggered normalisation, GRPO (spec §6)",
+            Preset::Rtpo => "RTPO: sibling advantages, loss on the branched turn only (spec §7)",
+            Preset::DrMas => "Dr. MAS: GRPO normalised per (group, agent) (spec §8)",
+            Preset::Pats => "PATS: GRPO under a training-only prompt scaffold (spec §5)",
+        }
+    }
+
+    /// Components and default hyper-parameters (PR-2).
+    pub fn config(self) -> PresetConfig {
+        match self {
+            Preset::Ppo => PresetConfig { advantage: AdvantageKind::Gae, whiten: true, critic: Some(joint_critic()), ..base() },
+            Preset::Grpo => base(),
+            Preset::DrGrpo => PresetConfig { normalize_std: false, agg: AggMode::SeqMeanTokenSumNorm, ..base() },
+            Preset::Gspo => PresetConfig { policy_loss: PolicyLossKind::Gspo, clip: GSPO_CLIP, agg: AggMode::SeqMeanTokenMean, ..base() },
+            Preset::Dapo => PresetConfig {
+                clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(3.0) },
+                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
+                overlong: Some(Overlong { max_len: 20480, buffer: 4096, factor: 1.0 }),
+                runtime_notes: "regeneration until enough informative groups needs the generator loop; the learner filters within each batch".into(),
+                ..base()
+            },
+            Preset::Sampo => PresetConfig {
+                policy_loss: PolicyLossKind::TurnLevel { ctn_delta: None },
+                clip: GSPO_CLIP,
+                agg: AggMode::SeqMeanTokenMean,
+                advantage: AdvantageKind::Gigpo { omega: 1.0, step_gamma: 0.95, norm: GigpoNorm::MeanStdNorm },
+                kl_loss: Some(KlLoss { estimator: KlEstimator::K3, coef: 0.01 }),
+                entropy_coef: 0.001,
+                invalid_action_penalty: 0.1,
+                dynamic_sampling: Some(DynamicSampling { max_tries: 3, cold_start_updates: 15 }),
+                runtime_notes: "layout C: GSPO's ratio is taken per turn (ARLArena's layout-P records are turns) and seq-mean-token-mean averages over trajectories, not turn records; GiGPO's anchor states are the observation tokens before each turn; regeneration tries need the generator loop".into(),
+                ..base()
+            },
+            Preset::Sao => PresetConfig {
+                policy_loss: PolicyLossKind::Dis,
+                clip: ClipBounds { low: 0.3, high: 5.0, dual: None },
+                agg: AggMode::SeqMeanTokenMean,
+                advantage: AdvantageKind::SaoGae { alpha: 1.5 },
+                critic: Some(CriticSchedule {
+                    steps_per_actor_step: 2,
+                    warmup_updates: 10,
+                    lr_ratio: 5.0,
+                    trainable: vec!["value_head".into()],
+                    value_coef: 1.0,
+                    value_clip: None,
+                }),
+                runtime_notes: "the critic is the policy's value head: value-only steps train the head alone (frozen trunk); one rollout per prompt is a rollout setting (rollout.group_size = 1)".into(),
+                ..base()
+            },
+            Preset::Armor => PresetConfig {
+                policy_loss: PolicyLossKind::Armor { mix_ratio: 0.9375 },
+                clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
+                runtime_notes: "reference = the weights at the first RL update; anchor rollouts sampled from the reference need generator support (source flags are carried)".into(),
+                ..base()
+            },
+            Preset::SoPpo => PresetConfig {
+                policy_loss: PolicyLossKind::TurnLevel { ctn_delta: Some(5.0) },
+                clip: ClipBounds { low: 0.2, high: 0.2, dual: None },
+                advantage: AdvantageKind::Gae,
+                whiten: true,
+                critic: Some(joint_critic()),
+                ..base()
+            },
+            Preset::SoGrpo => PresetConfig {
+                policy_loss: PolicyLossKind::TurnLevel { ctn_delta: Some(5.0) },
+                clip: ClipBounds { low: 0.2, high: 0.2, dual: None },
+                ..base()
+            },
+            Preset::Rtpo => PresetConfig {
+                clip: ClipBounds { low: 0.2, high: 0.2, dual: None },
+                advantage: AdvantageKind::Rtpo,
+                runtime_notes: "reverse trees need generator branching; until then each rollout group is the sibling set of boundary S_1 and only turn 1 is trained".into(),
+                ..base()
+            },
+            Preset::DrMas => PresetConfig {
+                advantage: AdvantageKind::DrMas,
+                invalid_action_penalty: 0.1,
+                runtime_notes: "one shared policy; per-agent models and optimizers need the orchestrator".into(),
+                ..base()
+            },
+            Preset::Pats => PresetConfig {
+                runtime_notes: "the scaffold bank, evidence cards and reviewer live outside the learner; the learner trains GRPO on the rendered prompts as sampled".into(),
+                ..base()
+            },
+        }
+    }
+
+    /// A multi-line description for `keel algo show`.
+    pub fn describe(self) -> String {
+        let cfg = self.config();
+        let json = serde_json::to_string_pretty(&cfg).unwrap_or_default();
+        format!(
+            "{}: {}\nvalue head: {}   reference policy: {}\n{}\n",
+            self.name(),
+            self.summary(),
+            if cfg.needs_critic() { "yes" } else { "no" },
+            if cfg.needs_reference() { "yes" } else { "no" },
+            json
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pr1_names_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for p in Preset::ALL {
+            assert!(seen.insert(p), "{p:?} twice");
+            assert_eq!(Preset::from_name(&p.name()), Some(p));
+            let json = serde_json::to_string(&p).expect("json");
+            assert_eq!(serde_json::from_str::<Preset>(&json).expect("back"), p);
+        }
+        let names: Vec<String> = Preset::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "ppo", "grpo", "dr_grpo", "gspo", "dapo", "sampo", "sao", "armor", "so_ppo",
+                "so_grpo", "rtpo", "dr_mas", "pats"
+            ]
+        );
+        assert_eq!(Preset::from_name("nope"), None);
+    }
+
+    #[test]
+    fn spec_defaults() {
+        let dapo = Preset::Dapo.config();
+        assert_eq!((dapo.clip.low, dapo.clip.high), (0.2, 0.28));
+        let sao = Preset::Sao.config();
+        assert_eq!(
+            (sao.clip.low, sao.clip.high, sao.ratio_base),
+            (0.3, 5.0, RatioBase::Behaviour)
+        );
+        let critic = sao.critic.expect("critic");
+        assert_eq!(
+            (critic.steps_per_actor_step, critic.warmup_updates),
+            (2, 10)
+        );
+        let armor = Preset::Armor.config();
+        assert_eq!(
+            armor.policy_loss,
+            PolicyLossKind::Armor { mix_ratio: 0.9375 }
+        );
+        assert!(armor.needs_reference() && !armor.needs_critic());
+        let sampo = Preset::Sampo.config();
+        assert_eq!(
+            sampo.kl_loss,
+            Some(KlLoss {
+                estimator: KlEstimator::K3,
+                coef: 0.01
+            })
+        );
+        assert_eq!(Preset::Gspo.config().agg, AggMode::SeqMeanTokenMean);
+        assert!(!Preset::DrGrpo.config().normalize_std);
+        assert!(Preset::Ppo.config().needs_critic() && Preset::SoPpo.config().needs_critic());
+        for p in Preset::ALL {
+            assert!(p.describe().starts_with(&p.name()));
+        }
+    }
+}

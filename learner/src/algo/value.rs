@@ -1,0 +1,216 @@
+//! The critic: value loss (spec §1.3, verl `compute_value_loss`; SAO §3.2), explained variance,
+//! and the critic schedule (SAO's faster value updates, critic-only warm-up, frozen groups).
+//!
+//! ```text
+//! clipped   : Vc = clamp(V, V_old − c, V_old + c) ;  loss = ½·agg(max((V − R)², (Vc − R)²))
+//! unclipped : loss = ½·agg((V − R)²)                 (SAO: keel's choice for the PROPOSAL)
+//! explained_var = 1 − Var_m(R − V) / Var_m(R)        (mask-1 tokens, verl `vf_explained_var`)
+//! ```
+//! Critic schedule, per `train_step` number `u` (0-based):
+//! ```text
+//! critic_steps(u) = K                 value-only optimizer steps per mini-batch (0 = joint loss)
+//! actor_step(u)   = u ≥ warmup        the first `warmup` updates train only the critic
+//! ```
+//! During value-only steps only parameters whose names start with one of `trainable` move
+//! (the rest is frozen). keel's critic is the policy's value head on the shared trunk, so the
+//! default is `["value_head"]`: a value-only step must not move the policy.
+//!
+//! Invariants:
+//! - VL-1: with `clip` None or a clip range no value moved beyond, both forms agree.
+//! - VL-2: explained variance is 1 for a perfect critic and 0 for a constant critic at the
+//!   mean return.
+//! - CS-1: `actor_step` is false exactly for the first `warmup` updates; with K = 0 the value
+//!   loss joins the actor loss (`value_coef`), as in verl PPO.
+
+use tch::{Kind, Tensor};
+
+use crate::algo::aggregation::{agg_loss, AggDenominators, AggMode};
+use crate::algo::ppo::select;
+
+/// `½·agg(max((V − R)², (Vc − R)²))`, or `½·agg((V − R)²)` when `clip` is None.
+pub fn value_loss(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    mask: &Tensor,
+    clip: Option<f64>,
+    mode: AggMode,
+    den: &AggDenominators,
+) -> Tensor {
+    let ret = returns.to_kind(values.kind());
+    let err = (values - &ret).square();
+    let err = match clip {
+        Some(c) => {
+            let old = old_values.to_kind(values.kind());
+            let vc = &old + (values - &old).clamp(-c, c);
+            err.maximum(&(vc - &ret).square())
+        }
+        None => err,
+    };
+    agg_loss(&select(&err, mask), mask, mode, den) * 0.5
+}
+
+/// `1 − Var(R − V)/Var(R)` over mask-1 tokens (VL-2); 0 when fewer than two tokens or `Var(R) = 0`.
+pub fn explained_variance(values: &Tensor, returns: &Tensor, mask: &Tensor) -> f64 {
+    tch::no_grad(|| {
+        let keep = mask.gt(0.0);
+        let v = values.detach().to_kind(Kind::Double).masked_select(&keep);
+        let r = returns.detach().to_kind(Kind::Double).masked_select(&keep);
+        if r.numel() < 2 {
+            return 0.0;
+        }
+        let var = |x: &Tensor| x.var(true).double_value(&[]);
+        let vr = var(&r);
+        if vr <= 0.0 {
+            return 0.0;
+        }
+        1.0 - var(&(&r - &v)) / vr
+    })
+}
+
+/// When and what the critic trains (module doc).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CriticSchedule {
+    /// `K`: value-only optimizer steps per mini-batch; 0 = value loss joined to the actor loss.
+    pub steps_per_actor_step: usize,
+    /// Updates at the start that train only the critic.
+    pub warmup_updates: u64,
+    /// Critic learning rate as a multiple of the actor's (SAO: 5e-6 / 1e-6 = 5).
+    pub lr_ratio: f64,
+    /// Parameter-name prefixes that value-only steps may move; the rest is frozen.
+    pub trainable: Vec<String>,
+    /// Weight of the value loss in the joint loss (K = 0).
+    pub value_coef: f64,
+    /// Value clip range, or None for the unclipped loss.
+    pub value_clip: Option<f64>,
+}
+
+impl CriticSchedule {
+    /// Whether update `u` (0-based) takes actor steps (CS-1).
+    pub fn actor_step(&self, update: u64) -> bool {
+        update >= self.warmup_updates
+    }
+
+    /// Whether value-only steps may move the parameter called `name`.
+    pub fn is_trainable(&self, name: &str) -> bool {
+        self.trainable.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::ppo::tests::{check_grad, row};
+
+    fn den(mask: &Tensor) -> AggDenominators {
+        AggDenominators::of(mask, None)
+    }
+
+    #[test]
+    fn clipped_value_loss_vectors() {
+        let m = row(&[1.0]);
+        // V moved to 2 from 0, clip 0.5 → Vc = 0.5; max(1, .25) → ½.
+        assert!(
+            (value_loss(
+                &row(&[2.0]),
+                &row(&[0.0]),
+                &row(&[1.0]),
+                &m,
+                Some(0.5),
+                AggMode::TokenMean,
+                &den(&m)
+            )
+            .double_value(&[])
+                - 0.5)
+                .abs()
+                < 1e-12
+        );
+        // V = 0.8: unclipped .04, clipped (0.5) .25 → ½·.25.
+        assert!(
+            (value_loss(
+                &row(&[0.8]),
+                &row(&[0.0]),
+                &row(&[1.0]),
+                &m,
+                Some(0.5),
+                AggMode::TokenMean,
+                &den(&m)
+            )
+            .double_value(&[])
+                - 0.125)
+                .abs()
+                < 1e-12
+        );
+        assert!(
+            (value_loss(
+                &row(&[0.8]),
+                &row(&[0.0]),
+                &row(&[1.0]),
+                &m,
+                None,
+                AggMode::TokenMean,
+                &den(&m)
+            )
+            .double_value(&[])
+                - 0.02)
+                .abs()
+                < 1e-12
+        );
+    }
+
+    #[test]
+    fn vl1_forms_agree_inside_the_clip_range() {
+        let m = row(&[1.0, 1.0, 0.0]);
+        let (v, old, r) = (
+            row(&[0.3, 0.5, 9.0]),
+            row(&[0.2, 0.6, 0.0]),
+            row(&[1.0, 0.0, 1.0]),
+        );
+        let a =
+            value_loss(&v, &old, &r, &m, Some(0.5), AggMode::TokenMean, &den(&m)).double_value(&[]);
+        let b = value_loss(&v, &old, &r, &m, None, AggMode::TokenMean, &den(&m)).double_value(&[]);
+        assert!((a - b).abs() < 1e-12);
+    }
+
+    #[test]
+    fn value_loss_gradient_matches_finite_differences() {
+        let m = row(&[1.0, 1.0, 0.0, 1.0]);
+        let (old, r) = (row(&[0.0, 0.5, 0.0, 1.0]), row(&[1.0, -1.0, 2.0, 0.2]));
+        check_grad(&[0.3, 1.2, 0.4, 0.6], |v| {
+            value_loss(
+                v,
+                &old,
+                &r,
+                &m,
+                Some(0.5),
+                AggMode::SeqMeanTokenMean,
+                &den(&m),
+            )
+        });
+    }
+
+    #[test]
+    fn vl2_explained_variance() {
+        let m = row(&[1.0, 1.0, 1.0, 0.0]);
+        let r = row(&[1.0, 2.0, 3.0, 100.0]);
+        assert!((explained_variance(&r, &r, &m) - 1.0).abs() < 1e-12);
+        assert!(explained_variance(&row(&[2.0; 4]), &r, &m).abs() < 1e-12);
+    }
+
+    #[test]
+    fn cs1_warmup_and_trainable_groups() {
+        let s = CriticSchedule {
+            steps_per_actor_step: 2,
+            warmup_updates: 3,
+            lr_ratio: 5.0,
+            trainable: vec!["value_head".into()],
+            value_coef: 0.5,
+            value_clip: None,
+        };
+        assert_eq!(
+            (0..5).map(|u| s.actor_step(u)).collect::<Vec<_>>(),
+            vec![false, false, false, true, true]
+        );
+        assert!(s.is_trainable("value_head.weight") && !s.is_trainable("blocks.0.attn.qkv.weight"));
+    }
+}

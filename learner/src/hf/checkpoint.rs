@@ -1,0 +1,105 @@
+//! Saving an [`HfModel`] as a folder that `transformers` loads directly (no merge step).
+//!
+//! Invariants:
+//! - HS-1: the folder holds `config.json` (the original fields, HC-3, with `dtype` set to the
+//!   parameter kind and `architectures` set to `*ForCausalLM`, or `*ForTokenClassification`
+//!   with one label for a critic), the weights (HW-2) under HF names (HM-1; a tied LM head is
+//!   not written, as transformers does), and the tokenizer files of the source folder.
+//! - HS-2: saving then loading with the same options gives bit-identical parameters.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tch::Kind;
+
+use super::config::Arch;
+use super::error::HfError;
+use super::model::HfModel;
+
+/// Files copied verbatim from the source folder when present.
+pub const TOKENIZER_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "tokenizer.model",
+];
+
+/// Default shard size: transformers' `max_shard_size` default is 5 GB.
+pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
+
+fn dtype_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    }
+}
+
+impl HfModel {
+    /// The config.json to save (HS-1).
+    pub fn saved_config(&self) -> Value {
+        let mut v = self.cfg.raw.clone();
+        let prefix = match self.cfg.arch {
+            Arch::Llama => "Llama",
+            Arch::Qwen2 => "Qwen2",
+            Arch::Qwen3 => "Qwen3",
+        };
+        if let Value::Object(map) = &mut v {
+            map.insert("dtype".into(), json!(dtype_name(self.opts.kind)));
+            if map.contains_key("torch_dtype") {
+                map.insert("torch_dtype".into(), json!(dtype_name(self.opts.kind)));
+            }
+            if self.opts.lm_head {
+                map.insert(
+                    "architectures".into(),
+                    json!([format!("{prefix}ForCausalLM")]),
+                );
+            } else {
+                map.insert(
+                    "architectures".into(),
+                    json!([format!("{prefix}ForTokenClassification")]),
+                );
+                map.insert("id2label".into(), json!({"0": "LABEL_0"}));
+                map.insert("label2id".into(), json!({"LABEL_0": 0}));
+            }
+        }
+        v
+    }
+
+    /// Writes the model into `dir` (created if needed) as a transformers folder (HS-1).
+    pub fn save_pretrained(&self, dir: &Path) -> Result<(), HfError> {
+        self.save_pretrained_sharded(dir, DEFAULT_MAX_SHARD_BYTES)
+    }
+
+    /// Like [`HfModel::save_pretrained`] with shards of at most `max_shard_bytes`.
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: &Path,
+        max_shard_bytes: usize,
+    ) -> Result<(), HfError> {
+        std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
+        super::weights::write_folder(dir, &self.named_parameters(), max_shard_bytes)?;
+        let path = dir.join("config.json");
+        let text =
+            serde_json::to_string_pretty(&self.saved_config()).map_err(|source| HfError::Json {
+                path: path.clone(),
+                source,
+            })?;
+        std::fs::write(&path, text).map_err(|e| HfError::io(&path, e))?;
+        if let Some(src) = self.source_dir() {
+            for name in TOKENIZER_FILES {
+                let from = src.join(name);
+                if from.exists() && src != dir {
+                    std::fs::copy(&from, dir.join(name)).map_err(|e| HfError::io(&from, e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! Per-batch training targets: scores, advantages, the ratio's denominator and reference
+//! log-probs, computed once per `train_step` from a [`TrainBatch`] and a [`PresetConfig`].
+//!
+//! Scores (layout C, one trajectory = one sample):
+//! ```text
+//! score_i   = R_i − c·#invalid turns_i + overlong(n_model_tokens_i)           (per trajectory)
+//! score_i,k = R_i − c·[turn k invalid]                                        (GiGPO records)
+//! step r_k  = turn reward_k − c·[invalid_k], and the last turn also gets
+//!             R_i − Σ_k turn reward_k   (so a final-reward-only env credits its last step)
+//! ```
+//! Advantages dispatch on `AdvantageKind`; outcome advantages are broadcast over the mask, GiGPO
+//! advantages over each turn's tokens, GAE is per token (reward on the last model token, KL in
+//! reward subtracted per token when configured).
+//!
+//! Invariants:
+//! - TG-1: advantages are 0 wherever the (possibly reduced) mask is 0.
+//! - TG-2: only RTPO reduces the mask (to each trajectory's branch turn).
+//! - TG-3: reference and old log-probs are computed without gradient.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::algo::dapo::{invalid_action_penalty, overlong_penalty};
+use crate::algo::drmas::drmas_advantages;
+use crate::algo::gae::{masked_whiten, try_gae};
+use crate::algo::gigpo::{gigpo_advantages, StepRecord};
+use crate::algo::grpo::{group_advantages, GRPO_EPS};
+use crate::algo::kl::kl_in_reward;
+use crate::algo::presets::{AdvantageKind, PresetConfig, RatioBase};
+use crate::algo::rtpo::{branch_turn_mask, sibling_advantages};
+use crate::algo::sao::{length_adaptive_lambda, response_spans};
+use crate::batch_tensors::TrainBatch;
+use crate::error::LearnerError;
+use crate::logprobs::token_logprobs;
+use crate::model::PolicyModel;
+
+/// Everything the mini-batch steps read, on the model's device.
+pub(crate) struct Targets {
+    pub tokens: Tensor,
+    pub mask: Tensor,
+    pub behaviour_logp: Tensor,
+    pub old_logp: Tensor,
+    pub advantages: Tensor,
+    pub ref_logp: Option<Tensor>,
+    pub turn_ids: Tensor,
+    pub max_turns: i64,
+    /// Critic presets: (aligned old values, returns).
+    pub critic: Option<(Tensor, Tensor)>,
+    /// Token-mean KL(old ‖ ref) used by KL in reward, when on.
+    pub kl_reward_mean: Option<f64>,
+}
+
+/// `v[b, t] ← values[b, t-1]`, `v[b, 0] = 0`: the value of the prefix before token t (MD-3).
+pub(crate) fn align_values(values: &Tensor) -> Result<Tensor, LearnerError> {
+    let size = values.size();
+    let zeros = Tensor::f_zeros([size[0], 1], (values.kind(), values.device()))?;
+    Ok(Tensor::f_cat(
+        &[zeros, values.f_narrow(1, 0, size[1] - 1)?],
+        1,
+    )?)
+}
+
+/// Per-token log-probs of `model` on `tokens`, without gradient (TG-3).
+pub(crate) fn frozen_logp(model: &PolicyModel, tokens: &Tensor) -> Result<Tensor, LearnerError> {
+    let (logits, _) = tch::no_grad(|| model.try_forward(tokens))?;
+    Ok(token_logprobs(&logits, tokens).f_detach()?)
+}
+
+/// Per-trajectory scores (module doc).
+fn scores(batch: &TrainBatch, p: &PresetConfig) -> Vec<f64> {
+    (0..batch.len())
+        .map(|i| {
+            let mut s = f64::from(batch.final_rewards[i]);
+            for t in &batch.turns[i] {
+                s += invalid_action_penalty(t.invalid, p.invalid_action_penalty);
+            }
+            if let Some(o) = p.overlong {
+                let len: usize = batch.turns[i].iter().map(|t| t.end - t.start).sum();
+                s += overlong_penalty(len, o.max_len, o.buffer, o.factor);
+            }
+            s
+        })
+        .collect()
+}
+
+fn gigpo_records(batch: &TrainBatch, p: &PresetConfig) -> Vec<StepRecord> {
+    let mut out = Vec::new();
+    for i in 0..batch.len() {
+        let r = f64::from(batch.final_rewards[i]);
+        let spans = &batch.turns[i];
+        let turn_total: f64 = spans.iter().map(|t| f64::from(t.reward)).sum();
+        for (k, t) in spans.iter().enumerate() {
+            let pen = invalid_action_penalty(t.invalid, p.invalid_action_penalty);
+            let residual = if k + 1 == spans.len() {
+                r - turn_total
+            } else {
+                0.0
+            };
+            out.push(StepRecord {
+                uid: batch.group_ids[i],
+                traj: i as u64,
+                anchor: t.anchor,
+                score: r + pen,
+                step_reward: f64::from(t.reward) + residual + pen,
+            });
+        }
+    }
+    out
+}
+
+/// Per-trajectory values broadcast over `mask`.
+fn broadcast(per_row: &[f64], mask: &Tensor) -> Result<Tensor, LearnerError> {
+    let b = per_row.len() as i64;
+    let a = Tensor::f_from_slice(per_row)?
+        .f_to_kind(Kind::Float)?
+        .f_to_device(mask.device())?
+        .f_reshape([b, 1])?;
+    Ok(a.f_mul(mask)?)
+}
+
+/// Per-turn values written over each turn's tokens.
+fn per_turn(batch: &TrainBatch, values: &[f64], mask: &Tensor) -> Result<Tensor, LearnerError> {
+    let size = mask.size();
+    let t = size[1] as usize;
+    let mut out = vec![0f32; batch.len() * t];
+    let mut k = 0;
+    for (i, spans) in batch.turns.iter().enumerate() {
+        for s in spans {
+            for j in s.start..s.end.min(t) {
+                out[i * t + j] = values[k] as f32;
+            }
+            k += 1;
+        }
+    }
+    Ok(Tensor::f_from_slice(&out)?
+        .f_reshape([size[0], size[1]])?
+        .f_to_device(mask.device())?
+        .f_mul(mask)?)
+}
+
+/// Computes the targets of `batch` (module doc).
+pub(crate) fn compute(
+    model: &PolicyModel,
+    reference: Option<&PolicyModel>,
+    batch: &TrainBatch,
+    p: &PresetConfig,
+    kl_beta: f64,
+) -> Result<Targets, LearnerError> {
+    let dev: Device = model.device();
+    let tokens = batch.tokens.f_to_device(dev)?;
+    let mut mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
+    let behaviour_logp = batch
+        .behaviour_logp
+        .f_to_device(dev)?
+        .f_to_kind(Kind::Float)?;
+    let old_logp = match p.ratio_base {
+        RatioBase::Behaviour => behaviour_logp.shallow_clone(),
+        RatioBase::Recompute => frozen_logp(model, &tokens)?.f_mul(&mask)?,
+    };
+    let ref_logp = match reference {
+        Some(r) => Some(frozen_logp(r, &tokens)?.f_mul(&mask)?),
+        None => None,
+    };
+    let sc = scores(batch, p);
+    let mut critic = None;
+    let mut kl_reward_mean = None;
+    let mut advantages = match p.advantage {
+        AdvantageKind::Grpo => broadcast(
+            &group_advantages(&sc, &batch.group_ids, p.normalize_std, GRPO_EPS),
+            &mask,
+        )?,
+        AdvantageKind::DrMas => broadcast(
+            &drmas_advantages(
+                &sc,
+                &batch.group_ids,
+                &batch.agent_ids,
+                p.normalize_std,
+                GRPO_EPS,
+            ),
+            &mask,
+        )?,
+        AdvantageKind::Rtpo => {
+            let spans: Vec<Option<(usize, usize)>> = batch
+                .turns
+                .iter()
+                .map(|s| s.first().map(|t| (t.start, t.end)))
+                .collect();
+            mask = branch_turn_mask(&mask, &spans);
+            broadcast(&sibling_advantages(&sc, &batch.group_ids, GRPO_EPS), &mask)?
+        }
+        AdvantageKind::Gigpo {
+            omega,
+            step_gamma,
+            norm,
+        } => {
+            let recs = gigpo_records(batch, p);
+            per_turn(
+                batch,
+                &gigpo_advantages(&recs, step_gamma, omega, norm, GRPO_EPS),
+                &mask,
+            )?
+        }
+        AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
+            let values = tch::no_grad(|| model.try_forward(&tokens))?
+                .1
+                .ok_or_else(|| {
+                    LearnerError::config("model.value_head", "must be true for a critic preset")
+                })?;
+            let values = align_values(&values.f_detach()?)?;
+            let t = mask.size()[1];
+            let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;
+            let last = mask.f_mul(&positions)?.f_argmax(1, true)?;
+            let b = batch.len() as i64;
+            let r = Tensor::f_from_slice(&sc)?
+                .f_to_kind(Kind::Float)?
+                .f_to_device(dev)?
+                .f_reshape([b, 1])?;
+            let mut rewards = mask.f_zeros_like()?.f_scatter(1, &last, &r)?.f_mul(&mask)?;
+            if let (Some(k), Some(rl)) = (p.kl_reward, ref_logp.as_ref()) {
+                let (shaped, kl) =
+                    kl_in_reward(&rewards, &old_logp, rl, &mask, kl_beta, k.estimator);
+                rewards = shaped;
+                kl_reward_mean = Some(kl);
+            }
+            let (adv, returns) = match p.advantage {
+                AdvantageKind::SaoGae { alpha } => {
+                    let lams: Vec<f64> = response_spans(&mask)
+                        .into_iter()
+                        .map(|l| length_adaptive_lambda(l, alpha))
+                        .collect();
+                    let (adv, _) = try_gae(&rewards, &values, &mask, p.gamma, &lams)?;
+                    let (_, returns) = try_gae(&rewards, &values, &mask, p.gamma, &[1.0])?;
+                    (adv, returns)
+                }
+                _ => try_gae(&rewards, &values, &mask, p.gamma, &[p.lam])?,
+            };
+            critic = Some((values, returns));
+            adv
+        }
+    };
+    if p.whiten {
+        advantages = masked_whiten(&advantages, &mask);
+    }
+    Ok(Targets {
+        tokens,
+        mask,
+        behaviour_logp,
+        old_logp,
+        advantages,
+        ref_logp,
+        turn_ids: batch.turn_ids.f_to_device(dev)?,
+        max_turns: batch.max_turns,
+        critic,
+        kl_reward_mean,
+    })
+}

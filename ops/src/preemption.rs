@@ -1,0 +1,42 @@
+//! SIGTERM / SIGINT (spot preemption): ask the job to stop with a checkpoint (CT-5, JB-6) and
+//! give it `run.sigterm_grace_s` seconds; past that the process exits 1.
+//!
+//! Invariants:
+//! - PE-1: the handlers are installed before training starts, so a signal at any point after
+//!   startup is seen; the first one requests the stop, and exit 0 follows the committed checkpoint.
+//! - PE-2: if the job has not returned when the grace period ends, the process exits 1 with a
+//!   message, so a supervisor never mistakes an incomplete stop for a clean one.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use keel_actors::StopSignal;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Installs the handlers (PE-1) on a thread of their own.
+pub fn install(stop: StopSignal, grace: Duration) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut term, mut int) = {
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?,
+            signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?,
+        )
+    };
+    std::thread::Builder::new().name("keel-signals".into()).spawn(move || {
+        rt.block_on(async move {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            eprintln!("{name}: finishing the current step and committing a checkpoint (grace {} s)", grace.as_secs());
+            stop.request();
+            tokio::time::sleep(grace).await;
+            eprintln!("error: no checkpoint was committed within the {} s grace period (run.sigterm_grace_s)", grace.as_secs());
+            std::process::exit(1);
+        })
+    })?;
+    Ok(())
+}

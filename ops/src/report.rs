@@ -1,0 +1,422 @@
+//! `keel report RUN`: PNG and SVG plots of a run's training curves (one line per branch) and a
+//! markdown summary, from the run's `metrics.jsonl`.
+//!
+//! Invariants:
+//! - RP-1: the report reads only `metrics.jsonl` (the serialised `TrainEvent`s); it never needs
+//!   the checkpoints, so it works on a run that is still going or has crashed.
+//! - RP-2: text (titles, axis labels, legends) is drawn only with a font found at run time
+//!   (`KEEL_REPORT_FONT`, then common system paths; `scripts/setup.sh` installs DejaVu); without
+//!   one the plots are drawn without text and the summary says so. A headless machine never fails
+//!   for lack of fonts.
+//! - RP-3: a step of one branch is one point; steps are plotted in log order, so a rewound branch
+//!   starts at its rewind step.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::Value;
+
+/// The curves of the report: (file stem, title, how to read the value from a `step` event).
+pub const CURVES: &[(&str, &str)] = &[
+    ("success", "rollout success rate"),
+    ("reward", "mean reward"),
+    ("grad_norm", "gradient norm (pre-clip)"),
+    ("kl", "approx KL (behaviour -> current)"),
+    ("clip_frac", "PPO clip fraction"),
+    ("entropy", "token entropy"),
+    ("staleness", "max policy-version lag"),
+];
+
+/// Points of one curve, by branch: `(step, value)` in log order.
+pub type Curve = BTreeMap<String, Vec<(u64, f64)>>;
+
+/// Everything the report shows.
+#[derive(Debug, Default)]
+pub struct RunLog {
+    /// Curves by stem (see `CURVES`).
+    pub curves: BTreeMap<String, Curve>,
+    /// `(phase, version, success)` of held-out evaluations.
+    pub evals: Vec<(String, u64, f64)>,
+    /// Rewinds: `(from_step, to_step, branch, reason)`.
+    pub rewinds: Vec<(u64, u64, String, String)>,
+    /// Non-finite skips.
+    pub skips: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Dropped batches.
+    pub dropped: u64,
+    /// Lines that were not JSON events.
+    pub bad_lines: u64,
+}
+
+fn num(v: &Value, path: &[&str]) -> Option<f64> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    cur.as_f64()
+}
+
+/// Parses `metrics.jsonl` text (RP-1, RP-3).
+pub fn parse_log(text: &str) -> RunLog {
+    let mut log = RunLog::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            log.bad_lines += 1;
+            continue;
+        };
+        match v.get("event").and_then(Value::as_str) {
+            Some("step") => {
+                let Some(step) = v.get("step").and_then(Value::as_u64) else {
+                    continue;
+                };
+                let branch = v
+                    .get("branch")
+                    .and_then(Value::as_str)
+                    .unwrap_or("main")
+                    .to_string();
+                let values = [
+                    ("success", num(&v, &["success"])),
+                    (
+                        "reward",
+                        num(&v, &["reward"]).or_else(|| num(&v, &["metrics", "mean_reward"])),
+                    ),
+                    ("grad_norm", num(&v, &["metrics", "grad_norm"])),
+                    ("kl", num(&v, &["metrics", "approx_kl"])),
+                    ("clip_frac", num(&v, &["metrics", "clip_frac"])),
+                    ("entropy", num(&v, &["metrics", "entropy"])),
+                    ("staleness", num(&v, &["max_lag"])),
+                ];
+                for (stem, value) in values {
+                    if let Some(x) = value.filter(|x| x.is_finite()) {
+                        log.curves
+                            .entry(stem.to_string())
+                            .or_default()
+                            .entry(branch.clone())
+                            .or_default()
+                            .push((step, x));
+                    }
+                }
+            }
+            Some("eval") => {
+                let phase = v
+                    .get("phase")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string();
+                let version = v.get("version").and_then(Value::as_u64).unwrap_or(0);
+                log.evals
+                    .push((phase, version, num(&v, &["success"]).unwrap_or(f64::NAN)));
+            }
+            Some("rewind") => log.rewinds.push((
+                v.get("from_step").and_then(Value::as_u64).unwrap_or(0),
+                v.get("to_step").and_then(Value::as_u64).unwrap_or(0),
+                v.get("branch")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string(),
+                v.get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_string(),
+            )),
+            Some("skipped") => log.skips += 1,
+            Some("checkpoint") => log.checkpoints += 1,
+            Some("dropped") => log.dropped += 1,
+            _ => {}
+        }
+    }
+    log
+}
+
+/// Registers a system font for plot text (RP-2); true when one was found.
+pub fn load_font() -> bool {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("KEEL_REPORT_FONT")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    candidates.extend(
+        [
+            "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/TTF/DejaVuSans.ttf",
+            "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+            "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+            "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
+        ]
+        .map(PathBuf::from),
+    );
+    for path in candidates {
+        if let Ok(bytes) = std::fs::read(&path) {
+            let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            if plotters::style::register_font("sans-serif", FontStyle::Normal, leaked).is_ok() {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    curve: &Curve,
+    text: bool,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let points = curve.values().flatten();
+    let (mut x0, mut x1, mut y0, mut y1) = (u64::MAX, 0u64, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y) in points {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0, 1, 0.0, 1.0);
+    }
+    if x1 == x0 {
+        x1 = x0 + 1;
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-9);
+    let (y0, y1) = (y0 - pad, y1 + pad);
+    let mut builder = ChartBuilder::on(root);
+    builder.margin(12);
+    if text {
+        builder
+            .caption(title, ("sans-serif", 20))
+            .x_label_area_size(30)
+            .y_label_area_size(50);
+    }
+    let mut chart = builder
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("step");
+    }
+    // Without text there are no label areas, so plotters draws the grid but no tick labels.
+    mesh.draw().map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (i, (branch, pts)) in curve.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let series = chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if text {
+            series.label(branch.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        }
+    }
+    if text && !curve.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Writes `<stem>.png` and `<stem>.svg` of one curve into `dir`.
+pub fn plot_curve(dir: &Path, stem: &str, title: &str, curve: &Curve, text: bool) -> Result<()> {
+    let png = dir.join(format!("{stem}.png"));
+    draw(
+        &BitMapBackend::new(&png, (900, 500)).into_drawing_area(),
+        title,
+        curve,
+        text,
+    )
+    .with_context(|| format!("cannot draw {}", png.display()))?;
+    let svg = dir.join(format!("{stem}.svg"));
+    draw(
+        &SVGBackend::new(&svg, (900, 500)).into_drawing_area(),
+        title,
+        curve,
+        text,
+    )
+    .with_context(|| format!("cannot draw {}", svg.display()))?;
+    Ok(())
+}
+
+fn last_mean(pts: &[(u64, f64)], n: usize) -> f64 {
+    let tail = &pts[pts.len().saturating_sub(n)..];
+    tail.iter().map(|p| p.1).sum::<f64>() / tail.len().max(1) as f64
+}
+
+/// The markdown summary.
+pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
+    let mut md = format!("# keel run report\n\nRun root: `{run_root}`\n\n");
+    let branches: Vec<&String> = log
+        .curves
+        .get("success")
+        .map(|c| c.keys().collect())
+        .unwrap_or_default();
+    md.push_str(&format!(
+        "Branches: {}. Checkpoints: {}. Non-finite steps skipped: {}. Batches dropped: {}. Rewinds: {}.\n\n",
+        if branches.is_empty() { "none".to_string() } else { branches.iter().map(|b| format!("`{b}`")).collect::<Vec<_>>().join(", ") },
+        log.checkpoints,
+        log.skips,
+        log.dropped,
+        log.rewinds.len()
+    ));
+    if !log.evals.is_empty() {
+        md.push_str(
+            "## Held-out evaluation\n\n| phase | policy version | success |\n| --- | --- | --- |\n",
+        );
+        for (phase, version, success) in &log.evals {
+            md.push_str(&format!("| {phase} | {version} | {success:.3} |\n"));
+        }
+        md.push('\n');
+    }
+    if !log.rewinds.is_empty() {
+        md.push_str("## Collapse guard rewinds\n\n| at step | back to step | new branch | reason |\n| --- | --- | --- | --- |\n");
+        for (from, to, branch, reason) in &log.rewinds {
+            md.push_str(&format!("| {from} | {to} | `{branch}` | {reason} |\n"));
+        }
+        md.push('\n');
+    }
+    md.push_str("## Last 10 steps per branch (mean)\n\n| branch | steps | ");
+    md.push_str(
+        &CURVES
+            .iter()
+            .map(|(s, _)| *s)
+            .collect::<Vec<_>>()
+            .join(" | "),
+    );
+    md.push_str(" |\n| --- | --- |");
+    md.push_str(&" --- |".repeat(CURVES.len()));
+    md.push('\n');
+    for b in &branches {
+        let steps = log
+            .curves
+            .get("success")
+            .and_then(|c| c.get(*b))
+            .map_or(0, Vec::len);
+        md.push_str(&format!("| `{b}` | {steps} |"));
+        for (stem, _) in CURVES {
+            match log.curves.get(*stem).and_then(|c| c.get(*b)) {
+                Some(pts) if !pts.is_empty() => {
+                    md.push_str(&format!(" {:.4} |", last_mean(pts, 10)))
+                }
+                _ => md.push_str(" - |"),
+            }
+        }
+        md.push('\n');
+    }
+    md.push_str("\n## Curves\n\n");
+    for (stem, title) in CURVES {
+        md.push_str(&format!(
+            "### {title}\n\n![{title}]({stem}.png) ([svg]({stem}.svg))\n\n"
+        ));
+    }
+    if !text {
+        md.push_str("_No font was found, so the plots carry no titles, labels or legends; install `fonts-dejavu-core` or set KEEL_REPORT_FONT._\n");
+    }
+    if log.bad_lines > 0 {
+        md.push_str(&format!(
+            "\n_{} lines of metrics.jsonl were not JSON and were ignored._\n",
+            log.bad_lines
+        ));
+    }
+    md
+}
+
+/// Writes every plot and `summary.md` into `out`, ticking `progress` once per file group.
+pub fn write_report(
+    run_root: &str,
+    log: &RunLog,
+    out: &Path,
+    text: bool,
+    progress: &indicatif::ProgressBar,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let empty = Curve::new();
+    for (stem, title) in CURVES {
+        progress.set_message(stem.to_string());
+        plot_curve(
+            out,
+            stem,
+            title,
+            log.curves.get(*stem).unwrap_or(&empty),
+            text,
+        )?;
+        progress.inc(1);
+    }
+    let md = out.join("summary.md");
+    std::fs::write(&md, summary_markdown(run_root, log, text))
+        .with_context(|| format!("cannot write {}", md.display()))?;
+    progress.inc(1);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = r#"{"event":"eval","phase":"before_rl","version":0,"success":0.25,"episodes":16}
+{"event":"step","step":1,"total":4,"batch_seq":0,"metrics":{"grad_norm":0.5,"approx_kl":0.001,"clip_frac":0.0,"entropy":1.2,"mean_reward":0.3},"success":0.3,"invalid_rate":0.0,"max_lag":0,"branch":"main","reward":0.3}
+{"event":"step","step":2,"total":4,"batch_seq":1,"metrics":{"grad_norm":0.6,"approx_kl":0.002,"clip_frac":0.1,"entropy":1.1,"mean_reward":0.4},"success":0.4,"invalid_rate":0.0,"max_lag":1,"branch":"main","reward":0.4}
+{"event":"skipped","step":2,"batch_seq":2,"what":"loss"}
+{"event":"rewind","from_step":2,"to_step":1,"to_checkpoint":"x","branch":"rewind-1","kind":"nonfinite","reason":"3 consecutive steps with a non-finite loss","lr":0.0005}
+{"event":"step","step":2,"total":4,"batch_seq":3,"metrics":{"grad_norm":0.4,"approx_kl":0.001,"clip_frac":0.0,"entropy":1.0,"mean_reward":0.5},"success":0.5,"invalid_rate":0.0,"max_lag":0,"branch":"rewind-1","reward":0.5}
+not json
+"#;
+
+    #[test]
+    fn rp3_steps_are_split_by_branch() {
+        let log = parse_log(LOG);
+        let success = &log.curves["success"];
+        assert_eq!(success["main"], vec![(1, 0.3), (2, 0.4)]);
+        assert_eq!(success["rewind-1"], vec![(2, 0.5)]);
+        assert_eq!(log.curves["staleness"]["main"], vec![(1, 0.0), (2, 1.0)]);
+        assert_eq!(
+            (log.skips, log.rewinds.len(), log.bad_lines, log.evals.len()),
+            (1, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn rp2_report_is_written_with_and_without_fonts() {
+        let log = parse_log(LOG);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bar = indicatif::ProgressBar::hidden();
+        write_report("runs/x", &log, dir.path(), false, &bar).expect("report without text");
+        for (stem, _) in CURVES {
+            let png = std::fs::metadata(dir.path().join(format!("{stem}.png"))).expect("png");
+            assert!(png.len() > 100, "{stem}.png is {} bytes", png.len());
+            let svg = std::fs::read_to_string(dir.path().join(format!("{stem}.svg"))).expect("svg");
+            assert!(svg.starts_with("<svg"), "{stem}.svg");
+        }
+        let md = std::fs::read_to_string(dir.path().join("summary.md")).expect("summary");
+        assert!(
+            md.contains("`rewind-1`") && md.contains("non-finite loss"),
+            "{md}"
+        );
+        if load_font() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            write_report("runs/x", &log, dir.path(), true, &bar).expect("report with text");
+            let svg = std::fs::read_to_string(dir.path().join("success.svg")).expect("svg");
+            assert!(
+                svg.contains("rollout success rate") && svg.contains("rewind-1"),
+                "text drawn"
+            );
+        }
+    }
+}

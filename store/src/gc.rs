@@ -1,0 +1,276 @@
+//! Lineage-aware retention and garbage collection.
+//!
+//! Invariants:
+//! - GC-1 (kept): the newest `keep_last` checkpoints on each branch head's lineage; every tagged
+//!   checkpoint (LN-1) except that of the `healthy` tag, which the collapse guard puts on most
+//!   checkpoints, only the newest on each branch head's lineage is kept (the one a rewind would
+//!   use); and, transitively, every checkpoint a kept one still needs: its reference anchor and the
+//!   fork point its branch started from (`keel train --from`).
+//! - GC-2: a collected checkpoint leaves a tombstone (`collected/<id>.json`, its manifest) before
+//!   its manifest and then its blobs are deleted, so lineage stays printable (LN-2) and a crash
+//!   mid-collection leaves only orphan blobs, which the next run of gc removes.
+//! - GC-3: orphans are objects under `checkpoints/<id>/` without a manifest (a failed or
+//!   interrupted commit) whose newest object is older than `orphan_min_age`, so a commit in
+//!   progress is never collected from under its writer.
+//! - GC-4: branch head generations below the newest two are removed; the head itself never is.
+//! - GC-5: [`RunStore::plan_gc`] only reads; `--dry-run` prints its plan.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::checkpoint::CheckpointManifest;
+use crate::error::StoreError;
+use crate::root::RunStore;
+
+/// The tag the collapse guard gives checkpoints with no anomaly since the previous one.
+pub const HEALTHY_TAG: &str = "healthy";
+
+/// What a gc run keeps and removes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcPlan {
+    /// Kept checkpoint ids, each with why.
+    pub keep: BTreeMap<String, String>,
+    /// Committed checkpoints to collect (GC-2).
+    pub collect: Vec<String>,
+    /// Relative keys of orphan blobs (GC-3).
+    pub orphans: Vec<String>,
+    /// Relative keys of superseded head generations (GC-4).
+    pub stale_heads: Vec<String>,
+}
+
+impl RunStore {
+    /// Plans retention (GC-1..GC-5) without changing anything.
+    pub async fn plan_gc(
+        &self,
+        keep_last: usize,
+        orphan_min_age: Duration,
+    ) -> Result<GcPlan, StoreError> {
+        let all = self.list_checkpoints_tagged().await?;
+        let by_id: HashMap<&str, &CheckpointManifest> =
+            all.iter().map(|m| (m.id.as_str(), m)).collect();
+        let mut plan = GcPlan::default();
+        let mut todo: Vec<(String, String)> = Vec::new();
+        for head in self.list_branches().await? {
+            let mut cur = Some(head.id.clone());
+            while let Some(id) = cur.take() {
+                let Some(m) = by_id.get(id.as_str()) else {
+                    break;
+                };
+                if m.tags.iter().any(|t| t == HEALTHY_TAG) {
+                    todo.push((
+                        id.clone(),
+                        format!("newest healthy of branch {}", head.branch),
+                    ));
+                    break;
+                }
+                cur = m.parent.clone();
+            }
+            let mut cur = Some(head.id.clone());
+            let mut n = 0;
+            while let Some(id) = cur.take() {
+                let Some(m) = by_id.get(id.as_str()) else {
+                    break;
+                };
+                if n >= keep_last {
+                    break;
+                }
+                todo.push((
+                    id.clone(),
+                    format!("last {keep_last} of branch {}", head.branch),
+                ));
+                n += 1;
+                cur = m.parent.clone();
+            }
+            for (gen, rel) in self
+                .head_generations(&head.branch)
+                .await?
+                .into_iter()
+                .rev()
+                .skip(2)
+            {
+                let _ = gen;
+                plan.stale_heads.push(rel);
+            }
+        }
+        for m in &all {
+            if m.tags.iter().any(|t| t != HEALTHY_TAG) {
+                todo.push((m.id.clone(), format!("tagged {}", m.tags.join(","))));
+            }
+        }
+        while let Some((id, why)) = todo.pop() {
+            if plan.keep.contains_key(&id) {
+                continue;
+            }
+            let Some(m) = by_id.get(id.as_str()) else {
+                continue;
+            };
+            plan.keep.insert(id.clone(), why);
+            if let Some(r) = &m.reference {
+                todo.push((r.clone(), format!("reference anchor of {id}")));
+            }
+            // The fork point: the first ancestor committed on another branch.
+            let mut cur = m.parent.clone();
+            while let Some(p) = cur.take() {
+                let Some(pm) = by_id.get(p.as_str()) else {
+                    break;
+                };
+                if pm.branch != m.branch {
+                    todo.push((p.clone(), format!("fork point of branch {}", m.branch)));
+                    break;
+                }
+                cur = pm.parent.clone();
+            }
+        }
+        plan.collect = all
+            .iter()
+            .filter(|m| !plan.keep.contains_key(&m.id))
+            .map(|m| m.id.clone())
+            .collect();
+
+        let committed: BTreeSet<&str> = all.iter().map(|m| m.id.as_str()).collect();
+        let mut dirs: BTreeMap<String, (Vec<String>, chrono::DateTime<chrono::Utc>)> =
+            BTreeMap::new();
+        for meta in self.list_rel("checkpoints").await? {
+            let Some(rel) = self.rel_key(meta.location.as_ref()) else {
+                continue;
+            };
+            let mut parts = rel.splitn(3, '/');
+            let (Some("checkpoints"), Some(id), Some(_)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let e = dirs
+                .entry(id.to_string())
+                .or_insert_with(|| (Vec::new(), meta.last_modified));
+            e.0.push(rel.to_string());
+            e.1 = e.1.max(meta.last_modified);
+        }
+        let now = chrono::Utc::now();
+        for (id, (keys, newest)) in dirs {
+            let age = (now - newest).to_std().unwrap_or(Duration::ZERO);
+            if !committed.contains(id.as_str()) && age >= orphan_min_age {
+                plan.orphans.extend(keys);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Carries out a plan from [`RunStore::plan_gc`] (GC-2 order: tombstone, manifest, blobs).
+    pub async fn apply_gc(&self, plan: &GcPlan) -> Result<(), StoreError> {
+        for id in &plan.collect {
+            let m = self.checkpoint(id).await?;
+            let body = Bytes::from(serde_json::to_vec_pretty(&m)?);
+            self.put_object(&format!("collected/{id}.json"), body)
+                .await?;
+            self.delete_full(&self.manifest_key(id)).await?;
+            for f in &m.files {
+                self.delete_full(&self.full_key(&format!("checkpoints/{id}/{}", f.name)))
+                    .await?;
+            }
+        }
+        for rel in plan.orphans.iter().chain(&plan.stale_heads) {
+            self.delete_full(&self.full_key(rel)).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::tests::new_ckpt;
+    use crate::checkpoint::ExpectHead;
+    use crate::lineage::COLLECTED_TAG;
+    use crate::test_backends::each_backend;
+
+    #[tokio::test]
+    async fn gc1_gc5_keeps_last_tagged_anchors_and_fork_points() {
+        each_backend("gc1", |store| async move {
+            // root(ref) <- c1 <- c2 <- c3 <- c4 <- c5   on main; side forks from c2.
+            let mut root = new_ckpt(0, None);
+            root.tags = vec![];
+            root.reference = None;
+            let root = store.commit_checkpoint(root).await.expect("root");
+            let mut ids = vec![root.id.clone()];
+            for step in 1..=5 {
+                let mut c = new_ckpt(step, ids.last().cloned());
+                c.tags = vec![];
+                c.reference = Some(root.id.clone());
+                ids.push(store.commit_checkpoint(c).await.expect("commit").id);
+            }
+            let mut s = new_ckpt(3, Some(ids[2].clone()));
+            s.tags = vec![];
+            s.reference = None;
+            let side = store
+                .commit_checkpoint_on("side", s, ExpectHead::NoHead)
+                .await
+                .expect("side");
+            store.tag_checkpoint(&ids[3], "pinned").await.expect("tag");
+            // `healthy` on many checkpoints pins only the newest on each lineage: ids[2], not ids[1].
+            store
+                .tag_checkpoint(&ids[1], HEALTHY_TAG)
+                .await
+                .expect("tag");
+            store
+                .tag_checkpoint(&ids[2], HEALTHY_TAG)
+                .await
+                .expect("tag");
+            // A failed commit: a blob without a manifest.
+            store
+                .put_object(
+                    "checkpoints/00000009-deadbeef/model.safetensors",
+                    Bytes::from_static(b"x"),
+                )
+                .await
+                .expect("orphan");
+
+            let plan = store.plan_gc(2, Duration::ZERO).await.expect("plan");
+            let kept: BTreeSet<&str> = plan.keep.keys().map(String::as_str).collect();
+            let want: BTreeSet<&str> = [&ids[0], &ids[2], &ids[3], &ids[4], &ids[5], &side.id]
+                .into_iter()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(kept, want, "{plan:#?}");
+            assert_eq!(plan.collect, vec![ids[1].clone()]);
+            assert_eq!(
+                plan.orphans,
+                vec!["checkpoints/00000009-deadbeef/model.safetensors".to_string()]
+            );
+            assert_eq!(plan.stale_heads.len(), 4, "{:?}", plan.stale_heads);
+            // Planning changed nothing (GC-5).
+            assert_eq!(store.list_checkpoints().await.expect("list").len(), 7);
+
+            store.apply_gc(&plan).await.expect("apply");
+            assert_eq!(store.list_checkpoints().await.expect("list").len(), 6);
+            assert!(store.checkpoint(&ids[1]).await.is_err());
+            let chain = store.ancestry(&ids[5]).await.expect("ancestry");
+            assert_eq!(chain.len(), 6);
+            assert!(chain[4].tags.contains(&COLLECTED_TAG.to_string()));
+            assert_eq!(
+                store.latest_checkpoint().await.expect("head").map(|m| m.id),
+                Some(ids[5].clone())
+            );
+            let again = store.plan_gc(2, Duration::ZERO).await.expect("plan");
+            assert!(
+                again.collect.is_empty()
+                    && again.orphans.is_empty()
+                    && again.stale_heads.is_empty(),
+                "{again:#?}"
+            );
+            // A fresh orphan survives a min age.
+            store
+                .put_object("checkpoints/00000010-deadbeef/x", Bytes::from_static(b"x"))
+                .await
+                .expect("orphan");
+            let young = store
+                .plan_gc(2, Duration::from_secs(3600))
+                .await
+                .expect("plan");
+            assert!(young.orphans.is_empty());
+        })
+        .await;
+    }
+}
