@@ -68,6 +68,16 @@ enabled = false
     )
 }
 
+/// `tiny_config` with the collapse guard off. A guard rewind moves training to another branch,
+/// which only the guard's own tests want; the process-level store tests keep every life of a run
+/// on branch `main`.
+pub fn tiny_config_unguarded(steps: u64, checkpoint_every: u64, mode: &str, bound: u64) -> String {
+    format!(
+        "{}\n[guard]\nenabled = false\n",
+        tiny_config(steps, checkpoint_every, mode, bound)
+    )
+}
+
 /// The S3 endpoint of the test SeaweedFS server.
 pub fn s3_endpoint() -> String {
     std::env::var("KEEL_TEST_S3_ENDPOINT").unwrap_or_else(|_| {

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use keel_integration::{check_accounting, keel_bin, tiny_config};
+use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded};
 use keel_store::RunStore;
 
 fn keel(args: &[&str]) -> std::process::Output {
@@ -24,14 +24,7 @@ fn a_branch_from_a_checkpoint_coexists_with_main() {
         .expect("rt");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}\n[guard]\nenabled = false\n",
-            tiny_config(10, 5, "sync", 1)
-        ),
-    )
-    .expect("config");
+    std::fs::write(&config, tiny_config_unguarded(10, 5, "sync", 1)).expect("config");
     let (cfg, root) = (config.to_str().expect("utf8"), dir.path().join("run"));
     let root = root.to_str().expect("utf8");
     let out = keel(&[

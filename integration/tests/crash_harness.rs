@@ -19,23 +19,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, s3_root, tiny_config};
+use keel_integration::{check_accounting, keel_bin, s3_root, tiny_config_unguarded};
 use keel_store::{CheckpointManifest, RunStore};
 use rand::{Rng, SeedableRng};
 
 const TASKS_PER_BATCH: u64 = 6; // tiny_config's rollout.tasks_per_batch
 /// `run.steps` of lives that must never finish on their own.
 const ENDLESS: u64 = 1_000_000;
-
-/// The tiny config with the collapse guard off: a guard rewind moves training to another branch
-/// (and leaves the abandoned future's ranges consumed), which is the guard's own tests' subject;
-/// here every life must continue branch `main`.
-fn config(steps: u64, every: u64, mode: &str, bound: u64) -> String {
-    format!(
-        "{}\n[guard]\nenabled = false\n",
-        tiny_config(steps, every, mode, bound)
-    )
-}
 
 fn spawn(config: &Path, root: &str, summary: &Path, log: &Path) -> Child {
     spawn_with(config, root, summary, log, &[])
@@ -188,7 +178,7 @@ fn sigkill_at_random_points_loses_and_duplicates_nothing_on_local_disk() {
     let root = dir.path().join("run");
     harness(
         root.to_str().expect("utf8"),
-        &config(ENDLESS, 2, "async", 2),
+        &tiny_config_unguarded(ENDLESS, 2, "async", 2),
         kill_points(20),
         (300, 2200),
         None,
@@ -197,7 +187,7 @@ fn sigkill_at_random_points_loses_and_duplicates_nothing_on_local_disk() {
 
 #[test]
 fn sigkill_during_s3_multipart_commits_loses_and_duplicates_nothing() {
-    let toml = config(ENDLESS, 1, "async", 2)
+    let toml = tiny_config_unguarded(ENDLESS, 1, "async", 2)
         .replace("threads = 1", "threads = 1\ncheckpoint_multipart_bytes = 1");
     harness(
         &s3_root("crash-multipart"),
@@ -211,7 +201,7 @@ fn sigkill_during_s3_multipart_commits_loses_and_duplicates_nothing() {
 #[test]
 fn sync_run_killed_repeatedly_ends_bit_identical_to_an_uninterrupted_run() {
     let steps = 150;
-    let toml = config(steps, 3, "sync", 1);
+    let toml = tiny_config_unguarded(steps, 3, "sync", 1);
     let dir = tempfile::tempdir().expect("tempdir");
     let killed = dir.path().join("killed");
     harness(

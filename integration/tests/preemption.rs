@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, tiny_config};
+use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded};
 use keel_store::RunStore;
 
 #[test]
@@ -17,11 +17,8 @@ fn sigterm_commits_a_checkpoint_within_the_grace_period_and_exits_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
     let steps = 300;
     // Checkpoints every 1000 steps: the only one after SFT is the one SIGTERM asks for.
-    let toml = format!(
-        "{}\n[guard]\nenabled = false\n",
-        tiny_config(steps, 1000, "async", 2)
-    )
-    .replace("threads = 1", "threads = 1\nsigterm_grace_s = 30");
+    let toml = tiny_config_unguarded(steps, 1000, "async", 2)
+        .replace("threads = 1", "threads = 1\nsigterm_grace_s = 30");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, toml).expect("config");
     let root = dir.path().join("run");

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Stdio};
 
-use keel_integration::{check_accounting, keel_bin, tiny_config};
+use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded};
 use keel_store::RunStore;
 
 #[test]
@@ -14,14 +14,7 @@ fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
         .expect("rt");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}\n[guard]\nenabled = false\n",
-            tiny_config(20, 5, "async", 2)
-        ),
-    )
-    .expect("config");
+    std::fs::write(&config, tiny_config_unguarded(20, 5, "async", 2)).expect("config");
     let root = dir.path().join("run");
     let summary = dir.path().join("summary.json");
     let train = |steps: &str| {

@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, tiny_config, OwnSeaweed};
+use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded, OwnSeaweed};
 use keel_store::RunStore;
 
 #[test]
@@ -20,10 +20,7 @@ fn a_20_second_s3_outage_pauses_the_run_and_loses_nothing() {
         .expect("rt");
     let dir = tempfile::tempdir().expect("tempdir");
     let steps = 150;
-    let toml = format!(
-        "{}\n[guard]\nenabled = false\n",
-        tiny_config(steps, 2, "async", 2)
-    );
+    let toml = tiny_config_unguarded(steps, 2, "async", 2);
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, toml).expect("config");
     let root = keel_integration::s3_root("outage");

@@ -134,6 +134,21 @@ impl RopeTable {
 
 /// `x·cos + rotate_half(x)·sin` for `x` `[B, H, T, D]`, with the signed `sin` of the table
 /// (HL-2).
+/// Scaled dot-product attention (libtorch's fused kernel) over `[B, heads, T, d]` queries and
+/// `[B, kv_heads, S, d]` keys/values, with grouped-query heads expanded by the kernel; `mask`
+/// (true = attend) or `is_causal` selects the visible keys.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    is_causal: bool,
+) -> Result<Tensor, HfError> {
+    Ok(Tensor::f_scaled_dot_product_attention(
+        q, k, v, mask, 0.0, is_causal, None, true,
+    )?)
+}
+
 pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, HfError> {
     let half = x.size()[3] / 2;
     Ok(x.f_mul(cos)?.f_add(&x.f_roll([half], [3])?.f_mul(sin)?)?)

@@ -32,7 +32,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::config::HfConfig;
 use super::error::HfError;
-use super::layers::{apply_rope, rms_norm, Linear, RopeTable};
+use super::layers::{apply_rope, attention, rms_norm, Linear, RopeTable};
 
 /// Where the parameters live and which heads to build.
 #[derive(Clone, Copy, Debug)]
@@ -456,16 +456,7 @@ impl HfModel {
         let rope = RopeTable::new(&self.cfg, t, self.device(), self.opts.kind)?;
         let (cos, sin) = rope.prefix(t)?;
         let mut attend = |_: usize, q: Tensor, k: Tensor, v: Tensor| -> Result<Tensor, HfError> {
-            Ok(Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<Tensor>,
-                0.0,
-                true,
-                None,
-                true,
-            )?)
+            attention(&q, &k, &v, None, true)
         };
         self.run_layers(
             self.embed(&tokens.f_to_device(self.device())?)?,
@@ -508,16 +499,7 @@ impl HfModel {
             .f_logical_and(&keys)?
             .f_unsqueeze(1)?;
         let mut attend = |_: usize, q: Tensor, k: Tensor, v: Tensor| -> Result<Tensor, HfError> {
-            Ok(Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                Some(&mask),
-                0.0,
-                false,
-                None,
-                true,
-            )?)
+            attention(&q, &k, &v, Some(&mask), false)
         };
         self.run_layers(
             self.embed(&tokens.f_to_device(dev)?)?,

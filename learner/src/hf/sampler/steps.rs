@@ -5,6 +5,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::{uniform, Sampler, Slot};
 use crate::hf::error::HfError;
+use crate::hf::layers::attention;
 use crate::hf::model::HfModel;
 use crate::hf::sampling::{choose, Choice, RowParams};
 
@@ -83,16 +84,7 @@ impl Sampler {
         let cache = &mut self.cache;
         let mut attend = |l: usize, q: Tensor, k: Tensor, v: Tensor| -> Result<Tensor, HfError> {
             cache.write(l, &rows, &k, &v)?;
-            Ok(Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<Tensor>,
-                0.0,
-                true,
-                None,
-                true,
-            )?)
+            attention(&q, &k, &v, None, true)
         };
         let hidden = model.run_layers(model.embed(&tokens)?, &cos, &sin, &mut attend)?;
         let h = hidden.size()[2];
@@ -171,16 +163,7 @@ impl Sampler {
         let mut attend = |l: usize, q: Tensor, k: Tensor, v: Tensor| -> Result<Tensor, HfError> {
             cache.write(l, &flat_rows, &k, &v)?;
             let (kc, vc) = cache.view(l, n, attn_len)?;
-            Ok(Tensor::f_scaled_dot_product_attention(
-                &q,
-                &kc,
-                &vc,
-                mask.as_ref(),
-                0.0,
-                false,
-                None,
-                true,
-            )?)
+            attention(&q, &kc, &vc, mask.as_ref(), false)
         };
         let hidden = model.run_layers(model.embed(&tokens)?, &cos, &sin, &mut attend)?;
         let logits = model.logits(&hidden.f_squeeze_dim(1)?)?;
