@@ -32,6 +32,8 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         policy_version: 3,
                         reward: 0.0,
                         invalid_action: false,
+                        agent_id: 0,
+                        anchor_key: 5,
                     },
                     Turn {
                         start: 15,
@@ -39,6 +41,8 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         policy_version: 4,
                         reward: 1.0,
                         invalid_action: i == 3,
+                        agent_id: 1,
+                        anchor_key: 6 + i,
                     },
                 ],
                 final_reward: if i % 2 == 0 { 1.0 } else { 0.0 },
@@ -47,6 +51,8 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                 } else {
                     Source::OnPolicy
                 },
+                scaffold_version: i % 3,
+                trained_turn: if i == 4 { Some(1) } else { None },
             }
         })
         .collect();

@@ -17,9 +17,11 @@
 //!   trajectory; without stored turns they are the maximal runs of mask-1 tokens (layout C).
 //!   `turn_ids[b, t]` is the index of the turn holding token t (the last turn starting at or
 //!   before t for a mask-1 token outside every turn; 0 elsewhere, where it is never read).
-//! - BT-7 (anchor state): `TurnSpan::anchor` hashes the tokens between the previous turn's end
-//!   (0 for the first turn) and the turn's start — the observation the turn answered, or the
-//!   prompt — so identical environment states in one group share a key (GiGPO).
+//! - BT-7 (anchor state): `TurnSpan::anchor` is the environment's anchor key stored with the
+//!   turn (EN-8); for rows without stored turns (SFT, tests) it hashes the tokens between the
+//!   previous turn's end (0 for the first turn) and the turn's start — the observation the turn
+//!   answered, or the prompt. Identical environment states in one group share a key (GiGPO).
+//! - BT-8 (RTPO): `trained_turns[i]`, when set, names an existing turn of row i.
 
 use std::hash::{Hash, Hasher};
 
@@ -54,6 +56,8 @@ pub struct TrainBatch {
     pub anchors: Vec<bool>,
     /// Task id of each trajectory.
     pub task_ids: Vec<u64>,
+    /// RTPO: the index (into `turns[i]`) of the only turn to train, `None` = all (BT-8).
+    pub trained_turns: Vec<Option<usize>>,
 }
 
 /// One model turn of a trajectory.
@@ -67,8 +71,22 @@ pub struct TurnSpan {
     pub reward: f32,
     /// The environment rejected this turn's action.
     pub invalid: bool,
-    /// Hash of the observation (or prompt) the turn answered (BT-7).
+    /// Anchor key of the state the turn answered (BT-7).
     pub anchor: u64,
+    /// The agent that produced the turn (Dr. MAS; 0 in single-agent envs).
+    pub agent: u32,
+}
+
+/// A stored turn in native form.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RowTurn {
+    pub start: usize,
+    pub end: usize,
+    pub reward: f32,
+    pub invalid: bool,
+    pub agent: u32,
+    /// The env's anchor key; `None` = hash the tokens before the turn (BT-7).
+    pub anchor: Option<u64>,
 }
 
 /// One trajectory in native form, before padding.
@@ -78,11 +96,12 @@ pub(crate) struct Row {
     pub logp: Vec<f32>,
     pub reward: f32,
     pub group: u64,
-    /// Stored turns as (start, end, reward, invalid); empty = derive from the mask (BT-6).
-    pub turns: Vec<(usize, usize, f32, bool)>,
+    /// Stored turns; empty = derive from the mask (BT-6).
+    pub turns: Vec<RowTurn>,
     pub agent: u32,
     pub anchor: bool,
     pub task: u64,
+    pub trained_turn: Option<usize>,
 }
 
 impl Row {
@@ -104,6 +123,7 @@ impl Row {
             agent: 0,
             anchor: false,
             task: group,
+            trained_turn: None,
         }
     }
 }
@@ -130,17 +150,32 @@ fn mask_runs(mask: &[u8]) -> Vec<(usize, usize)> {
 
 /// Turn spans of a validated row (BT-6, BT-7).
 fn row_turns(i: usize, r: &Row) -> Result<Vec<TurnSpan>, LearnerError> {
-    let raw: Vec<(usize, usize, f32, bool)> = if r.turns.is_empty() {
+    let raw: Vec<RowTurn> = if r.turns.is_empty() {
         mask_runs(&r.mask)
             .into_iter()
-            .map(|(s, e)| (s, e, 0.0, false))
+            .map(|(start, end)| RowTurn {
+                start,
+                end,
+                reward: 0.0,
+                invalid: false,
+                agent: r.agent,
+                anchor: None,
+            })
             .collect()
     } else {
         r.turns.clone()
     };
     let mut prev_end = 0;
     let mut out = Vec::with_capacity(raw.len());
-    for (k, (start, end, reward, invalid)) in raw.into_iter().enumerate() {
+    for (k, turn) in raw.into_iter().enumerate() {
+        let RowTurn {
+            start,
+            end,
+            reward,
+            invalid,
+            agent,
+            anchor,
+        } = turn;
         if start >= end || end > r.tokens.len() || start < prev_end {
             return Err(LearnerError::input(format!(
                 "trajectory {i}: turn {k} spans [{start}, {end}), which is empty, out of order or beyond its {} tokens",
@@ -152,16 +187,28 @@ fn row_turns(i: usize, r: &Row) -> Result<Vec<TurnSpan>, LearnerError> {
                 "trajectory {i}: turn {k} reward is {reward}"
             )));
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        r.tokens[prev_end..start].hash(&mut h);
+        let anchor = anchor.unwrap_or_else(|| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            r.tokens[prev_end..start].hash(&mut h);
+            h.finish()
+        });
         out.push(TurnSpan {
             start,
             end,
             reward,
             invalid,
-            anchor: h.finish(),
+            anchor,
+            agent,
         });
         prev_end = end;
+    }
+    if let Some(k) = r.trained_turn {
+        if k >= out.len() {
+            return Err(LearnerError::input(format!(
+                "trajectory {i}: trained turn {k} but it has {} turns",
+                out.len()
+            )));
+        }
     }
     Ok(out)
 }
@@ -204,6 +251,7 @@ impl TrainBatch {
             agent_ids: rows.iter().map(|&r| self.agent_ids[r]).collect(),
             anchors: rows.iter().map(|&r| self.anchors[r]).collect(),
             task_ids: rows.iter().map(|&r| self.task_ids[r]).collect(),
+            trained_turns: rows.iter().map(|&r| self.trained_turns[r]).collect(),
         })
     }
 
@@ -224,18 +272,22 @@ impl TrainBatch {
                 turns: t
                     .turns
                     .iter()
-                    .map(|u| {
-                        (
-                            u.start.to_native() as usize,
-                            u.end.to_native() as usize,
-                            u.reward.to_native(),
-                            u.invalid_action,
-                        )
+                    .map(|u| RowTurn {
+                        start: u.start.to_native() as usize,
+                        end: u.end.to_native() as usize,
+                        reward: u.reward.to_native(),
+                        invalid: u.invalid_action,
+                        agent: u.agent_id.to_native(),
+                        anchor: Some(u.anchor_key.to_native()),
                     })
                     .collect(),
                 agent: t.agent_id.to_native(),
                 anchor: matches!(t.source, keel_store::ArchivedSource::Anchor),
                 task: t.task_id.to_native(),
+                trained_turn: t
+                    .trained_turn
+                    .as_ref()
+                    .map(|k| k.to_native() as usize),
             })
             .collect();
         Self::from_rows(rows, device).map_err(|e| match e {
@@ -363,6 +415,7 @@ impl TrainBatch {
             agent_ids: rows.iter().map(|r| r.agent).collect(),
             anchors: rows.iter().map(|r| r.anchor).collect(),
             task_ids: rows.iter().map(|r| r.task).collect(),
+            trained_turns: rows.iter().map(|r| r.trained_turn).collect(),
         })
     }
 }
@@ -409,12 +462,16 @@ mod tests {
                 policy_version: 1,
                 reward: 0.0,
                 invalid_action: false,
+                agent_id: 0,
+                anchor_key: 0,
             }],
             tokens,
             loss_mask: mask,
             behaviour_logprobs: logp,
             final_reward: reward,
             source: keel_store::Source::OnPolicy,
+            scaffold_version: 0,
+            trained_turn: None,
         }
     }
 
@@ -503,10 +560,25 @@ mod tests {
     #[test]
     fn bt6_rejects_bad_stored_turns() {
         let mut r = Row::new(vec![1, 2, 3], vec![0, 1, 1], vec![0.0, -0.1, -0.1], 1.0, 0);
-        r.turns = vec![(1, 4, 0.0, false)];
+        let turn = RowTurn {
+            start: 1,
+            end: 4,
+            reward: 0.0,
+            invalid: false,
+            agent: 0,
+            anchor: Some(9),
+        };
+        r.turns = vec![turn];
         let Err(e) = TrainBatch::from_rows(vec![r], Device::Cpu) else {
             panic!("turn beyond the tokens accepted")
         };
         assert!(e.to_string().contains("turn 0 spans [1, 4)"), "{e}");
+        let mut r = Row::new(vec![1, 2, 3], vec![0, 1, 1], vec![0.0, -0.1, -0.1], 1.0, 0);
+        r.turns = vec![RowTurn { end: 3, ..turn }];
+        r.trained_turn = Some(1);
+        let Err(e) = TrainBatch::from_rows(vec![r], Device::Cpu) else {
+            panic!("trained turn beyond the turns accepted")
+        };
+        assert!(e.to_string().contains("trained turn 1"), "{e}");
     }
 }

@@ -44,9 +44,9 @@ use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
 
 use crate::algo::aggregation::{
-    agg_loss, masked_mean, masked_mean_value, AggDenominators, AggMode,
+    agg_loss, masked_mean, masked_mean_value, turn_records, AggDenominators, AggMode,
 };
-use crate::algo::armor::armor_loss;
+use crate::algo::armor::{armor_loss, mixed_log_ratio};
 use crate::algo::dapo::informative_groups;
 use crate::algo::gspo::gspo_loss;
 use crate::algo::kl::{masked_kl, KlController, KlEstimator};
@@ -100,6 +100,8 @@ pub struct Learner {
     step: u64,
     sft_steps: u64,
     updates: u64,
+    /// Dr. MAS per-agent models: train only these agents' turns (None = every turn).
+    agents: Option<Vec<u32>>,
 }
 
 /// Mean, std, min and max of `x` over mask-1 entries.
@@ -166,7 +168,14 @@ impl Learner {
             step: 0,
             sft_steps: 0,
             updates: 0,
+            agents: None,
         })
+    }
+
+    /// Restricts training to the turns of `agents` (a per-agent model of Dr. MAS); `None`
+    /// trains every turn. Not part of the checkpoint: the job sets it from its config.
+    pub fn set_agent_filter(&mut self, agents: Option<Vec<u32>>) {
+        self.agents = agents;
     }
 
     /// The policy being trained.
@@ -297,6 +306,7 @@ impl Learner {
             train,
             &self.preset,
             beta,
+            self.agents.as_deref(),
         )?;
         let actor = self
             .preset
@@ -317,6 +327,7 @@ impl Learner {
             for k in 0..n_mb {
                 let chunk = &order[k * b / n_mb..(k + 1) * b / n_mb];
                 let mut m = self.minibatch_step(&tg, chunk, actor)?;
+                sum.fold_extremes(&m, n == 0.0);
                 for (acc, x) in sum.averaged().into_iter().zip(m.averaged()) {
                     *acc += *x;
                 }
@@ -491,8 +502,10 @@ impl Learner {
             }
             PolicyLossKind::Dis => {
                 let beh = pick(&tg.behaviour_logp)?;
-                let (l, masked) = dis_loss(&logp, &beh, &adv, &mask, p.clip.low, p.clip.high);
+                let (l, masked, (lo, hi)) =
+                    dis_loss(&logp, &beh, &adv, &mask, p.clip.low, p.clip.high);
                 out.dis_masked_frac = masked;
+                (out.dis_kept_ratio_min, out.dis_kept_ratio_max) = (lo, hi);
                 out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
                 l
             }
@@ -502,6 +515,17 @@ impl Learner {
                 })?;
                 let l = armor_loss(&logp, &old_logp, r, &adv, &mask, mix_ratio, p.clip);
                 out.set_clip(l.stats);
+                let anchor_rows = pick(&tg.anchor_rows)?;
+                let on_anchor = mask.f_mul(&anchor_rows.f_unsqueeze(1)?)?.f_gt(0.0)?;
+                let mixed = mixed_log_ratio(&logp.detach(), &old_logp, r, &mask, mix_ratio);
+                let plain = logp.detach().f_sub(&old_logp)?;
+                let max_on = |x: &Tensor| -> Result<f64, LearnerError> {
+                    let v = x.f_exp()?.f_masked_select(&on_anchor)?;
+                    Ok(if v.numel() == 0 { 0.0 } else { v.f_max()?.f_double_value(&[])? })
+                };
+                out.anchor_mixed_ratio_max = max_on(&mixed)?;
+                out.anchor_plain_ratio_max = max_on(&plain)?;
+                out.anchor_tokens = f64::try_from(on_anchor.f_sum(Kind::Double)?)?;
                 l.loss
             }
             PolicyLossKind::Reinforce { is_threshold } => {
@@ -510,20 +534,34 @@ impl Learner {
                 reinforce_loss(&logp, &beh, &adv, &mask, is_threshold)
             }
         };
-        let den = AggDenominators::of(&mask, p.loss_scale_factor);
-        let pg = agg_loss(&token_loss, &mask, agg, &den);
+        // Layout P: aggregate over turn records (spec §0.1) instead of trajectories.
+        let turn_ids = if p.turn_records {
+            Some(pick(&tg.turn_ids)?)
+        } else {
+            None
+        };
+        let records = |x: &Tensor| match &turn_ids {
+            Some(ids) => turn_records(x, &mask, ids, tg.max_turns),
+            None => (x.shallow_clone(), mask.shallow_clone()),
+        };
+        let (_, rec_mask) = records(&mask);
+        let den = AggDenominators::of(&rec_mask, p.loss_scale_factor);
+        let agg_rec = |x: &Tensor| {
+            let (xs, ms) = records(x);
+            agg_loss(&xs, &ms, agg, &den)
+        };
+        let pg = agg_rec(&token_loss);
         let mut loss = pg.shallow_clone();
         let entropy = token_entropy(&logits);
         if p.entropy_coef > 0.0 {
-            loss =
-                loss.f_sub(&agg_loss(&entropy, &mask, agg, &den).f_mul_scalar(p.entropy_coef)?)?;
+            loss = loss.f_sub(&agg_rec(&entropy).f_mul_scalar(p.entropy_coef)?)?;
         }
         out.entropy = masked_mean_value(&entropy, &mask);
         if let Some(r) = &ref_logp {
             out.kl_ref =
                 masked_mean_value(&masked_kl(&logp.detach(), r, &mask, KlEstimator::K3), &mask);
             if let Some(k) = p.kl_loss {
-                let kl = agg_loss(&masked_kl(&logp, r, &mask, k.estimator), &mask, agg, &den);
+                let kl = agg_rec(&masked_kl(&logp, r, &mask, k.estimator));
                 out.kl_loss = kl.f_double_value(&[])?;
                 loss = loss.f_add(&kl.f_mul_scalar(k.coef)?)?;
             }
@@ -531,7 +569,8 @@ impl Learner {
         if let (Some((old_v, returns, c)), Some(values)) = (&critic, values) {
             if c.steps_per_actor_step == 0 {
                 let v = align_values(&values)?;
-                let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &den);
+                let vden = AggDenominators::of(&mask, p.loss_scale_factor);
+                let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &vden);
                 out.value_loss = vl.f_double_value(&[])?;
                 out.explained_var = explained_variance(&v, returns, &mask);
                 loss = loss.f_add(&vl.f_mul_scalar(c.value_coef)?)?;

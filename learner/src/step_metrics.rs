@@ -67,6 +67,17 @@ pub struct StepMetrics {
     pub groups_total: f64,
     /// Dynamic sampling: groups trained on.
     pub groups_kept: f64,
+    /// SAO: smallest ratio `π_θ/π_beh` among tokens that carried gradient (inside the DIS band;
+    /// 1 when none did). Min over mini-batches.
+    pub dis_kept_ratio_min: f64,
+    /// SAO: largest ratio among tokens that carried gradient. Max over mini-batches.
+    pub dis_kept_ratio_max: f64,
+    /// ARMOR: largest mixed ratio ρ̃ on anchor (reference-sampled) tokens. Max over mini-batches.
+    pub anchor_mixed_ratio_max: f64,
+    /// ARMOR: largest plain ratio π_θ/π_old on the same anchor tokens. Max over mini-batches.
+    pub anchor_plain_ratio_max: f64,
+    /// ARMOR: model tokens of anchor trajectories in the batch.
+    pub anchor_tokens: f64,
     /// Actor optimizer steps taken in this call.
     pub actor_steps: f64,
     /// Value-only optimizer steps taken in this call.
@@ -107,6 +118,23 @@ impl StepMetrics {
             &mut self.actor_steps,
             &mut self.critic_steps,
         ]
+    }
+
+    /// Folds the extreme-value fields of a mini-batch into `self` (min of mins, max of maxes).
+    pub(crate) fn fold_extremes(&mut self, m: &StepMetrics, first: bool) {
+        if first {
+            self.dis_kept_ratio_min = m.dis_kept_ratio_min;
+            self.dis_kept_ratio_max = m.dis_kept_ratio_max;
+            self.anchor_mixed_ratio_max = m.anchor_mixed_ratio_max;
+            self.anchor_plain_ratio_max = m.anchor_plain_ratio_max;
+            self.anchor_tokens = m.anchor_tokens;
+            return;
+        }
+        self.dis_kept_ratio_min = self.dis_kept_ratio_min.min(m.dis_kept_ratio_min);
+        self.dis_kept_ratio_max = self.dis_kept_ratio_max.max(m.dis_kept_ratio_max);
+        self.anchor_mixed_ratio_max = self.anchor_mixed_ratio_max.max(m.anchor_mixed_ratio_max);
+        self.anchor_plain_ratio_max = self.anchor_plain_ratio_max.max(m.anchor_plain_ratio_max);
+        self.anchor_tokens = self.anchor_tokens.max(m.anchor_tokens);
     }
 
     pub(crate) fn set_clip(&mut self, s: ClipStats) {

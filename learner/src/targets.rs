@@ -14,7 +14,8 @@
 //!
 //! Invariants:
 //! - TG-1: advantages are 0 wherever the (possibly reduced) mask is 0.
-//! - TG-2: only RTPO reduces the mask (to each trajectory's branch turn).
+//! - TG-2: only RTPO (to each trajectory's trained turn, BT-8) and an agent filter (Dr. MAS
+//!   per-agent models: to the turns of the model's agents) reduce the mask.
 //! - TG-3: reference and old log-probs are computed without gradient.
 
 use tch::{Device, Kind, Tensor};
@@ -43,6 +44,8 @@ pub(crate) struct Targets {
     pub ref_logp: Option<Tensor>,
     pub turn_ids: Tensor,
     pub max_turns: i64,
+    /// `[B]` f32: 1 for trajectories sampled by the anchor (reference) policy.
+    pub anchor_rows: Tensor,
     /// Critic presets: (aligned old values, returns).
     pub critic: Option<(Tensor, Tensor)>,
     /// Token-mean KL(old ‖ ref) used by KL in reward, when on.
@@ -137,13 +140,24 @@ fn per_turn(batch: &TrainBatch, values: &[f64], mask: &Tensor) -> Result<Tensor,
         .f_mul(mask)?)
 }
 
-/// Computes the targets of `batch` (module doc).
+/// `mask` restricted to the turns of `agents` (Dr. MAS: a model trains only its agents' turns).
+fn agent_turn_mask(
+    batch: &TrainBatch,
+    agents: &[u32],
+    mask: &Tensor,
+) -> Result<Tensor, LearnerError> {
+    let ones: Vec<f64> = batch.turns.iter().flatten().map(|t| f64::from(u8::from(agents.contains(&t.agent)))).collect();
+    per_turn(batch, &ones, mask)
+}
+
+/// Computes the targets of `batch` (module doc); `agent_filter` keeps only those agents' turns.
 pub(crate) fn compute(
     model: &PolicyModel,
     reference: Option<&PolicyModel>,
     batch: &TrainBatch,
     p: &PresetConfig,
     kl_beta: f64,
+    agent_filter: Option<&[u32]>,
 ) -> Result<Targets, LearnerError> {
     let dev: Device = model.device();
     let tokens = batch.tokens.f_to_device(dev)?;
@@ -160,6 +174,9 @@ pub(crate) fn compute(
         Some(r) => Some(frozen_logp(r, &tokens)?.f_mul(&mask)?),
         None => None,
     };
+    if let Some(agents) = agent_filter {
+        mask = agent_turn_mask(batch, agents, &mask)?;
+    }
     let sc = scores(batch, p);
     let mut critic = None;
     let mut kl_reward_mean = None;
@@ -168,21 +185,28 @@ pub(crate) fn compute(
             &group_advantages(&sc, &batch.group_ids, p.normalize_std, GRPO_EPS),
             &mask,
         )?,
-        AdvantageKind::DrMas => broadcast(
-            &drmas_advantages(
-                &sc,
-                &batch.group_ids,
-                &batch.agent_ids,
-                p.normalize_std,
-                GRPO_EPS,
-            ),
-            &mask,
-        )?,
+        AdvantageKind::DrMas => {
+            // Layout P records: one per agent turn, score = R − penalty of that turn.
+            let (mut scores, mut uids, mut agents) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..batch.len() {
+                for t in &batch.turns[i] {
+                    scores.push(
+                        f64::from(batch.final_rewards[i])
+                            + invalid_action_penalty(t.invalid, p.invalid_action_penalty),
+                    );
+                    uids.push(batch.group_ids[i]);
+                    agents.push(t.agent);
+                }
+            }
+            let adv = drmas_advantages(&scores, &uids, &agents, p.normalize_std, GRPO_EPS);
+            per_turn(batch, &adv, &mask)?
+        }
         AdvantageKind::Rtpo => {
             let spans: Vec<Option<(usize, usize)>> = batch
                 .turns
                 .iter()
-                .map(|s| s.first().map(|t| (t.start, t.end)))
+                .zip(&batch.trained_turns)
+                .map(|(s, k)| s.get(k.unwrap_or(0)).map(|t| (t.start, t.end)))
                 .collect();
             mask = branch_turn_mask(&mask, &spans);
             broadcast(&sibling_advantages(&sc, &batch.group_ids, GRPO_EPS), &mask)?
@@ -249,6 +273,10 @@ pub(crate) fn compute(
         ref_logp,
         turn_ids: batch.turn_ids.f_to_device(dev)?,
         max_turns: batch.max_turns,
+        anchor_rows: Tensor::f_from_slice(
+            &batch.anchors.iter().map(|&a| f32::from(u8::from(a))).collect::<Vec<_>>(),
+        )?
+        .f_to_device(dev)?,
         critic,
         kl_reward_mean,
     })

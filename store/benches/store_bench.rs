@@ -209,6 +209,8 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                     policy_version: 9,
                     reward: 0.0,
                     invalid_action: false,
+                    agent_id: 0,
+                    anchor_key: k as u64,
                 })
                 .collect();
             let mut loss_mask = vec![0u8; len as usize];
@@ -240,6 +242,8 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                 turns,
                 final_reward: (i % 2) as f32,
                 source: Source::OnPolicy,
+                scaffold_version: 0,
+                trained_turn: None,
             }
         })
         .collect();

@@ -9,8 +9,8 @@
 //!   1s, a `behaviour_logprob` of exactly 0.0 wherever `loss_mask == 0` and a finite one
 //!   elsewhere, finite rewards, and unique trajectory ids within the batch.
 //! - BT-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
-//!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), and every token with
-//!   `loss_mask == 1` lies inside some turn.
+//!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), every token with
+//!   `loss_mask == 1` lies inside some turn, and `trained_turn` (RTPO) names an existing turn.
 //! - BT-3: a [`BatchBuf`] only exists for bytes that passed bytecheck validation once, in
 //!   [`BatchBuf::from_archive_bytes`]; [`BatchBuf::archived`] never validates again and never
 //!   copies.
@@ -65,6 +65,12 @@ pub struct Trajectory {
     pub final_reward: f32,
     /// Whether the trajectory came from the current policy or an anchor/reference source.
     pub source: Source,
+    /// PATS: version of the scaffold bank rendered into the prompt (0 = no scaffold); the
+    /// tokens hold the exact rendered prompt.
+    pub scaffold_version: u64,
+    /// RTPO: the only turn whose tokens are trained (the turn sampled at the branch boundary);
+    /// `None` = every turn.
+    pub trained_turn: Option<u32>,
 }
 
 /// One model turn: a contiguous span of sampled tokens inside a trajectory.
@@ -81,6 +87,10 @@ pub struct Turn {
     pub reward: f32,
     /// The environment rejected the action produced in this turn.
     pub invalid_action: bool,
+    /// The agent that produced the turn (multi-agent envs; 0 otherwise).
+    pub agent_id: u32,
+    /// The environment's anchor key of the state the turn answered (EN-8; GiGPO step groups).
+    pub anchor_key: u64,
 }
 
 /// Where a trajectory came from.
@@ -162,6 +172,14 @@ impl Trajectory {
                 return Err(format!("turn {j} reward is {}", turn.reward));
             }
             prev_end = turn.end;
+        }
+        if let Some(k) = self.trained_turn {
+            if k as usize >= self.turns.len() {
+                return Err(format!(
+                    "trained_turn {k} but the trajectory has {} turns",
+                    self.turns.len()
+                ));
+            }
         }
         let mut turns = self.turns.iter().peekable();
         for (k, (&mask, &lp)) in self
@@ -288,6 +306,8 @@ pub(crate) mod tests {
                         policy_version: 4,
                         reward: 0.0,
                         invalid_action: false,
+                        agent_id: 0,
+                        anchor_key: 11,
                     },
                     Turn {
                         start: 7,
@@ -295,10 +315,14 @@ pub(crate) mod tests {
                         policy_version: 5,
                         reward: 0.5,
                         invalid_action: true,
+                        agent_id: 1,
+                        anchor_key: 12,
                     },
                 ],
                 final_reward: 1.0 + id as f32,
                 source,
+                scaffold_version: id,
+                trained_turn: Some(1),
             }
         };
         RolloutBatch {

@@ -3,7 +3,8 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"KEELRB\0\0"
-//! 8       4     format version, u32 little-endian (= 1)
+//! 8       4     format version, u32 little-endian (= 2; 2 added per-turn agent id and
+//!                     anchor key, the scaffold version and RTPO's trained turn)
 //! 12      8     payload length in bytes, u64 little-endian
 //! 20      4     crc32 (IEEE, crc32fast) of the payload, u32 little-endian
 //! 24      n     payload = zstd(rkyv 0.8 archive of a RolloutBatch)
@@ -32,7 +33,7 @@ use crate::error::StoreError;
 /// The first 8 bytes of every rollout-batch object.
 pub const BATCH_MAGIC: [u8; 8] = *b"KEELRB\0\0";
 /// The frame format version this build writes and reads.
-pub const BATCH_FORMAT_VERSION: u32 = 1;
+pub const BATCH_FORMAT_VERSION: u32 = 2;
 /// Header size in bytes: magic, version, payload length, crc32.
 pub const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 /// Upper bound on the decompressed archive size (FR-3).
@@ -227,10 +228,10 @@ mod tests {
             Err(StoreError::BadMagic)
         ));
         let mut f = frame();
-        f[8..12].copy_from_slice(&2u32.to_le_bytes());
+        f[8..12].copy_from_slice(&1u32.to_le_bytes());
         assert!(matches!(
             decode_batch(&f),
-            Err(StoreError::UnsupportedVersion { found: 2 })
+            Err(StoreError::UnsupportedVersion { found: 1 })
         ));
     }
 

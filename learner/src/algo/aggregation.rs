@@ -111,6 +111,20 @@ pub fn agg_loss(loss: &Tensor, mask: &Tensor, mode: AggMode, den: &AggDenominato
     }
 }
 
+/// Layout P from layout C (spec §0.1): each turn becomes its own record. Returns `x` `[B, T]`
+/// repeated as `[B·K, T]` and the mask split so that row `b·K + k` keeps only turn `k`'s tokens
+/// (`turn_ids` `[B, T]` i64, `k` turns at most). "seq" aggregation modes over the result average
+/// over turn records, as verl-agent does; token modes are unchanged.
+pub fn turn_records(x: &Tensor, mask: &Tensor, turn_ids: &Tensor, k: i64) -> (Tensor, Tensor) {
+    let size = x.size();
+    let (b, t) = (size[0], size[1]);
+    let ks = Tensor::arange(k, (Kind::Int64, x.device())).view([1, k, 1]);
+    let of_turn = turn_ids.unsqueeze(1).eq_tensor(&ks).to_kind(mask.kind());
+    let m = (mask.unsqueeze(1) * of_turn).reshape([b * k, t]);
+    let xs = x.unsqueeze(1).expand([b, k, t], false).reshape([b * k, t]);
+    (xs, m)
+}
+
 /// `agg_loss` with the denominators of `mask` itself (a single micro-batch).
 pub fn agg_loss_local(loss: &Tensor, mask: &Tensor, mode: AggMode, scale: Option<f64>) -> Tensor {
     agg_loss(loss, mask, mode, &AggDenominators::of(mask, scale))
@@ -129,6 +143,20 @@ pub fn masked_mean_value(x: &Tensor, mask: &Tensor) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn turn_records_average_over_turns() {
+        // One trajectory: turn 0 has losses [1, 3] (mean 2), turn 1 has [10] (mean 10).
+        let loss = Tensor::from_slice(&[0f32, 1., 3., 0., 10.]).view([1, 5]);
+        let mask = Tensor::from_slice(&[0f32, 1., 1., 0., 1.]).view([1, 5]);
+        let turns = Tensor::from_slice(&[0i64, 0, 0, 0, 1]).view([1, 5]);
+        let (l, m) = turn_records(&loss, &mask, &turns, 2);
+        let v = agg_loss_local(&l, &m, AggMode::SeqMeanTokenMean, None).double_value(&[]);
+        assert!((v - 6.0).abs() < 1e-6, "{v}");
+        let tm = agg_loss_local(&l, &m, AggMode::TokenMean, None).double_value(&[]);
+        let direct = agg_loss_local(&loss, &mask, AggMode::TokenMean, None).double_value(&[]);
+        assert!((tm - direct).abs() < 1e-6);
+    }
     use proptest::prelude::*;
 
     fn spec_inputs() -> (Tensor, Tensor) {

@@ -208,6 +208,9 @@ pub struct PresetConfig {
     pub overlong: Option<Overlong>,
     /// Penalty per invalid action (subtracted from the record's score).
     pub invalid_action_penalty: f64,
+    /// Layout P (spec §0.1): every turn is a record, so "seq" aggregation averages over turns.
+    #[serde(default)]
+    pub turn_records: bool,
     /// What the learner does not do for this algorithm (runtime parts), for `keel algo show`.
     pub runtime_notes: String,
 }
@@ -269,6 +272,7 @@ fn base() -> PresetConfig {
         dynamic_sampling: None,
         overlong: None,
         invalid_action_penalty: 0.0,
+        turn_records: false,
         runtime_notes: String::new(),
     }
 }
@@ -334,7 +338,7 @@ impl Preset {
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(3.0) },
                 dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
                 overlong: Some(Overlong { max_len: 20480, buffer: 4096, factor: 1.0 }),
-                runtime_notes: "regeneration until enough informative groups needs the generator loop; the learner filters within each batch".into(),
+                runtime_notes: "the generator re-rolls groups whose rewards are all equal (same task, fresh sampling seed) up to max_tries; the learner then drops the groups still uniform".into(),
                 ..base()
             },
             Preset::Sampo => PresetConfig {
@@ -346,7 +350,8 @@ impl Preset {
                 entropy_coef: 0.001,
                 invalid_action_penalty: 0.1,
                 dynamic_sampling: Some(DynamicSampling { max_tries: 3, cold_start_updates: 15 }),
-                runtime_notes: "layout C: GSPO's ratio is taken per turn (ARLArena's layout-P records are turns) and seq-mean-token-mean averages over trajectories, not turn records; GiGPO's anchor states are the observation tokens before each turn; regeneration tries need the generator loop".into(),
+                turn_records: true,
+                runtime_notes: "layout P over stored layout-C trajectories: GSPO's ratio and seq-mean-token-mean are per turn record; GiGPO step groups use the env's anchor keys stored with each turn; the generator re-rolls uniform groups (dynamic sampling) with the same task seed".into(),
                 ..base()
             },
             Preset::Sao => PresetConfig {
@@ -368,7 +373,8 @@ impl Preset {
             Preset::Armor => PresetConfig {
                 policy_loss: PolicyLossKind::Armor { mix_ratio: 0.9375 },
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
-                runtime_notes: "reference = the weights at the first RL update; anchor rollouts sampled from the reference need generator support (source flags are carried)".into(),
+                ratio_base: RatioBase::Recompute,
+                runtime_notes: "reference = the weights at the first RL update (or --reference); generators sample rollout.anchor_episodes per task from it, the first correct one joins the group with source = anchor; learner.reference_reset_every copies the policy into the reference and records it in the lineage".into(),
                 ..base()
             },
             Preset::SoPpo => PresetConfig {
@@ -387,17 +393,17 @@ impl Preset {
             Preset::Rtpo => PresetConfig {
                 clip: ClipBounds { low: 0.2, high: 0.2, dual: None },
                 advantage: AdvantageKind::Rtpo,
-                runtime_notes: "reverse trees need generator branching; until then each rollout group is the sibling set of boundary S_1 and only turn 1 is trained".into(),
+                runtime_notes: "the controller runs reverse trees: one trunk per task with its boundary states stored, then per boundary (last first) rollout.group_size siblings continued with the current weights; only the branched turn (trained_turn) is trained".into(),
                 ..base()
             },
             Preset::DrMas => PresetConfig {
                 advantage: AdvantageKind::DrMas,
                 invalid_action_penalty: 0.1,
-                runtime_notes: "one shared policy; per-agent models and optimizers need the orchestrator".into(),
+                runtime_notes: "advantages per (group, agent) over turn records; [[agent_models]] maps agents to separate models, each with its own optimizer, lr and clip".into(),
                 ..base()
             },
             Preset::Pats => PresetConfig {
-                runtime_notes: "the scaffold bank, evidence cards and reviewer live outside the learner; the learner trains GRPO on the rendered prompts as sampled".into(),
+                runtime_notes: "the scaffold bank, evidence cards and reviewer run in the controller ([pats]); the learner trains GRPO on the rendered prompts exactly as sampled".into(),
                 ..base()
             },
         }

@@ -24,7 +24,18 @@ use tch::{Kind, Tensor};
 use crate::algo::aggregation::masked_mean_value;
 use crate::algo::ppo::select;
 
-/// The DIS loss (module doc): per-token loss `[B, T]` and the masked fraction.
+/// Smallest and largest ratio among the kept tokens (those that carry gradient); (1, 1) when
+/// no token was kept.
+fn kept_range(r: &Tensor, keep: &Tensor) -> (f64, f64) {
+    let v = r.detach().to_kind(Kind::Double).masked_select(keep);
+    if v.numel() == 0 {
+        return (1.0, 1.0);
+    }
+    (v.min().double_value(&[]), v.max().double_value(&[]))
+}
+
+/// The DIS loss (module doc): per-token loss `[B, T]`, the masked fraction and the range of
+/// ratios that carried gradient.
 pub fn dis_loss(
     logp: &Tensor,
     beh_logp: &Tensor,
@@ -32,7 +43,7 @@ pub fn dis_loss(
     mask: &Tensor,
     eps_l: f64,
     eps_h: f64,
-) -> (Tensor, f64) {
+) -> (Tensor, f64, (f64, f64)) {
     let lp = select(logp, mask);
     let lr = select(&(logp.detach() - beh_logp.to_kind(logp.kind())), mask).clamp(-20.0, 20.0);
     let r = lr.exp();
@@ -44,7 +55,8 @@ pub fn dis_loss(
     let a = select(&adv.to_kind(logp.kind()), mask);
     let loss = select(&(-(f * a) * lp), mask);
     let masked = masked_mean_value(&keep.logical_not().to_kind(Kind::Double), mask);
-    (loss, masked)
+    let range = kept_range(&r, &keep);
+    (loss, masked, range)
 }
 
 /// `λ(L) = clamp(1 − 1/(α·L), 0, 1)`, `λ(0) = 0` (module doc).
@@ -83,7 +95,7 @@ mod tests {
         // per-token loss equals the weight.
         let ratios = [0.5f64, 0.8, 5.9, 6.1];
         let lr: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
-        let (loss, masked) = dis_loss(
+        let (loss, masked, (kept_min, kept_max)) = dis_loss(
             &row(&[1.0; 4]),
             &row(&lr.iter().map(|x| 1.0 - x).collect::<Vec<_>>()),
             &row(&[-1.0; 4]),
@@ -96,6 +108,7 @@ mod tests {
             assert!((g - want).abs() < 1e-9, "{got:?}");
         }
         assert_eq!(masked, 0.5);
+        assert!((kept_min - 0.8).abs() < 1e-9 && (kept_max - 5.9).abs() < 1e-9);
     }
 
     #[test]
