@@ -261,6 +261,46 @@ impl Default for RolloutSection {
     }
 }
 
+/// `[armor]`: ARMOR's anchor rollouts and reference resets (used when `learner.algo = "armor"`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArmorSection {
+    /// Episodes per task sampled from the reference policy (the spec's `ref_n`).
+    pub anchor_episodes: usize,
+    /// Copy the policy into the reference every this many RL steps (0 = never; spec's
+    /// `ref_policy_sync_steps`); each reset is a checkpoint tagged `reference-reset`.
+    pub reference_reset_every: u64,
+}
+
+impl Default for ArmorSection {
+    fn default() -> Self {
+        Self {
+            anchor_episodes: 2,
+            reference_reset_every: 0,
+        }
+    }
+}
+
+/// `[[agent_models]]`: Dr. MAS — a separate model for some agents, with its own optimizer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentModelSection {
+    /// Agent ids whose turns this model samples and trains on.
+    pub agents: Vec<u32>,
+    /// Its learning rate (default: `learner.lr`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Its ratio clip below 1 (default: the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_low: Option<f64>,
+    /// Its ratio clip above 1 (default: the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_high: Option<f64>,
+    /// Its entropy bonus (default: the preset's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entropy_coef: Option<f64>,
+}
+
 /// `[metrics]`: the Prometheus endpoint.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -308,6 +348,12 @@ pub struct TrainConfig {
     pub guard: GuardSection,
     /// `[faults]` (testing aid)
     pub faults: FaultsSection,
+    /// `[armor]`
+    pub armor: ArmorSection,
+    /// `[pats]`: the scaffold (used when `learner.algo = "pats"`).
+    pub pats: keel_envs::scaffold::ScaffoldConfig,
+    /// `[[agent_models]]`: Dr. MAS separate agent models (empty = one shared model).
+    pub agent_models: Vec<AgentModelSection>,
 }
 
 /// The learner defaults of the quickstart: the `grpo` preset with the spec's defaults (the
@@ -328,6 +374,9 @@ impl Default for TrainConfig {
             metrics: MetricsSection::default(),
             guard: GuardSection::default(),
             faults: FaultsSection::default(),
+            armor: ArmorSection::default(),
+            pats: keel_envs::scaffold::ScaffoldConfig::default(),
+            agent_models: Vec::new(),
         }
     }
 }
@@ -515,7 +564,82 @@ impl TrainConfig {
         let f = &self.faults;
         check_at_least("faults.nan_loss_count", u64::from(f.nan_loss_count), 1)?;
         check_unit("faults.lr_blowup_to", f.lr_blowup_to, true)?;
+        self.validate_methods()
+    }
+
+    /// The method sections (`[armor]`, `[pats]`, `[[agent_models]]`) and what each algorithm
+    /// needs from the rest of the config.
+    fn validate_methods(&self) -> Result<(), ConfigError> {
+        use keel_learner::Algo;
+        let algo = self.learner.algo;
+        if algo == Algo::Rtpo && self.run.mode != Mode::Sync {
+            return Err(range_err(
+                "run.mode",
+                "must be sync when learner.algo = \"rtpo\" (siblings are continued with the current weights)".into(),
+            ));
+        }
+        if algo == Algo::Armor {
+            check_at_least("armor.anchor_episodes", self.armor.anchor_episodes as u64, 1)?;
+        }
+        self.pats
+            .validate()
+            .map_err(|e| range_err("pats", e.to_string()))?;
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, m) in self.agent_models.iter().enumerate() {
+            let key = format!("agent_models[{i}].agents");
+            if m.agents.is_empty() {
+                return Err(range_err(&key, "must list at least one agent id".into()));
+            }
+            for a in &m.agents {
+                if *a >= 64 || !seen.insert(*a) {
+                    return Err(range_err(
+                        &key,
+                        format!("agent {a} is listed twice or is not below 64"),
+                    ));
+                }
+            }
+            self.agent_learner_config(m)
+                .validate()
+                .map_err(|e| range_err(&format!("agent_models[{i}]"), e.to_string()))?;
+        }
+        if !self.agent_models.is_empty() && algo != Algo::DrMas {
+            return Err(range_err(
+                "agent_models",
+                format!("separate agent models need learner.algo = \"dr_mas\", got {:?}", algo.name()),
+            ));
+        }
         Ok(())
+    }
+
+    /// The learner settings of a Dr. MAS agent model: `[learner]` with its overrides.
+    pub fn agent_learner_config(&self, m: &AgentModelSection) -> LearnerConfig {
+        let mut cfg = self.learner.clone();
+        if let Some(lr) = m.lr {
+            cfg.lr = lr;
+        }
+        if m.clip_low.is_some() {
+            cfg.clip_low = m.clip_low;
+        }
+        if m.clip_high.is_some() {
+            cfg.clip_high = m.clip_high;
+        }
+        if m.entropy_coef.is_some() {
+            cfg.entropy_coef = m.entropy_coef;
+        }
+        cfg
+    }
+
+    /// `agent_model[a]` = index of the model serving agent `a` (0 = the main model).
+    pub fn agent_model_map(&self) -> Vec<usize> {
+        let mut map = vec![0usize; 64];
+        for (k, m) in self.agent_models.iter().enumerate() {
+            for &a in &m.agents {
+                if let Some(slot) = map.get_mut(a as usize) {
+                    *slot = k + 1;
+                }
+            }
+        }
+        map
     }
 
     /// The model configuration for a vocabulary of `vocab_size` words.

@@ -88,6 +88,18 @@ pub const KEYS: &[KeyDoc] = &[
     k("faults.nan_loss_count", ">= 1", "TESTING AID: attempts at that update poisoned in a row."),
     k("faults.lr_blowup_at_step", ">= 0 (0 = off)", "TESTING AID: before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     k("faults.lr_blowup_to", "(0, 1]", "TESTING AID: the blown-up learning rate."),
+    k("armor.anchor_episodes", ">= 1 with algo armor", "ARMOR: episodes per task sampled from the reference policy; the first successful one joins the group (source = anchor) when the policy's episodes are neither all right nor all wrong."),
+    k("armor.reference_reset_every", ">= 0", "ARMOR: copy the policy into the reference every this many steps (0 = never); each reset is a checkpoint tagged reference-reset that later checkpoints name as their reference."),
+    k("pats.alpha", "(0, 1]", "PATS: weight of a step's success rate in each task type's EMA."),
+    k("pats.revise_threshold", "[0, 1]", "PATS: EMA at or above which a task type's scaffold is revised rather than expanded."),
+    k("pats.compress_threshold", "[revise, 1]", "PATS: EMA at or above which a task type's scaffold is compressed."),
+    k("pats.max_entries", ">= 1", "PATS: entries at which the bank is full (pressure 1: forced prune)."),
+    k("pats.max_tokens", ">= 1", "PATS: rendered words at which the bank is full."),
+    k("pats.render_words", ">= 1", "PATS: most scaffold words put before one training prompt."),
+    k("pats.dedup_jaccard", "(0, 1]", "PATS: word-Jaccard at or above which a proposed entry duplicates an existing one."),
+    k("pats.max_entry_words", ">= 1", "PATS: most words of one entry."),
+    k("pats.history_len", ">= 1", "PATS: review decisions kept in the persisted scaffold state."),
+    k("agent_models", "array of tables", "Dr. MAS: [[agent_models]] agents = [1], lr = ..., clip_low/clip_high/entropy_coef = ...: a separate model with its own optimizer for those agents (others use the main model)."),
 ];
 
 /// One row of `keel config explain`: the declaration plus type and default from the schema.

@@ -16,6 +16,9 @@
 //! - CT-6: every checkpoint records the task ranges trained on and the batches dropped since its
 //!   parent (`consumed_tasks`, `dropped_batches`), so the lineage accounts for every task id; a
 //!   corrupt batch is quarantined (QU-1), counted, and its range regenerated.
+//! - CT-7 (methods): RTPO trees, the PATS scaffold and ARMOR reference resets follow MS-1..3
+//!   (`controller/methods.rs`): what is generated next, what a trained batch consumes and what a
+//!   checkpoint records (`method_state`) depend on them.
 //! - CT-3: a generator panic or a dropped batch gives its task range back to the cursor; no range
 //!   is lost. A restart budget overrun ends the run with an error.
 //! - CT-4 (collapse guard, GD-1..5): every learner result goes through the `CollapseGuard`; a
@@ -37,13 +40,13 @@ use crate::config::TrainConfig;
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{Frontier, TaskCursor};
-use crate::generator::{Generate, Generated, Generator, Purpose};
+use crate::generator::{Generate, Generated, Generator, Purpose, Work};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
-use crate::learner_actor::{LearnerActor, Snapshot, TrainOn, Trained};
+use crate::learner_actor::{LearnerActor, ResetReference, Snapshot, TrainOn, Trained};
 use crate::metrics::{TrainMetrics, Utilization};
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
-use crate::weights::WeightBoard;
+use crate::weights::{PublishedReference, WeightBoard};
 
 /// A stored batch waiting for the learner.
 #[derive(Debug, Clone)]
@@ -54,6 +57,24 @@ pub struct ReadyBatch {
     pub batch_seq: u64,
     /// Its first task id.
     pub first_task: u64,
+    /// RTPO: a sibling batch of the current tree (its range is not given back when it is
+    /// dropped: the same depth is branched again, MS-1).
+    pub branch: bool,
+    /// PATS: its rollout groups, for the review after training (empty otherwise).
+    pub groups: Arc<Vec<keel_envs::scaffold::GroupRecord>>,
+}
+
+impl ReadyBatch {
+    /// A batch of plain groups.
+    pub fn plain(key: BatchKey, batch_seq: u64, first_task: u64) -> Self {
+        ReadyBatch {
+            key,
+            batch_seq,
+            first_task,
+            branch: false,
+            groups: Arc::default(),
+        }
+    }
 }
 
 /// How the RL loop ended.
@@ -105,6 +126,10 @@ pub struct ControllerSetup {
     pub dropped_on_resume: Vec<u64>,
     /// Set to stop with a checkpoint (CT-5).
     pub stop: crate::job::StopSignal,
+    /// Method state of the checkpoint resumed from (MS-1..3).
+    pub method_state: BTreeMap<String, String>,
+    /// PATS, when the algorithm is `pats` (MS-2).
+    pub pats: Option<methods::PatsRuntime>,
     /// Where to report the end of the loop.
     pub done: tokio::sync::oneshot::Sender<Result<LoopOutcome, ActorError>>,
 }
@@ -135,8 +160,15 @@ pub struct Controller {
     next_tags: Vec<String>,
     gen_util: Utilization,
     learner_util: Utilization,
+    /// RTPO: the tree in progress (MS-1).
+    rtpo: Option<methods::RtpoTree>,
+    /// PATS (MS-2).
+    pats: Option<methods::PatsRuntime>,
+    /// A method state object is being stored; nothing new starts until it is (MS-2).
+    writing_state: bool,
 }
 
+pub mod methods;
 mod rewind;
 
 impl Controller {
@@ -144,7 +176,20 @@ impl Controller {
     pub fn new(mut s: ControllerSetup) -> Self {
         let (tx, _) = tokio::sync::oneshot::channel();
         let done = Some(std::mem::replace(&mut s.done, tx));
-        let cursor = TaskCursor::new(&s.frontier, s.cfg.rollout.tasks_per_batch as u64);
+        let mut cursor = TaskCursor::new(&s.frontier, s.cfg.rollout.tasks_per_batch as u64);
+        // MS-1: a tree in progress keeps its range; the cursor must not hand it out again.
+        let rtpo = s
+            .method_state
+            .get(methods::RTPO_STATE)
+            .and_then(|t| match methods::RtpoTree::from_state(t) {
+                Ok(tree) => Some(tree),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring the checkpoint's RTPO tree position; its range is sampled again");
+                    None
+                }
+            })
+            .filter(|tree| cursor.claim(tree.first_task));
+        let pats = s.pats.take();
         let ready: VecDeque<ReadyBatch> = s.reuse.drain(..).collect();
         let lr = s.cfg.learner.lr;
         if s.metrics.branch() != s.store.branch() {
@@ -155,6 +200,9 @@ impl Controller {
             epoch: 0,
             rewinding: false,
             next_tags: Vec::new(),
+            rtpo,
+            pats,
+            writing_state: false,
             gen_util: Utilization::new(s.generators.len()),
             learner_util: Utilization::new(1),
             next_batch_seq: s.frontier.next_batch_seq,
@@ -232,7 +280,7 @@ impl Controller {
     }
 
     fn pump(&mut self, ctx: &mut Context<Self>) {
-        if self.finished || self.rewinding {
+        if self.finished || self.rewinding || self.writing_state {
             return;
         }
         self.observe_loop();
@@ -288,10 +336,38 @@ impl Controller {
         m.actors_alive.set_for("generator", alive as f64);
     }
 
+    fn is_rtpo(&self) -> bool {
+        self.s.cfg.learner.algo == keel_learner::Algo::Rtpo
+    }
+
+    /// What the next generation samples: RTPO's next trunk or depth (MS-1), else plain groups.
+    fn next_work(&mut self, seq: u64) -> (u64, Work, bool) {
+        if !self.is_rtpo() {
+            return (self.cursor.take(), Work::Groups, false);
+        }
+        match &self.rtpo {
+            Some(tree) => (
+                tree.first_task,
+                Work::Branches {
+                    key: tree.key.clone(),
+                    depth: tree.next,
+                },
+                true,
+            ),
+            None => (
+                self.cursor.take(),
+                Work::Trunks {
+                    key: self.s.store.state_key(&format!("rtpo/trunk-{seq:010}.json")),
+                },
+                false,
+            ),
+        }
+    }
+
     fn generate(&mut self, g: usize, ctx: &mut Context<Self>) {
-        let first = self.cursor.take();
         let seq = self.next_batch_seq;
         self.next_batch_seq += 1;
+        let (first, work, branch) = self.next_work(seq);
         let epoch = self.epoch;
         self.gen_busy[g] = Some(seq);
         self.gen_util
@@ -304,10 +380,23 @@ impl Controller {
                 task_seed: task_seed(Split::Train, id),
             })
             .collect();
+        let trunk_key = match &work {
+            Work::Trunks { key } => Some(key.clone()),
+            _ => None,
+        };
         let msg = Generate {
             batch_seq: seq,
             tasks,
             purpose: Purpose::Train,
+            work,
+            scaffold: self.pats.as_ref().map(|p| p.bank.clone()),
+        };
+        // A range goes back to the cursor when its batch is lost; a sibling batch's range stays
+        // with its tree (the same depth is branched again, MS-1).
+        let give_back = move |act: &mut Self| {
+            if !branch {
+                act.cursor.give_back(first);
+            }
         };
         self.s.generators[g]
             .send(msg)
@@ -321,28 +410,46 @@ impl Controller {
                     // Sampled on a branch a rewind abandoned (CT-4): its tasks are owed again.
                     act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
                     act.dropped += 1;
-                    act.cursor.give_back(first);
+                    give_back(act);
                     return act.pump(ctx);
                 }
                 match res {
-                    Ok(Generated { key: Some(key), stats, sample_seconds, put_seconds, .. }) => {
+                    Ok(generated) if generated.key.is_some() || generated.trunk_depth.is_some() => {
                         let m = &act.s.metrics;
-                        m.generated_tokens_per_s.set(stats.sampled_tokens as f64 / sample_seconds.max(1e-9));
-                        m.store_put_seconds.observe_for("batch", put_seconds);
-                        act.ready.push_back(ReadyBatch { key, batch_seq: seq, first_task: first });
+                        let stats = &generated.stats;
+                        m.generated_tokens_per_s.set(stats.sampled_tokens as f64 / generated.sample_seconds.max(1e-9));
+                        m.store_put_seconds.observe_for("batch", generated.put_seconds);
+                        act.note_generated(&generated);
+                        match (generated.key, generated.trunk_depth, trunk_key) {
+                            (Some(key), _, _) => act.ready.push_back(ReadyBatch {
+                                key,
+                                batch_seq: seq,
+                                first_task: first,
+                                branch,
+                                groups: Arc::new(generated.groups),
+                            }),
+                            (None, Some(depth), Some(key)) if depth > 0 => {
+                                act.rtpo = Some(methods::RtpoTree { first_task: first, key, depth, next: 0 });
+                            }
+                            _ => {
+                                return act.finish(ctx, Err(ActorError::Internal(format!(
+                                    "RTPO trunks of batch {seq} have no turn: raise model.context_len"
+                                ))));
+                            }
+                        }
                     }
-                    Ok(Generated { key: None, .. }) => {
+                    Ok(_) => {
                         return act.finish(ctx, Err(ActorError::Internal("train batch was not stored".into())));
                     }
                     Err(ActorError::GeneratorPanicked(p)) => {
                         tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
-                        act.cursor.give_back(first);
+                        give_back(act);
                     }
                     Err(ActorError::AllEpisodesFailed { batch_seq, failed }) => {
                         // CT-3: the range is owed again; a persistently failing env exhausts the
                         // env-shard restart budget and ends the run (SV-2).
                         tracing::warn!(batch_seq, failed, "every episode of the batch failed in its env; retrying its tasks");
-                        act.cursor.give_back(first);
+                        give_back(act);
                     }
                     Err(ActorError::Store(e)) => {
                         act.s.metrics.store_errors.inc_for("put_batch", 1);
@@ -353,6 +460,32 @@ impl Controller {
                 act.pump(ctx);
             })
             .spawn(ctx);
+    }
+
+    /// Reports what a generation did beyond its batch: dynamic-sampling passes, RTPO trunks,
+    /// PATS scaffold tokens.
+    fn note_generated(&mut self, g: &Generated) {
+        let step = self.s.version;
+        let mut detail = serde_json::Map::new();
+        if g.tries > 1 || g.uniform_groups > 0 {
+            detail.insert("tries".into(), g.tries.into());
+            detail.insert("uniform_groups".into(), g.uniform_groups.into());
+        }
+        if let Some(depth) = g.trunk_depth {
+            detail.insert("rtpo_trunk_depth".into(), depth.into());
+        }
+        if g.stats.scaffold_tokens > 0 || self.pats.is_some() {
+            detail.insert("prompt_tokens".into(), g.stats.prompt_tokens.into());
+            detail.insert("scaffold_tokens".into(), g.stats.scaffold_tokens.into());
+        }
+        if !detail.is_empty() {
+            detail.insert("batch_seq".into(), g.batch_seq.into());
+            (self.s.events)(&TrainEvent::Method {
+                step,
+                method: "generate".into(),
+                detail: serde_json::Value::Object(detail),
+            });
+        }
     }
 
     fn train(&mut self, batch: ReadyBatch, ctx: &mut Context<Self>) {
@@ -380,7 +513,9 @@ impl Controller {
                         act.dropped += 1;
                         act.dropped_since_checkpoint.push(batch_seq);
                         act.s.metrics.batches_dropped_by.inc_for("stale", 1);
-                        act.cursor.give_back(batch.first_task);
+                        if !batch.branch {
+                            act.cursor.give_back(batch.first_task);
+                        }
                         let reason = format!("a turn was {lag} versions old, over the bound {bound}");
                         tracing::warn!(batch_seq, %reason, "dropped a stale batch; its tasks are regenerated");
                         (act.s.events)(&TrainEvent::Dropped { batch_seq, reason });
@@ -401,8 +536,7 @@ impl Controller {
 
     /// A non-finite update was refused (GD-1): count it, consume the batch, maybe rewind.
     fn on_nonfinite(&mut self, batch: ReadyBatch, what: &str, ctx: &mut Context<Self>) {
-        self.consumed_since_checkpoint.push(batch.batch_seq);
-        self.consumed_tasks_since_checkpoint.push(batch.first_task);
+        self.consume(&batch);
         let m = &self.s.metrics;
         m.nonfinite_steps.inc();
         m.guard_anomalies.inc_for("nonfinite", 1);
@@ -427,11 +561,40 @@ impl Controller {
         }
     }
 
+    /// Accounts for a batch the learner used (CT-6); an RTPO sibling batch moves its tree on
+    /// and its range counts as trained after the last depth (MS-1).
+    fn consume(&mut self, batch: &ReadyBatch) {
+        self.consumed_since_checkpoint.push(batch.batch_seq);
+        if !batch.branch {
+            self.consumed_tasks_since_checkpoint.push(batch.first_task);
+            return;
+        }
+        let Some(tree) = self.rtpo.as_mut() else {
+            return;
+        };
+        let detail = serde_json::json!({
+            "first_task": tree.first_task,
+            "depth": tree.next,
+            "depths": tree.depth,
+            "batch_seq": batch.batch_seq,
+        });
+        tree.next += 1;
+        let done = tree.next >= tree.depth;
+        (self.s.events)(&TrainEvent::Method {
+            step: self.s.version,
+            method: "rtpo".into(),
+            detail,
+        });
+        if done {
+            self.consumed_tasks_since_checkpoint.push(tree.first_task);
+            self.rtpo = None;
+        }
+    }
+
     fn on_trained(&mut self, batch: ReadyBatch, t: Trained, ctx: &mut Context<Self>) {
         self.s.version = t.version;
         self.s.board.publish(t.weights.clone());
-        self.consumed_since_checkpoint.push(batch.batch_seq);
-        self.consumed_tasks_since_checkpoint.push(batch.first_task);
+        self.consume(&batch);
         self.record_trained(&t);
         let verdict = self.guard.on_step(t.metrics.grad_norm, t.metrics.approx_kl);
         self.s.metrics.guard_consecutive_skips.set(0.0);
@@ -457,10 +620,89 @@ impl Controller {
             self.s.metrics.guard_anomalies.inc_for(anomaly.kind(), 1);
             return self.rewind(anomaly, ctx);
         }
+        if !batch.groups.is_empty() {
+            self.review_scaffold(t.version, &batch.groups, ctx);
+        }
+        let reset = self.s.cfg.armor.reference_reset_every;
+        if self.s.cfg.learner.algo == keel_learner::Algo::Armor && reset > 0 && t.version % reset == 0 {
+            return self.reset_reference(ctx);
+        }
         let every = self.s.cfg.run.checkpoint_every;
         if t.version % every == 0 || t.version >= self.s.cfg.run.steps {
             self.checkpoint(ctx);
         }
+    }
+
+    /// PATS (MS-2): reviews the trained batch's groups; a new bank version is stored before any
+    /// generation may use it.
+    fn review_scaffold(&mut self, step: u64, groups: &[keel_envs::scaffold::GroupRecord], ctx: &mut Context<Self>) {
+        let Some(pats) = self.pats.as_mut() else {
+            return;
+        };
+        let store = self.s.store.clone();
+        let reviewed = pats.review(step, groups, |v| store.state_key(&format!("pats/scaffold-{v:06}.json")));
+        let (review, write) = match reviewed {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(step, error = %e, "PATS review skipped");
+                return;
+            }
+        };
+        let m = &self.s.metrics;
+        m.scaffold_version.set(pats.bank.version() as f64);
+        m.scaffold_entries.set(pats.bank.len() as f64);
+        (self.s.events)(&TrainEvent::Method {
+            step,
+            method: "pats".into(),
+            detail: serde_json::to_value(&review).unwrap_or_default(),
+        });
+        let Some((key, bytes)) = write else {
+            return;
+        };
+        self.writing_state = true;
+        let io = self.s.io.clone();
+        async move { io.spawn(async move { store.create_object(&key, bytes.into()).await }).await }
+            .into_actor(self)
+            .map(|res, act, ctx| {
+                act.writing_state = false;
+                match res {
+                    Ok(Ok(())) => act.pump(ctx),
+                    Ok(Err(e)) => act.finish(ctx, Err(e.into())),
+                    Err(e) => act.finish(ctx, Err(ActorError::Internal(format!("PATS state write: {e}")))),
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// ARMOR (MS-3): copies the policy into the reference, publishes it to the generators and
+    /// commits a checkpoint tagged `reference-reset` that later checkpoints name as reference.
+    fn reset_reference(&mut self, ctx: &mut Context<Self>) {
+        self.checkpointing = true;
+        let version = self.s.version;
+        self.s
+            .learner
+            .send(ResetReference)
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                act.checkpointing = false;
+                match res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r) {
+                    Ok(weights) => {
+                        act.s.board.publish_reference(PublishedReference {
+                            copied_at: version,
+                            safetensors: Arc::new(weights),
+                        });
+                        (act.s.events)(&TrainEvent::Method {
+                            step: version,
+                            method: "armor".into(),
+                            detail: serde_json::json!({ "reference_reset_at": version }),
+                        });
+                        act.next_tags.push(methods::REFERENCE_RESET_TAG.to_string());
+                        act.checkpoint(ctx);
+                    }
+                    Err(e) => act.finish(ctx, Err(e)),
+                }
+            })
+            .spawn(ctx);
     }
 
     /// Exports one trained batch's numbers (learner, rollout, staleness, store, idle ratios).
@@ -505,7 +747,22 @@ impl Controller {
             .copied()
             .chain(self.ready.iter().map(|b| b.first_task))
             .collect();
+        let in_flight: Vec<u64> = in_flight
+            .into_iter()
+            .chain(self.rtpo.as_ref().map(|t| t.first_task))
+            .collect();
         let frontier = self.cursor.frontier(in_flight, self.next_batch_seq);
+        let mut method_state = BTreeMap::new();
+        if let Some(tree) = &self.rtpo {
+            method_state.insert(methods::RTPO_STATE.to_string(), tree.to_state());
+        }
+        if let Some(p) = self.pats.as_ref().and_then(|p| p.pointer.as_ref()) {
+            method_state.insert(
+                methods::PATS_STATE.to_string(),
+                serde_json::to_string(p).unwrap_or_default(),
+            );
+        }
+        let resets_reference = tags.iter().any(|t| t == methods::REFERENCE_RESET_TAG);
         let mut metrics = self.s.carried_metrics.clone();
         metrics.extend(self.last_metrics.clone());
         let data = DataPosition {
@@ -515,6 +772,7 @@ impl Controller {
             pending_tasks: frontier.pending.clone(),
             consumed_tasks: std::mem::take(&mut self.consumed_tasks_since_checkpoint),
             dropped_batches: std::mem::take(&mut self.dropped_since_checkpoint),
+            method_state,
         };
         let store: RunStore = self.s.store.clone();
         let io = self.s.io.clone();
@@ -563,6 +821,9 @@ impl Controller {
                             id: manifest.id.clone(),
                             step: version,
                         });
+                        if resets_reference {
+                            act.s.reference = Some(manifest.id.clone());
+                        }
                         act.s.parent_checkpoint = Some(manifest.id);
                     }
                     Err(e) => {
@@ -583,7 +844,9 @@ impl Controller {
     fn quarantine(&mut self, batch: ReadyBatch, reason: String, ctx: &mut Context<Self>) {
         self.dropped += 1;
         self.dropped_since_checkpoint.push(batch.batch_seq);
-        self.cursor.give_back(batch.first_task);
+        if !batch.branch {
+            self.cursor.give_back(batch.first_task);
+        }
         self.s.metrics.store_quarantined.inc_for("batch", 1);
         self.s.metrics.batches_dropped_by.inc_for("corrupt", 1);
         tracing::warn!(batch_seq = batch.batch_seq, %reason, "quarantining a corrupt batch; its tasks are regenerated");

@@ -37,10 +37,23 @@ pub enum EpisodeError {
     Lost(u64),
 }
 
-/// Reset episodes: `(episode id, task seed)` each; answers each episode's prompt text.
+/// Reset episodes: `(episode id, task seed)` each; answers each episode's start.
 #[derive(Message)]
-#[rtype(result = "Vec<Result<String, EpisodeError>>")]
+#[rtype(result = "Vec<Result<ResetOutcome, EpisodeError>>")]
 pub struct ResetEpisodes(pub Vec<(u64, u64)>);
+
+/// The start of an episode: its prompt and what the generator records about its first state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResetOutcome {
+    /// The prompt text.
+    pub prompt: String,
+    /// The task's type (EN-10; PATS keys its scaffold and success EMA by it).
+    pub task_type: String,
+    /// The agent that acts first.
+    pub agent_id: u32,
+    /// Anchor key of the first state (EN-8).
+    pub anchor_key: u64,
+}
 
 /// Step episodes: `(episode id, action text)` each; finished episodes are dropped by the shard.
 #[derive(Message)]
@@ -212,7 +225,7 @@ impl EnvShard {
 }
 
 impl Handler<ResetEpisodes> for EnvShard {
-    type Result = Vec<Result<String, EpisodeError>>;
+    type Result = Vec<Result<ResetOutcome, EpisodeError>>;
 
     fn handle(&mut self, msg: ResetEpisodes, ctx: &mut Context<Self>) -> Self::Result {
         let factory = self.factory.clone();
@@ -222,9 +235,14 @@ impl Handler<ResetEpisodes> for EnvShard {
             .map(|(e, seed)| (e, Some(Live::unborn()), seed))
             .collect();
         let done = run_jobs(jobs, self.options.concurrency, &|_, live, seed| {
-            live.env(&factory)
-                .try_reset(seed)
-                .map_err(|e| e.to_string())
+            let env = live.env(&factory);
+            let prompt = env.try_reset(seed).map_err(|e| e.to_string())?;
+            Ok(ResetOutcome {
+                prompt,
+                task_type: env.task_type(),
+                agent_id: env.agent_id(),
+                anchor_key: env.anchor_key(),
+            })
         });
         self.settle(done, |_| true, ctx)
     }
@@ -318,7 +336,7 @@ mod tests {
                 .expect("mailbox")
                 .remove(0)
                 .expect("reset");
-            assert!(prompt.starts_with("task"));
+            assert!(prompt.prompt.starts_with("task"));
             shard
                 .send(StepEpisodes(vec![(1, "calc 1 + 1".into())]))
                 .await
@@ -373,7 +391,7 @@ mod tests {
                 .expect("mailbox");
             let mut reference = keel_envs::make_env("calc", 3).expect("calc");
             for (&e, p) in ids.iter().zip(&prompts) {
-                assert_eq!(p.as_ref().expect("reset"), &reference.reset(e * 7));
+                assert_eq!(p.as_ref().expect("reset").prompt, reference.reset(e * 7));
             }
         });
     }

@@ -16,6 +16,16 @@ pub enum TrainEvent {
         /// Final cross-entropy.
         loss: f64,
     },
+    /// Something a method's runtime did: dynamic-sampling re-rolls, an RTPO depth, a PATS
+    /// review, an ARMOR reference reset (`method` says which; `detail` is its record).
+    Method {
+        /// Policy version when it happened.
+        step: u64,
+        /// `generate`, `rtpo`, `pats` or `armor`.
+        method: String,
+        /// What happened.
+        detail: serde_json::Value,
+    },
     /// A held-out evaluation finished.
     Eval {
         /// `before_rl` or `after_rl`.

@@ -129,6 +129,18 @@ impl TaskCursor {
         first
     }
 
+    /// Takes `first` out of the owed ranges (a resumed RTPO tree keeps its range, MS-1); false
+    /// when it was not owed.
+    pub fn claim(&mut self, first: u64) -> bool {
+        match self.owed.iter().position(|&x| x == first) {
+            Some(i) => {
+                self.owed.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A range must be generated again (its batch was dropped or its generator panicked).
     pub fn give_back(&mut self, first: u64) {
         let pos = self

@@ -10,17 +10,35 @@
 //!   regenerated after a crash with the same weights is identical (RO-3).
 //! - GN-4: a panic while sampling is caught (SV-1); the actor is replaced by a fresh one from the
 //!   `SyncArbiter` factory and the controller retries the batch.
+//! - GN-5 (dynamic sampling): once the policy version reaches the cold start, groups whose
+//!   on-policy rewards are all equal are rolled out again — same task and seed, a fresh sampling
+//!   seed — up to `max_tries` passes in all; a re-rolled group replaces the old one only when it
+//!   became informative. The learner drops groups still uniform (DAPO filter). keel re-rolls the
+//!   same task instead of drawing new ones so that the task accounting (DF-1) stays exact.
+//! - GN-6 (RTPO): `Trunks` samples one episode per task recording every boundary (RO-5) and
+//!   stores them create-only as one JSON record; `Branches` continues `group_size` siblings from
+//!   each trunk's boundary at a depth (0 = before its last turn) with the current weights.
+//! - GN-7 (ARMOR): with `anchor_episodes > 0` every task also gets that many episodes from the
+//!   reference policy; a group keeps its first successful anchor episode only when its on-policy
+//!   episodes are neither all right nor all wrong; other anchor episodes are dropped.
+//! - GN-8 (PATS): training prompts carry the scaffold bank of the message, rendered per task
+//!   type; evaluation never does.
 
 use std::sync::Arc;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
+use keel_envs::scaffold::{Bank, EpisodeRecord, GroupRecord, TurnRecord};
 use keel_envs::Tokenizer;
+use keel_learner::algo::presets::DynamicSampling;
 use keel_learner::{ModelConfig, PolicyModel};
-use keel_store::{BatchKey, RunStore};
+use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
 
 use crate::env_shard::EnvShard;
 use crate::error::ActorError;
-use crate::rollout::{run_episodes, RolloutSpec, RolloutStats, TaskRef};
+use crate::rollout::{
+    group_plans, run_episodes, BoundaryState, EpisodePlan, Policies, RolloutSpec, RolloutStats,
+    ScaffoldRenderer, TaskRef,
+};
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
 use crate::weights::WeightBoard;
@@ -52,21 +70,48 @@ pub struct GeneratorSetup {
     pub board: WeightBoard,
     /// Restart budget of generators.
     pub budget: RestartBudget,
-    /// Episodes per task.
+    /// Episodes per task (RTPO: siblings per boundary).
     pub group_size: usize,
     /// Sampling temperature.
     pub temperature: f64,
     /// Most tokens per turn.
     pub max_turn_tokens: usize,
+    /// ARMOR: episodes per task sampled from the reference policy (0 = none).
+    pub anchor_episodes: usize,
+    /// Dynamic sampling (DAPO, SAMPO, ARMOR): re-roll uninformative groups.
+    pub dynamic_sampling: Option<DynamicSampling>,
+    /// Dr. MAS: `agent_model[a]` = the model sampling agent `a`'s turns.
+    pub agent_model: Vec<usize>,
+    /// PATS: words of scaffold rendered before a prompt at most.
+    pub scaffold_words: usize,
 }
 
 /// Why a batch is sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
-    /// A training batch: `group_size` episodes per task, written to the store.
+    /// A training batch, written to the store.
     Train,
-    /// Held-out evaluation: one sampled episode per task, nothing written.
+    /// Held-out evaluation: one sampled episode per task, nothing written, no scaffold.
     Eval,
+}
+
+/// What kind of training batch to sample.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    /// `group_size` episodes per task (+ ARMOR anchors), re-rolled under dynamic sampling.
+    Groups,
+    /// RTPO: one trunk episode per task; its boundary states are stored at `key` (GN-6).
+    Trunks {
+        /// Store key (under the run's state prefix) of the trunk record.
+        key: String,
+    },
+    /// RTPO: `group_size` siblings from each trunk's boundary `depth` turns from its end.
+    Branches {
+        /// The trunk record.
+        key: String,
+        /// 0 = the last turn's boundary.
+        depth: usize,
+    },
 }
 
 /// Sample one batch.
@@ -79,12 +124,29 @@ pub struct Generate {
     pub tasks: Vec<TaskRef>,
     /// Train or eval.
     pub purpose: Purpose,
+    /// What to sample (train only).
+    pub work: Work,
+    /// PATS: the scaffold bank to render into training prompts.
+    pub scaffold: Option<Arc<Bank>>,
+}
+
+impl Generate {
+    /// Plain groups of the given purpose, no scaffold.
+    pub fn groups(batch_seq: u64, tasks: Vec<TaskRef>, purpose: Purpose) -> Self {
+        Generate {
+            batch_seq,
+            tasks,
+            purpose,
+            work: Work::Groups,
+            scaffold: None,
+        }
+    }
 }
 
 /// A sampled batch.
 #[derive(Debug, Clone)]
 pub struct Generated {
-    /// Where the batch was stored (train only).
+    /// Where the batch was stored (train only; not for RTPO trunks).
     pub key: Option<BatchKey>,
     /// Its sequence number.
     pub batch_seq: u64,
@@ -98,14 +160,78 @@ pub struct Generated {
     pub sample_seconds: f64,
     /// Seconds the store took to write the batch (train only).
     pub put_seconds: f64,
+    /// Dynamic sampling: rollout passes made (1 = no re-roll).
+    pub tries: usize,
+    /// Dynamic sampling: groups still uninformative after the last try.
+    pub uniform_groups: usize,
+    /// RTPO trunks: the most turns of a trunk (the number of branch depths).
+    pub trunk_depth: Option<usize>,
+    /// PATS: the rollout groups, for evidence cards.
+    pub groups: Vec<GroupRecord>,
+}
+
+/// RTPO: the trunk of one task and the boundary before each of its turns (GN-6).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Trunk {
+    /// The task.
+    pub task_id: u64,
+    /// Its env seed.
+    pub task_seed: u64,
+    /// Boundary k = the state before turn k.
+    pub boundaries: Vec<BoundaryState>,
+    /// The trunk's final reward.
+    pub final_reward: f32,
+}
+
+/// The stored record of one trunk batch.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TrunkRecord {
+    /// Format tag.
+    pub format: String,
+    /// Policy version that sampled the trunks.
+    pub policy_version: u64,
+    /// The trunks.
+    pub trunks: Vec<Trunk>,
+}
+
+const TRUNK_FORMAT: &str = "keel.rtpo.trunks.v1";
+
+impl TrunkRecord {
+    /// The most turns of any trunk.
+    pub fn depth(&self) -> usize {
+        self.trunks.iter().map(|t| t.boundaries.len()).max().unwrap_or(0)
+    }
+
+    /// Parses and checks a stored record.
+    pub fn from_bytes(key: &str, bytes: &[u8]) -> Result<Self, ActorError> {
+        let r: TrunkRecord = serde_json::from_slice(bytes)
+            .map_err(|e| ActorError::Resume(format!("RTPO trunk record {key}: {e}")))?;
+        if r.format != TRUNK_FORMAT {
+            return Err(ActorError::Resume(format!(
+                "RTPO trunk record {key}: format {:?}, expected {TRUNK_FORMAT:?}",
+                r.format
+            )));
+        }
+        Ok(r)
+    }
+}
+
+/// Group id of the siblings branched at `depth` from a task's trunk (unique per boundary).
+pub fn sibling_group(task_id: u64, depth: usize) -> u64 {
+    (task_id << 16) | depth as u64
 }
 
 /// The generator actor.
 pub struct Generator {
     setup: GeneratorSetup,
-    model: Option<(u64, PolicyModel)>,
+    /// (version, models) of the loaded policy weights: model 0 and the agent models.
+    models: Option<(u64, Vec<PolicyModel>)>,
     /// Board epoch of the loaded weights (WB-3).
     epoch: u64,
+    /// (copied_at, model) of the loaded reference policy (WB-4).
+    reference: Option<(u64, PolicyModel)>,
+    /// The last trunk record read (RTPO), by key.
+    trunks: Option<(String, Arc<TrunkRecord>)>,
 }
 
 impl Generator {
@@ -113,70 +239,230 @@ impl Generator {
     pub fn new(setup: GeneratorSetup) -> Self {
         Self {
             setup,
-            model: None,
+            models: None,
             epoch: 0,
+            reference: None,
+            trunks: None,
         }
     }
 
-    fn current_model(&mut self) -> Result<&(u64, PolicyModel), ActorError> {
+    fn fresh_model(&self) -> Result<PolicyModel, ActorError> {
+        Ok(PolicyModel::new(
+            &self.setup.model,
+            self.setup.device,
+            self.setup.seed,
+        )?)
+    }
+
+    /// Loads the newest weights on the board (GN-1) and, when needed, the reference (WB-4).
+    fn load_weights(&mut self, want_reference: bool) -> Result<u64, ActorError> {
         let Some(published) = self.setup.board.latest() else {
             return Err(ActorError::Internal("no weights published yet".into()));
         };
+        let n = 1 + published.extra_models.len();
         let stale = self.epoch != published.epoch
             || self
-                .model
+                .models
                 .as_ref()
-                .is_none_or(|(v, _)| *v != published.version);
+                .is_none_or(|(v, m)| *v != published.version || m.len() != n);
         if stale {
-            let mut model = match self.model.take() {
-                Some((_, m)) => m,
-                None => PolicyModel::new(&self.setup.model, self.setup.device, self.setup.seed)?,
+            let mut models = match self.models.take() {
+                Some((_, m)) if m.len() == n => m,
+                _ => (0..n)
+                    .map(|_| self.fresh_model())
+                    .collect::<Result<Vec<_>, _>>()?,
             };
-            model.load_safetensors(&published.safetensors)?;
-            self.model = Some((published.version, model));
+            for (k, m) in models.iter_mut().enumerate() {
+                let bytes = published
+                    .model(k)
+                    .ok_or_else(|| ActorError::Internal(format!("agent model {k} missing")))?;
+                m.load_safetensors(bytes)?;
+            }
+            self.models = Some((published.version, models));
             self.epoch = published.epoch;
         }
-        self.model
-            .as_ref()
-            .ok_or_else(|| ActorError::Internal("model missing".into()))
+        if want_reference {
+            let Some(r) = self.setup.board.reference() else {
+                return Err(ActorError::Internal(
+                    "anchor episodes need a published reference policy".into(),
+                ));
+            };
+            if self.reference.as_ref().is_none_or(|(at, _)| *at != r.copied_at) {
+                let mut m = match self.reference.take() {
+                    Some((_, m)) => m,
+                    None => self.fresh_model()?,
+                };
+                m.load_safetensors(&r.safetensors)?;
+                self.reference = Some((r.copied_at, m));
+            }
+        }
+        Ok(published.version)
+    }
+
+    fn trunk_record(&mut self, key: &str) -> Result<Arc<TrunkRecord>, ActorError> {
+        if let Some((k, r)) = &self.trunks {
+            if k == key {
+                return Ok(r.clone());
+            }
+        }
+        let bytes = self.setup.io.block_on(self.setup.store.get_object(key))?;
+        let record = Arc::new(TrunkRecord::from_bytes(key, &bytes)?);
+        self.trunks = Some((key.to_string(), record.clone()));
+        Ok(record)
     }
 
     fn generate(&mut self, msg: &Generate) -> Result<Generated, ActorError> {
         let setup = self.setup.clone();
-        let (version, model) = self.current_model()?;
-        let version = *version;
-        let first_task = msg.tasks.first().map(|t| t.task_id).unwrap_or(0);
-        let (group_size, purpose_tag) = match msg.purpose {
-            Purpose::Train => (setup.group_size, 1),
-            Purpose::Eval => (1, 2),
+        let train = msg.purpose == Purpose::Train;
+        let anchors = if train && msg.work == Work::Groups {
+            setup.anchor_episodes
+        } else {
+            0
         };
-        let spec = RolloutSpec {
+        let version = self.load_weights(anchors > 0)?;
+        let first_task = msg.tasks.first().map(|t| t.task_id).unwrap_or(0);
+        let purpose_tag = if train { 1 } else { 2 };
+        let (plans, capture) = match (&msg.work, msg.purpose) {
+            (_, Purpose::Eval) => (group_plans(&msg.tasks, 1, 0), false),
+            (Work::Groups, Purpose::Train) => {
+                (group_plans(&msg.tasks, setup.group_size, anchors), false)
+            }
+            (Work::Trunks { .. }, Purpose::Train) => (group_plans(&msg.tasks, 1, 0), true),
+            (Work::Branches { key, depth }, Purpose::Train) => {
+                (self.branch_plans(key, *depth)?, false)
+            }
+        };
+        let scaffold: Option<Arc<ScaffoldRenderer>> = match (&msg.scaffold, train) {
+            (Some(bank), true) => {
+                let (bank, words) = (bank.clone(), setup.scaffold_words);
+                Some(Arc::new(move |task_type: &str| {
+                    let r = bank.render(task_type, words);
+                    (r.text, r.version)
+                }))
+            }
+            _ => None,
+        };
+        let mut spec = RolloutSpec {
             run_id: setup.run_id.clone(),
             batch_seq: msg.batch_seq,
             generator_id: setup.id,
             policy_version: version,
             env_name: setup.env_name.clone(),
-            tasks: msg.tasks.clone(),
-            group_size,
+            plans,
             temperature: setup.temperature,
             greedy: false,
             max_turn_tokens: setup.max_turn_tokens,
             context_len: setup.model.context_len,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
+            first_id: msg.batch_seq * 1_000_000,
+            scaffold,
+            capture_boundaries: capture,
         };
         let start = std::time::Instant::now();
-        let (batch, stats) = run_episodes(model, &setup.tokenizer, &setup.shards, &spec)?;
+        let policies = self.policies()?;
+        let (mut batch, mut stats, extras) =
+            run_episodes(&policies, &setup.tokenizer, &setup.shards, &spec)?;
+        let mut task_types = extras.task_types.clone();
+        let mut tries = 1;
+        let dynamic = setup
+            .dynamic_sampling
+            .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
+        let mut uniform = uninformative_groups(&batch, anchors > 0);
+        if let Some(d) = dynamic {
+            // GN-5: re-roll the uninformative groups (same tasks, fresh sampling seed).
+            while !uniform.is_empty() && (d.max_tries == 0 || tries < d.max_tries) {
+                spec.plans = group_plans(
+                    &msg.tasks
+                        .iter()
+                        .copied()
+                        .filter(|t| uniform.contains(&t.task_id))
+                        .collect::<Vec<_>>(),
+                    setup.group_size,
+                    anchors,
+                );
+                spec.rng_seed = mix_seed(&[setup.seed, 7, first_task, version, tries as u64]);
+                spec.first_id = msg.batch_seq * 1_000_000 + tries as u64 * 10_000;
+                let (again, more, more_extras) =
+                    run_episodes(&policies, &setup.tokenizer, &setup.shards, &spec)?;
+                stats.add(&more);
+                tries += 1;
+                let fixed = uninformative_groups(&again, anchors > 0);
+                // Swap in each re-rolled group that became informative.
+                let better: Vec<u64> = uniform
+                    .iter()
+                    .copied()
+                    .filter(|g| !fixed.contains(g) && again.trajectories.iter().any(|t| t.group_id == *g))
+                    .collect();
+                let mut kept = Vec::new();
+                let mut kept_types = Vec::new();
+                for (t, ty) in batch.trajectories.drain(..).zip(task_types.drain(..)) {
+                    if !better.contains(&t.group_id) {
+                        kept.push(t);
+                        kept_types.push(ty);
+                    }
+                }
+                for (t, ty) in again.trajectories.into_iter().zip(more_extras.task_types) {
+                    if better.contains(&t.group_id) {
+                        kept.push(t);
+                        kept_types.push(ty);
+                    }
+                }
+                batch.trajectories = kept;
+                task_types = kept_types;
+                uniform.retain(|g| !better.contains(g));
+            }
+        }
+        if anchors > 0 {
+            filter_anchors(&mut batch);
+        }
+        drop(policies);
         let sample_seconds = start.elapsed().as_secs_f64();
-        if msg.purpose == Purpose::Train && batch.trajectories.is_empty() {
+        if train && batch.trajectories.is_empty() {
             // Every episode failed in its env (RO-4): nothing to store; the controller retries.
             return Err(ActorError::AllEpisodesFailed {
                 batch_seq: msg.batch_seq,
                 failed: stats.failed_episodes,
             });
         }
-        let key = match msg.purpose {
-            Purpose::Train => Some(setup.io.block_on(setup.store.put_batch(&batch))?),
-            Purpose::Eval => None,
+        let groups = if train && msg.scaffold.is_some() {
+            group_records(&batch, &task_types, &setup.tokenizer)
+        } else {
+            Vec::new()
+        };
+        let mut trunk_depth = None;
+        let key = match (&msg.work, msg.purpose) {
+            (_, Purpose::Eval) => None,
+            (Work::Trunks { key }, Purpose::Train) => {
+                let record = TrunkRecord {
+                    format: TRUNK_FORMAT.into(),
+                    policy_version: version,
+                    trunks: batch
+                        .trajectories
+                        .iter()
+                        .zip(extras.boundaries)
+                        .map(|(t, boundaries)| Trunk {
+                            task_id: t.task_id,
+                            task_seed: msg
+                                .tasks
+                                .iter()
+                                .find(|x| x.task_id == t.task_id)
+                                .map(|x| x.task_seed)
+                                .unwrap_or_default(),
+                            boundaries,
+                            final_reward: t.final_reward,
+                        })
+                        .collect(),
+                };
+                trunk_depth = Some(record.depth());
+                let bytes = serde_json::to_vec(&record)
+                    .map_err(|e| ActorError::Internal(format!("trunk record: {e}")))?;
+                setup
+                    .io
+                    .block_on(setup.store.create_object(key, bytes.into()))?;
+                self.trunks = Some((key.clone(), Arc::new(record)));
+                None
+            }
+            (_, Purpose::Train) => Some(setup.io.block_on(setup.store.put_batch(&batch))?),
         };
         let put_seconds = start.elapsed().as_secs_f64() - sample_seconds;
         Ok(Generated {
@@ -187,8 +473,131 @@ impl Generator {
             tasks: msg.tasks.clone(),
             sample_seconds,
             put_seconds,
+            tries,
+            uniform_groups: uniform.len(),
+            trunk_depth,
+            groups,
         })
     }
+
+    /// The loaded models as `Policies` (after `load_weights`).
+    fn policies(&self) -> Result<Policies<'_>, ActorError> {
+        let Some((_, models)) = &self.models else {
+            return Err(ActorError::Internal("no weights loaded".into()));
+        };
+        Ok(Policies {
+            models: models.iter().collect(),
+            agent_model: &self.setup.agent_model,
+            reference: self.reference.as_ref().map(|(_, m)| m),
+        })
+    }
+
+    /// RTPO siblings: `group_size` continuations of each trunk's boundary `depth` turns from its
+    /// end (trunks with fewer turns sit this depth out).
+    fn branch_plans(&mut self, key: &str, depth: usize) -> Result<Vec<EpisodePlan>, ActorError> {
+        let record = self.trunk_record(key)?;
+        let mut plans = Vec::new();
+        for trunk in &record.trunks {
+            let k = trunk.boundaries.len();
+            if depth >= k {
+                continue;
+            }
+            let boundary = &trunk.boundaries[k - 1 - depth];
+            for _ in 0..self.setup.group_size {
+                plans.push(EpisodePlan {
+                    task: TaskRef {
+                        task_id: trunk.task_id,
+                        task_seed: trunk.task_seed,
+                    },
+                    group_id: sibling_group(trunk.task_id, depth),
+                    source: Source::OnPolicy,
+                    start: Some(boundary.clone()),
+                });
+            }
+        }
+        Ok(plans)
+    }
+}
+
+/// Groups whose on-policy final rewards are all equal (ARMOR: or that have no successful anchor
+/// episode), by group id.
+fn uninformative_groups(batch: &RolloutBatch, anchors: bool) -> Vec<u64> {
+    let mut by_group: std::collections::BTreeMap<u64, (Vec<f32>, bool)> = Default::default();
+    for t in &batch.trajectories {
+        let e = by_group.entry(t.group_id).or_default();
+        match t.source {
+            Source::OnPolicy => e.0.push(t.final_reward),
+            Source::Anchor => e.1 |= t.final_reward >= 1.0,
+        }
+    }
+    by_group
+        .into_iter()
+        .filter(|(_, (r, anchor_ok))| {
+            r.windows(2).all(|w| w[0] == w[1]) || (anchors && !anchor_ok)
+        })
+        .map(|(g, _)| g)
+        .collect()
+}
+
+/// ARMOR's group construction (spec §4.2, GN-7): a group keeps its first successful anchor
+/// episode when its on-policy episodes are neither all right nor all wrong; every other anchor
+/// episode is dropped.
+fn filter_anchors(batch: &mut RolloutBatch) {
+    let informative: Vec<u64> = {
+        let uniform = uninformative_groups(batch, false);
+        batch
+            .trajectories
+            .iter()
+            .map(|t| t.group_id)
+            .filter(|g| !uniform.contains(g))
+            .collect()
+    };
+    let mut taken = std::collections::BTreeSet::new();
+    batch.trajectories.retain(|t| {
+        t.source == Source::OnPolicy
+            || (t.final_reward >= 1.0
+                && informative.contains(&t.group_id)
+                && taken.insert(t.group_id))
+    });
+}
+
+/// PATS evidence: each group's episodes as decoded actions and observations.
+fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -> Vec<GroupRecord> {
+    let mut groups: Vec<GroupRecord> = Vec::new();
+    for (t, ty) in batch.trajectories.iter().zip(task_types) {
+        let turns = t
+            .turns
+            .iter()
+            .enumerate()
+            .map(|(k, turn)| {
+                let next = t.turns.get(k + 1).map_or(t.tokens.len(), |n| n.start as usize);
+                let observation = tok
+                    .decode(&t.tokens[turn.end as usize..next])
+                    .replace("<agent>", "")
+                    .trim()
+                    .to_string();
+                TurnRecord {
+                    action: tok.decode_action(&t.tokens[turn.start as usize..turn.end as usize]),
+                    observation,
+                    invalid: turn.invalid_action,
+                }
+            })
+            .collect();
+        let episode = EpisodeRecord {
+            reward: t.final_reward,
+            success: t.final_reward >= 1.0,
+            turns,
+        };
+        match groups.iter_mut().find(|g| g.task_id == t.task_id) {
+            Some(g) => g.episodes.push(episode),
+            None => groups.push(GroupRecord {
+                task_id: t.task_id,
+                task_type: ty.clone(),
+                episodes: vec![episode],
+            }),
+        }
+    }
+    groups
 }
 
 impl Actor for Generator {

@@ -31,6 +31,9 @@ use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
+use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE};
+use crate::weights::PublishedReference;
+use crate::learner_actor::ReferenceWeights;
 use crate::generator::{Generate, Generator, GeneratorSetup, Purpose};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
@@ -264,6 +267,14 @@ async fn run_in_system(
         InitLearner {
             model: model_cfg.clone(),
             cfg: cfg.learner.clone(),
+            agent_models: cfg
+                .agent_models
+                .iter()
+                .map(|m| crate::learner_actor::AgentModel {
+                    agents: m.agents.clone(),
+                    cfg: cfg.agent_learner_config(m),
+                })
+                .collect(),
             device,
             seed: cfg.run.seed,
             faults: cfg.faults.clone(),
@@ -290,6 +301,14 @@ async fn run_in_system(
                 group_size: cfg.rollout.group_size,
                 temperature: cfg.rollout.temperature,
                 max_turn_tokens: cfg.rollout.max_turn_tokens,
+                anchor_episodes: if cfg.learner.algo == keel_learner::Algo::Armor {
+                    cfg.armor.anchor_episodes
+                } else {
+                    0
+                },
+                dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
+                agent_model: cfg.agent_model_map(),
+                scaffold_words: cfg.pats.render_words,
             };
             SyncArbiter::start(1, move || Generator::new(setup.clone()))
         })
@@ -297,8 +316,10 @@ async fn run_in_system(
 
     let mut outcome = JobOutcome::default();
     let mut carried = BTreeMap::new();
+    let mut method_state = BTreeMap::new();
     let (version, saved_frontier, parent, reference) = match start {
         Some(StartPoint { manifest, files }) => {
+            method_state = manifest.data.method_state.clone();
             let files = files.into_iter().map(|(n, b)| (n, b.to_vec())).collect();
             let version = ask(&learner, Restore(files)).await??;
             if version != manifest.policy_version {
@@ -385,6 +406,18 @@ async fn run_in_system(
         }
     };
     board.publish(ask(&learner, CurrentWeights).await??);
+    if cfg.learner.algo == keel_learner::Algo::Armor {
+        // WB-4: anchor episodes sample from the reference the learner holds (restored with the
+        // checkpoint, or the current weights at the RL start).
+        board.publish_reference(PublishedReference {
+            copied_at: version,
+            safetensors: Arc::new(ask(&learner, ReferenceWeights).await??),
+        });
+    }
+    let pats = match cfg.learner.algo {
+        keel_learner::Algo::Pats => Some(pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?),
+        _ => None,
+    };
 
     // Account for every batch already in the store (DF-2).
     let (found, quarantined) = find_batches(&store, &io, &metrics).await?;
@@ -397,6 +430,17 @@ async fn run_in_system(
         cfg.rollout.tasks_per_batch as u64,
         found.clone(),
     );
+    let mut plan = plan;
+    if cfg.learner.algo == keel_learner::Algo::Rtpo && !plan.reuse.is_empty() {
+        // MS-1: sibling batches lost with a crash are branched again from the stored trunk, so
+        // stored batches are not reused; the frontier stays the checkpoint's.
+        let reused: Vec<_> = plan.reuse.drain(..).collect();
+        plan.dropped.extend(reused);
+        plan.frontier = Frontier {
+            next_batch_seq: plan.frontier.next_batch_seq,
+            ..saved_frontier.clone()
+        };
+    }
     for d in &plan.dropped {
         metrics.batches_dropped.inc();
         events(&TrainEvent::Dropped {
@@ -419,11 +463,7 @@ async fn run_in_system(
     let reuse = plan
         .reuse
         .iter()
-        .map(|b| ReadyBatch {
-            key: store.batch_key(b.batch_seq),
-            batch_seq: b.batch_seq,
-            first_task: b.first_task,
-        })
+        .map(|b| ReadyBatch::plain(store.batch_key(b.batch_seq), b.batch_seq, b.first_task))
         .collect();
 
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<LoopOutcome, ActorError>>();
@@ -445,6 +485,8 @@ async fn run_in_system(
         carried_metrics: carried,
         dropped_on_resume: plan.dropped.iter().map(|d| d.batch_seq).collect(),
         stop: options.stop.clone(),
+        method_state,
+        pats,
         done: tx,
     };
     actix::Actor::start(Controller::new(setup));
@@ -592,11 +634,7 @@ async fn evaluate(
             task_seed: task_seed(Split::Eval, i),
         })
         .collect();
-    let msg = Generate {
-        batch_seq: EVAL_BATCH_SEQ + version,
-        tasks,
-        purpose: Purpose::Eval,
-    };
+    let msg = Generate::groups(EVAL_BATCH_SEQ + version, tasks, Purpose::Eval);
     let generated = ask(generator, msg).await??;
     let success = generated.stats.success_rate();
     events(&TrainEvent::Eval {
@@ -606,4 +644,43 @@ async fn evaluate(
         episodes: generated.stats.episodes,
     });
     Ok(success)
+}
+
+/// PATS (MS-2): a fresh scaffold, or the one named by the checkpoint resumed from.
+async fn pats_runtime(
+    cfg: &TrainConfig,
+    store: &RunStore,
+    io: &tokio::runtime::Handle,
+    tokenizer: &keel_envs::Tokenizer,
+    method_state: &BTreeMap<String, String>,
+) -> Result<PatsRuntime, ActorError> {
+    use keel_envs::scaffold::{RuleReviewer, ScaffoldController, ScaffoldState};
+    let bad = |e: keel_envs::scaffold::ScaffoldError| ActorError::Resume(format!("PATS scaffold: {e}"));
+    let (controller, pointer) = match method_state.get(PATS_STATE) {
+        Some(text) => {
+            let pointer: PatsPointer = serde_json::from_str(text).map_err(|e| {
+                ActorError::Resume(format!("method_state.pats is not a scaffold pointer: {e}"))
+            })?;
+            let (s, key) = (store.clone(), pointer.key.clone());
+            let bytes = spawn_io(io, async move { s.get_object(&key).await }).await?;
+            let state = ScaffoldState::from_json_bytes(&bytes).map_err(bad)?;
+            let c = ScaffoldController::from_state(
+                cfg.pats.clone(),
+                tokenizer.clone(),
+                Box::new(RuleReviewer::default()),
+                state,
+            )
+            .map_err(bad)?;
+            (c, Some(pointer))
+        }
+        None => (
+            ScaffoldController::with_rule_reviewer(cfg.pats.clone(), tokenizer.clone()).map_err(bad)?,
+            None,
+        ),
+    };
+    Ok(PatsRuntime {
+        bank: Arc::new(controller.bank().clone()),
+        controller,
+        pointer,
+    })
 }

@@ -8,6 +8,9 @@
 //!   0 <= v - turn.policy_version <= bound; otherwise the batch is refused with `Stale` and the
 //!   weights are untouched.
 //! - LA-3: the policy version equals the number of RL updates applied; SFT does not change it.
+//! - LA-4 (Dr. MAS agent models): every model trains on every batch, restricted to its agents'
+//!   turns, with its own optimizer and settings; their versions stay equal; checkpoint files of
+//!   model k > 0 are named `agent-model-<k>.<file>`.
 
 use std::sync::Arc;
 
@@ -24,6 +27,15 @@ use crate::faults::{FaultPlan, FaultsSection};
 use crate::seeds::mix_seed;
 use crate::weights::PublishedWeights;
 
+/// Dr. MAS: one more model, serving some agents, with its own optimizer and settings.
+#[derive(Debug, Clone)]
+pub struct AgentModel {
+    /// The agents whose turns it samples and trains on.
+    pub agents: Vec<u32>,
+    /// Its optimisation settings.
+    pub cfg: LearnerConfig,
+}
+
 /// Builds the learner (the factory only makes an empty shell, so that it can be cheap).
 #[derive(Message)]
 #[rtype(result = "Result<(), ActorError>")]
@@ -32,6 +44,8 @@ pub struct InitLearner {
     pub model: ModelConfig,
     /// Optimisation settings.
     pub cfg: LearnerConfig,
+    /// Dr. MAS: separate models per agent group; empty = one shared model for every agent.
+    pub agent_models: Vec<AgentModel>,
     /// Torch device.
     pub device: tch::Device,
     /// Run seed.
@@ -121,13 +135,37 @@ pub struct Snapshot;
 #[rtype(result = "Result<u64, ActorError>")]
 pub struct Restore(pub Vec<(String, Vec<u8>)>);
 
-/// The learner actor.
+/// ARMOR reference reset: copy the current policy into the reference; answers its weights.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u8>, ActorError>")]
+pub struct ResetReference;
+
+/// The reference policy's weights (the current weights when none was taken yet, which is what
+/// the first update would take).
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u8>, ActorError>")]
+pub struct ReferenceWeights;
+
+/// The checkpoint file name of model `k`'s file `name` (model 0 keeps the plain names).
+fn model_file(k: usize, name: &str) -> String {
+    if k == 0 {
+        name.to_string()
+    } else {
+        format!("agent-model-{k}.{name}")
+    }
+}
+
+/// The learner actor. With Dr. MAS agent models it holds one `Learner` per model (index 0 is
+/// the main one, serving every agent no other model lists); all step together on each batch,
+/// so their policy versions stay equal (LA-4).
 pub struct LearnerActor {
     store: RunStore,
     io: tokio::runtime::Handle,
-    learner: Option<Learner>,
+    learners: Vec<Learner>,
     /// What `InitLearner` said, to rebuild the learner at another learning rate.
     init: Option<(ModelConfig, tch::Device, u64)>,
+    /// Agent filter of each learner (None for the main one without agent models).
+    filters: Vec<Option<Vec<u32>>>,
     faults: FaultPlan,
 }
 
@@ -137,37 +175,60 @@ impl LearnerActor {
         Self {
             store,
             io,
-            learner: None,
+            learners: Vec::new(),
             init: None,
+            filters: Vec::new(),
             faults: FaultPlan::default(),
         }
     }
 
-    /// Rebuilds the learner at learning rate `lr` with the same weights, optimizer state and
-    /// counters (the learner's config is fixed at construction; a rewind is rare).
+    /// Rebuilds the learners so that the main one runs at `lr` (the others scaled by the same
+    /// factor) with the same weights, optimizer state and counters (the learner's config is
+    /// fixed at construction; a rewind is rare).
     fn set_lr(&mut self, lr: f64) -> Result<(), ActorError> {
         let Some((model, device, seed)) = self.init.clone() else {
             return Err(ActorError::Internal(
                 "learner used before InitLearner".into(),
             ));
         };
-        let learner = self.learner()?;
-        if learner.config().lr == lr {
+        let factor = lr / self.learner()?.config().lr;
+        if factor == 1.0 {
             return Ok(());
         }
-        let files = learner.state_files()?;
-        let mut cfg = learner.config().clone();
-        cfg.lr = lr;
-        let mut fresh = Learner::new(&model, cfg, device, seed)?;
-        fresh.restore(&files)?;
-        self.learner = Some(fresh);
+        for k in 0..self.learners.len() {
+            let old = &self.learners[k];
+            let files = old.state_files()?;
+            let mut cfg = old.config().clone();
+            cfg.lr *= factor;
+            let mut fresh = Learner::new(&model, cfg, device, seed)?;
+            fresh.restore(&files)?;
+            fresh.set_agent_filter(self.filters.get(k).cloned().flatten());
+            self.learners[k] = fresh;
+        }
         Ok(())
     }
 
     fn learner(&mut self) -> Result<&mut Learner, ActorError> {
-        self.learner
-            .as_mut()
+        self.learners
+            .first_mut()
             .ok_or_else(|| ActorError::Internal("learner used before InitLearner".into()))
+    }
+
+    /// The weights every generator needs: model 0 and the agent models.
+    fn published(&self) -> Result<PublishedWeights, ActorError> {
+        let Some(main) = self.learners.first() else {
+            return Err(ActorError::Internal("learner used before InitLearner".into()));
+        };
+        let extra = self.learners[1..]
+            .iter()
+            .map(|l| l.weights_safetensors())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PublishedWeights {
+            version: main.policy_version(),
+            safetensors: Arc::new(main.weights_safetensors()?),
+            epoch: 0,
+            extra_models: Arc::new(extra),
+        })
     }
 }
 
@@ -179,7 +240,27 @@ impl Handler<InitLearner> for LearnerActor {
     type Result = Result<(), ActorError>;
 
     fn handle(&mut self, msg: InitLearner, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        self.learner = Some(Learner::new(&msg.model, msg.cfg, msg.device, msg.seed)?);
+        self.learners.clear();
+        self.filters.clear();
+        let mut main = Learner::new(&msg.model, msg.cfg, msg.device, msg.seed)?;
+        if !msg.agent_models.is_empty() {
+            // Model 0 serves every agent not listed by another model.
+            let listed: Vec<u32> = msg.agent_models.iter().flat_map(|m| m.agents.clone()).collect();
+            let mine: Vec<u32> = (0..64u32).filter(|a| !listed.contains(a)).collect();
+            main.set_agent_filter(Some(mine.clone()));
+            self.filters.push(Some(mine));
+        } else {
+            self.filters.push(None);
+        }
+        self.learners.push(main);
+        for (k, m) in msg.agent_models.into_iter().enumerate() {
+            // Each model starts from its own seed (different init), then SFT as the main one.
+            let seed = crate::seeds::mix_seed(&[msg.seed, 0xa6e7, k as u64 + 1]);
+            let mut l = Learner::new(&msg.model, m.cfg, msg.device, seed)?;
+            l.set_agent_filter(Some(m.agents.clone()));
+            self.filters.push(Some(m.agents));
+            self.learners.push(l);
+        }
         self.init = Some((msg.model, msg.device, msg.seed));
         self.faults = FaultPlan::new(msg.faults);
         Ok(())
@@ -190,8 +271,7 @@ impl Handler<RunSft> for LearnerActor {
     type Result = Result<StepMetrics, ActorError>;
 
     fn handle(&mut self, msg: RunSft, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        let learner = self.learner()?;
-        let device = learner.model().device();
+        let device = self.learner()?.model().device();
         let mut order: Vec<usize> = Vec::new();
         let mut last = StepMetrics::default();
         for step in 0..msg.steps {
@@ -207,7 +287,10 @@ impl Handler<RunSft> for LearnerActor {
                 .map(|i| msg.demos[i].clone())
                 .collect();
             let batch = TrainBatch::from_sequences(&picked, device)?;
-            last = learner.sft_step(&batch, msg.lr)?;
+            // Every agent model learns the whole protocol; RL specialises them.
+            for learner in &mut self.learners {
+                last = learner.sft_step(&batch, msg.lr)?;
+            }
             if step % 25 == 0 || step + 1 == msg.steps {
                 tracing::info!(step, loss = last.loss, "sft");
             }
@@ -285,14 +368,17 @@ impl Handler<TrainOn> for LearnerActor {
                 .map_err(keel_learner::LearnerError::from)?;
         }
         let lr = learner.config().lr;
-        let metrics = learner.train_step(&tensors)?;
-        let weights = PublishedWeights {
-            version: learner.policy_version(),
-            safetensors: Arc::new(learner.weights_safetensors()?),
-            epoch: 0,
-        };
+        let mut metrics = learner.train_step(&tensors)?;
+        for other in &mut self.learners[1..] {
+            // LA-4: every agent model steps on every batch (on its agents' turns only).
+            let m = other.train_step(&tensors)?;
+            metrics.grad_norm = metrics.grad_norm.max(m.grad_norm);
+            metrics.approx_kl = metrics.approx_kl.max(m.approx_kl);
+            metrics.loss += m.loss;
+        }
+        let weights = self.published()?;
         Ok(Trained {
-            version: learner.policy_version(),
+            version: weights.version,
             metrics,
             weights,
             turn_lags,
@@ -315,12 +401,7 @@ impl Handler<CurrentWeights> for LearnerActor {
     type Result = Result<PublishedWeights, ActorError>;
 
     fn handle(&mut self, _msg: CurrentWeights, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        let learner = self.learner()?;
-        Ok(PublishedWeights {
-            version: learner.policy_version(),
-            safetensors: Arc::new(learner.weights_safetensors()?),
-            epoch: 0,
-        })
+        self.published()
     }
 }
 
@@ -336,7 +417,15 @@ impl Handler<Snapshot> for LearnerActor {
     type Result = Result<Vec<(String, Vec<u8>)>, ActorError>;
 
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        Ok(self.learner()?.state_files()?)
+        let mut files = Vec::new();
+        for (k, l) in self.learners.iter().enumerate() {
+            files.extend(
+                l.state_files()?
+                    .into_iter()
+                    .map(|(name, bytes)| (model_file(k, &name), bytes)),
+            );
+        }
+        Ok(files)
     }
 }
 
@@ -344,8 +433,59 @@ impl Handler<Restore> for LearnerActor {
     type Result = Result<u64, ActorError>;
 
     fn handle(&mut self, msg: Restore, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        let n = self.learners.len();
+        // Check that every model's files are there before anything changes.
+        for k in 1..n {
+            let prefix = model_file(k, "");
+            if !msg.0.iter().any(|(name, _)| name.starts_with(&prefix)) {
+                return Err(ActorError::Resume(format!(
+                    "the checkpoint has no files of agent model {k} ({prefix}*), but the config has {} agent models",
+                    n - 1
+                )));
+            }
+        }
+        for k in (0..n).rev() {
+            let files: Vec<(String, Vec<u8>)> = msg
+                .0
+                .iter()
+                .filter_map(|(name, bytes)| match k {
+                    0 => (!name.starts_with("agent-model-")).then(|| (name.clone(), bytes.clone())),
+                    _ => name
+                        .strip_prefix(&model_file(k, ""))
+                        .map(|rest| (rest.to_string(), bytes.clone())),
+                })
+                .collect();
+            self.learners[k].restore(&files)?;
+        }
+        let version = self.learner()?.policy_version();
+        if self.learners.iter().any(|l| l.policy_version() != version) {
+            return Err(ActorError::Resume(
+                "the agent models of the checkpoint are at different policy versions".into(),
+            ));
+        }
+        Ok(version)
+    }
+}
+
+impl Handler<ResetReference> for LearnerActor {
+    type Result = Result<Vec<u8>, ActorError>;
+
+    fn handle(&mut self, _msg: ResetReference, _ctx: &mut SyncContext<Self>) -> Self::Result {
         let learner = self.learner()?;
-        learner.restore(&msg.0)?;
-        Ok(learner.policy_version())
+        let weights = learner.weights_safetensors()?;
+        learner.set_reference(&weights)?;
+        Ok(weights)
+    }
+}
+
+impl Handler<ReferenceWeights> for LearnerActor {
+    type Result = Result<Vec<u8>, ActorError>;
+
+    fn handle(&mut self, _msg: ReferenceWeights, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        let learner = self.learner()?;
+        match learner.reference() {
+            Some(r) => Ok(r.to_safetensors()?),
+            None => Ok(learner.weights_safetensors()?),
+        }
     }
 }

@@ -272,6 +272,10 @@ pub struct TrainMetrics {
     pub guard_rewinds: BranchCounter,
     /// Non-finite skips in a row right now.
     pub guard_consecutive_skips: BranchGauge,
+    /// PATS: version of the scaffold bank in force.
+    pub scaffold_version: BranchGauge,
+    /// PATS: entries in the scaffold bank.
+    pub scaffold_entries: BranchGauge,
     /// 1 while the RL loop runs.
     pub rl_active: BranchGauge,
     /// 1, labelled with the config hash and mode.
@@ -718,6 +722,16 @@ impl TrainMetrics {
             guard_consecutive_skips: b.gauge(
                 "keel_guard_consecutive_skips",
                 "Non-finite skips in a row",
+                &[],
+            )?,
+            scaffold_version: b.gauge(
+                "keel_pats_scaffold_version",
+                "PATS: version of the scaffold bank in force",
+                &[],
+            )?,
+            scaffold_entries: b.gauge(
+                "keel_pats_scaffold_entries",
+                "PATS: entries in the scaffold bank",
                 &[],
             )?,
             rl_active: b.gauge("keel_run_rl_active", "1 while the RL loop runs", &[])?,

@@ -8,6 +8,9 @@
 //!   and weights are identified by (epoch, version), so a generator never mistakes a new branch's
 //!   version v for the abandoned branch's version v.
 //!
+//! - WB-4: the reference policy (ARMOR anchor rollouts) is published separately, with the
+//!   policy version it was copied at; it changes only on a reference reset.
+//!
 //! In one process the board is shared memory; across processes the same role is played by the
 //! `weights/` prefix of the run root (a generator on another machine polls the newest version).
 
@@ -22,12 +25,44 @@ pub struct PublishedWeights {
     pub safetensors: Arc<Vec<u8>>,
     /// Rewinds before these weights (WB-3); set by the board.
     pub epoch: u64,
+    /// Dr. MAS: the weights of agent models 1.. (model 0 is `safetensors`); empty = one model.
+    pub extra_models: Arc<Vec<Vec<u8>>>,
+}
+
+impl PublishedWeights {
+    /// One model's weights.
+    pub fn single(version: u64, safetensors: Vec<u8>) -> Self {
+        PublishedWeights {
+            version,
+            safetensors: Arc::new(safetensors),
+            epoch: 0,
+            extra_models: Arc::new(Vec::new()),
+        }
+    }
+
+    /// The weights of model `k` (0 = the main one).
+    pub fn model(&self, k: usize) -> Option<&[u8]> {
+        match k {
+            0 => Some(self.safetensors.as_slice()),
+            _ => self.extra_models.get(k - 1).map(Vec::as_slice),
+        }
+    }
+}
+
+/// The reference policy as published (WB-4).
+#[derive(Debug, Clone)]
+pub struct PublishedReference {
+    /// Policy version the reference was copied at (0 = the RL start).
+    pub copied_at: u64,
+    /// Its weights.
+    pub safetensors: Arc<Vec<u8>>,
 }
 
 /// The shared board of the latest published weights.
 #[derive(Debug, Clone, Default)]
 pub struct WeightBoard {
     latest: Arc<RwLock<Option<PublishedWeights>>>,
+    reference: Arc<RwLock<Option<PublishedReference>>>,
 }
 
 impl WeightBoard {
@@ -53,6 +88,23 @@ impl WeightBoard {
         *guard = Some(PublishedWeights { epoch, ..weights });
     }
 
+    /// Publishes the reference policy (WB-4).
+    pub fn publish_reference(&self, reference: PublishedReference) {
+        let mut guard = match self.reference.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *guard = Some(reference);
+    }
+
+    /// The reference policy, if one was published.
+    pub fn reference(&self) -> Option<PublishedReference> {
+        match self.reference.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// The latest published weights, if any.
     pub fn latest(&self) -> Option<PublishedWeights> {
         match self.latest.read() {
@@ -73,11 +125,13 @@ mod tests {
             version: 2,
             safetensors: Arc::new(vec![2]),
             epoch: 0,
+            extra_models: Arc::default(),
         });
         b.publish(PublishedWeights {
             version: 1,
             safetensors: Arc::new(vec![1]),
             epoch: 0,
+            extra_models: Arc::default(),
         });
         assert_eq!(b.latest().map(|w| w.version), Some(2));
     }
@@ -89,11 +143,13 @@ mod tests {
             version: 5,
             safetensors: Arc::new(vec![5]),
             epoch: 0,
+            extra_models: Arc::default(),
         });
         b.rewind(PublishedWeights {
             version: 2,
             safetensors: Arc::new(vec![2]),
             epoch: 0,
+            extra_models: Arc::default(),
         });
         let w = b.latest().expect("weights");
         assert_eq!((w.version, w.epoch), (2, 1));
@@ -101,6 +157,7 @@ mod tests {
             version: 3,
             safetensors: Arc::new(vec![3]),
             epoch: 0,
+            extra_models: Arc::default(),
         });
         let w = b.latest().expect("weights");
         assert_eq!(

@@ -146,6 +146,11 @@ impl Env for CalcEnv {
         "calc"
     }
 
+    /// The expression's number of operations: `ops-1` .. `ops-4`.
+    fn task_type(&self) -> String {
+        format!("ops-{}", self.expr.len())
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         self.expr = Expression::generate(self.n_ops, task_seed);
         self.value = self.expr.first();

@@ -25,6 +25,9 @@
 //! - EN-8 Two states with equal `anchor_state()` are the same environment state up to the turn
 //!   counter; `anchor_key` is a 64-bit FNV-1a hash of it (GiGPO step groups).
 //! - EN-9 The oracle action is always among `admissible_actions()` while the episode runs.
+//! - EN-10 `task_type()` is a pure function of the current task: known right after `reset`,
+//!   unchanged by `step`, equal after a reset with the same seed (PATS groups its success-rate
+//!   EMAs and scaffold entries by it, see [`crate::scaffold`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +72,11 @@ pub trait Env: Send {
     /// The valid actions in the current state (a finite, representative list where the action
     /// space is open, e.g. numbers); empty once the episode is done.
     fn admissible_actions(&self) -> Vec<String>;
+    /// The kind of the current task, e.g. `"clean"` in `household` (EN-10); envs without natural
+    /// task types (and [`crate::external::ExternalEnv`]) use their name.
+    fn task_type(&self) -> String {
+        self.name().to_string()
+    }
     /// The agent that acts next (0 in single-agent envs).
     fn agent_id(&self) -> u32 {
         0

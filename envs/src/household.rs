@@ -374,6 +374,11 @@ impl Env for HouseholdEnv {
         "household"
     }
 
+    /// The task type: `pick`, `clean`, `heat`, `cool`, `examine` or `pick-two`.
+    fn task_type(&self) -> String {
+        TYPES[self.task.kind].to_string()
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         self.generate(task_seed);
         self.turns = 0;

@@ -12,6 +12,7 @@
 //! - [`split`]: disjoint train and held-out eval task seeds.
 //! - [`tokenizer`]: the word-level tokenizer over an env's declared vocabulary.
 //! - [`demo`]: oracle demonstrations in keel's trajectory token layout.
+//! - [`scaffold`]: PATS, the training-only scaffold bank of skills and mistakes.
 //! - [`bm25`], [`lexicon`]: the ranking function and the procedural word lists.
 //!
 //! Everything is deterministic: tasks are functions of their seed, demonstrations of their seeds.
@@ -29,6 +30,7 @@ pub mod household;
 pub mod latency;
 pub mod lexicon;
 pub mod registry;
+pub mod scaffold;
 pub mod search_qa;
 pub mod search_team;
 pub mod shop;
@@ -48,6 +50,7 @@ pub use error::EnvError;
 pub use external::{ExternalConfig, ExternalEnv};
 pub use latency::LatencyModel;
 pub use registry::{build_env, make_env, tokenizer_for, EnvConfig, EnvInfo, ENVS};
+pub use scaffold::{ScaffoldConfig, ScaffoldController, ScaffoldError, ScaffoldState};
 pub use snapshot::EnvSnapshot;
 pub use split::{task_seed, Split};
 pub use tokenizer::{SpecialTokens, Tokenizer};

@@ -149,6 +149,11 @@ impl Env for SearchQaEnv {
         "search-qa"
     }
 
+    /// The question's number of hops: `hops-1`, `hops-2`, `hops-3`.
+    fn task_type(&self) -> String {
+        format!("hops-{}", self.inquiry.world.hops())
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         self.inquiry = Inquiry::new(task_seed, self.difficulty);
         self.turns = 0;

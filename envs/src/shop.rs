@@ -362,6 +362,11 @@ impl Env for ShopEnv {
         "shop"
     }
 
+    /// The category of the product to buy, e.g. `shirt`.
+    fn task_type(&self) -> String {
+        CATEGORIES[self.target.category].to_string()
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         self.generate(task_seed);
         self.instruction()

@@ -251,6 +251,11 @@ impl Env for SokobanEnv {
         "sokoban"
     }
 
+    /// The number of boxes: `boxes-1` or `boxes-2`.
+    fn task_type(&self) -> String {
+        format!("boxes-{}", self.boxes.len())
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         self.generate(task_seed);
         self.turns = 0;

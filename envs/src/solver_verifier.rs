@@ -125,6 +125,11 @@ impl Env for SolverVerifierEnv {
         "solver-verifier"
     }
 
+    /// The expression's number of operations: `ops-1` .. `ops-4`.
+    fn task_type(&self) -> String {
+        format!("ops-{}", self.expr.len())
+    }
+
     fn reset(&mut self, task_seed: u64) -> String {
         *self = SolverVerifierEnv::new(self.n_ops);
         self.expr = Expression::generate(self.n_ops, task_seed);

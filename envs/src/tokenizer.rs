@@ -3,11 +3,14 @@
 //! Every environment declares its finite, procedural word list ([`crate::Env::vocabulary`]);
 //! [`Tokenizer::from_words`] puts the four special tokens first and the env's words after them,
 //! in the env's order (ids are positions): `<pad>`=0, `<bos>`=1, `<eot>`=2 (ends an agent turn),
-//! `<agent>`=3 (the agent speaks next), then the words.
+//! `<agent>`=3 (the agent speaks next), then the words, then the two PATS scaffold marker words
+//! [`SCAFFOLD_MARKERS`] (`tip`, `avoid`; see [`crate::scaffold`]) unless the env already declares
+//! them. The markers come last so that adding them changed no existing id.
 //!
 //! For `calc` that gives, unchanged since the walking skeleton:
 //! `task calc answer result error invalid action out of range + - *` (ids 4..=16), then
-//! every integer from -99 to 999 in increasing order (ids 17..=1115; `n` has id `n + 116`).
+//! every integer from -99 to 999 in increasing order (ids 17..=1115; `n` has id `n + 116`), then
+//! `tip` (1116) and `avoid` (1117).
 //!
 //! Invariants:
 //! - TK-1 An env's vocabulary and its order never change: ids are stable across runs and
@@ -24,6 +27,12 @@ use std::collections::HashMap;
 use crate::error::{quote, EnvError};
 
 const SPECIAL_WORDS: [&str; 4] = ["<pad>", "<bos>", "<eot>", "<agent>"];
+/// Marker word that starts a rendered PATS skill entry (`tip go to fridge 1`).
+pub const SKILL_MARKER: &str = "tip";
+/// Marker word that starts a rendered PATS mistake entry (`avoid open drawer 1`).
+pub const MISTAKE_MARKER: &str = "avoid";
+/// The scaffold marker words every tokenizer knows, appended after the env's words (TK-1).
+pub const SCAFFOLD_MARKERS: [&str; 2] = [SKILL_MARKER, MISTAKE_MARKER];
 /// What `decode` writes for an id outside the vocabulary.
 const UNKNOWN: &str = "<unk>";
 
@@ -53,7 +62,8 @@ impl Tokenizer {
         Tokenizer::from_words(&crate::calc::vocabulary())
     }
 
-    /// The special tokens followed by `words` in order; a repeated word keeps its first id.
+    /// The special tokens followed by `words` in order, then the [`SCAFFOLD_MARKERS`] not among
+    /// `words`; a repeated word keeps its first id.
     pub fn from_words(words: &[String]) -> Tokenizer {
         let mut all: Vec<String> = SPECIAL_WORDS.iter().map(|w| w.to_string()).collect();
         let mut ids: HashMap<String, u32> = all
@@ -61,10 +71,11 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, w)| (w.clone(), i as u32))
             .collect();
-        for w in words {
-            if !ids.contains_key(w) {
+        let markers = SCAFFOLD_MARKERS.iter().map(|m| m.to_string());
+        for w in words.iter().cloned().chain(markers) {
+            if !ids.contains_key(&w) {
                 ids.insert(w.clone(), all.len() as u32);
-                all.push(w.clone());
+                all.push(w);
             }
         }
         Tokenizer { words: all, ids }
@@ -136,7 +147,7 @@ mod tests {
     #[test]
     fn tk1_vocabulary_layout_is_fixed() {
         let t = Tokenizer::calc();
-        assert_eq!(t.vocab_size(), 4 + 13 + 1099);
+        assert_eq!(t.vocab_size(), 4 + 13 + 1099 + 2);
         assert_eq!(
             t.special(),
             SpecialTokens {
@@ -153,8 +164,25 @@ mod tests {
         assert_eq!(t.token("-99"), Some(17));
         assert_eq!(t.token("0"), Some(116));
         assert_eq!(t.token("999"), Some(1115));
+        assert_eq!(t.token(SKILL_MARKER), Some(1116));
+        assert_eq!(t.token(MISTAKE_MARKER), Some(1117));
         assert_eq!(t.token("1000"), None);
         assert_eq!(t.token("007"), None);
+    }
+
+    #[test]
+    fn scaffold_markers_come_after_the_env_words_once() {
+        let words: Vec<String> = ["go", "avoid", "to"]
+            .iter()
+            .map(|w| w.to_string())
+            .collect();
+        let t = Tokenizer::from_words(&words);
+        assert_eq!(t.vocab_size(), 4 + 3 + 1);
+        assert_eq!(t.token("go"), Some(4));
+        assert_eq!(t.token("avoid"), Some(5));
+        assert_eq!(t.token("to"), Some(6));
+        assert_eq!(t.token("tip"), Some(7));
+        assert_eq!(t.decode(&t.encode("tip go to").unwrap()), "tip go to");
     }
 
     #[test]

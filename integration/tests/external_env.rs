@@ -144,7 +144,8 @@ fn external_env_in_a_builtin_registry_config() {
         keel_envs::tokenizer_for(&cfg)
             .expect("tokenizer")
             .vocab_size(),
-        4 + env.vocabulary().len()
+        // The special tokens, the env's words, then the two PATS scaffold markers.
+        4 + env.vocabulary().len() + keel_envs::tokenizer::SCAFFOLD_MARKERS.len()
     );
 }
 
@@ -178,7 +179,7 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
             .expect("mailbox");
         assert!(prompts
             .iter()
-            .all(|p| p.as_ref().is_ok_and(|t| t.starts_with("task guess"))));
+            .all(|p| p.as_ref().is_ok_and(|t| t.prompt.starts_with("task guess"))));
         let mut bounds: Vec<(u32, u32)> = vec![(1, 64); n as usize];
         let mut solved = 0;
         let mut live: Vec<u64> = (0..n).collect();

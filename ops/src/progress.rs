@@ -52,6 +52,11 @@ impl Progress {
             TrainEvent::Skipped { step, batch_seq, what } => {
                 bar.println(format!("skipped batch {batch_seq} at step {step}: non-finite {what}"))
             }
+            TrainEvent::Method { step, method, detail } => match method.as_str() {
+                // Per-batch generation details are for metrics.jsonl, not the terminal.
+                "generate" => {}
+                _ => bar.println(format!("{method} at step {step}: {detail}")),
+            },
             TrainEvent::Rewind { from_step, to_step, to_checkpoint, branch, reason, lr, .. } => {
                 bar.set_position(*to_step);
                 bar.println(format!(

@@ -100,6 +100,10 @@ pub struct DataPosition {
     /// future found on resume); their ranges were owed again.
     #[serde(default)]
     pub dropped_batches: Vec<u64>,
+    /// Method state a resumed run continues from, by name (RTPO's tree position, the PATS bank
+    /// version, ARMOR's reference resets); JSON values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub method_state: BTreeMap<String, String>,
 }
 
 /// One blob of a checkpoint, as recorded in its manifest.

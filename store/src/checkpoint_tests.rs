@@ -18,6 +18,7 @@ pub(crate) fn new_ckpt(step: u64, parent: Option<String>) -> NewCheckpoint {
             pending_tasks: vec![step * 10 + 4],
             consumed_tasks: vec![step * 10],
             dropped_batches: vec![],
+            method_state: BTreeMap::from([("rtpo".to_string(), format!("{{\"depth\":{step}}}"))]),
         },
         metrics: BTreeMap::from([("loss".to_string(), 0.5), ("reward".to_string(), -1.25)]),
         files: vec![

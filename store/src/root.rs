@@ -271,6 +271,25 @@ impl RunStore {
         Ok(())
     }
 
+    /// Stores `bytes` at `rel_key` under the run root, create-only: an existing object is
+    /// `AlreadyExists` (a retried put whose first attempt landed counts as done, ST-9).
+    pub async fn create_object(&self, rel_key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        validate_rel_key(rel_key)?;
+        self.put_full(&self.full_key(rel_key), bytes, PutMode::Create)
+            .await?;
+        Ok(())
+    }
+
+    /// The key of this branch's method state object `name` (RTPO trunks, PATS banks):
+    /// `state/<name>` on `main`, `branches/<b>/state/<name>` elsewhere (like batches, ST-8).
+    pub fn state_key(&self, name: &str) -> String {
+        if self.branch == DEFAULT_BRANCH {
+            format!("state/{name}")
+        } else {
+            format!("branches/{}/state/{name}", self.branch)
+        }
+    }
+
     /// Reads the object at `rel_key` under the run root.
     pub async fn get_object(&self, rel_key: &str) -> Result<Bytes, StoreError> {
         validate_rel_key(rel_key)?;

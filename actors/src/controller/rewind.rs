@@ -60,7 +60,14 @@ impl Controller {
         }
         self.rewinding = true;
         self.epoch += 1;
+        if let Some(tree) = self.rtpo.take() {
+            // An RTPO tree is abandoned with its branch; its range is sampled again.
+            self.cursor.give_back(tree.first_task);
+        }
         for b in self.ready.drain(..) {
+            if b.branch {
+                continue;
+            }
             self.cursor.give_back(b.first_task);
             self.dropped += 1;
             self.s.metrics.batches_dropped_by.inc_for("rewind", 1);
