@@ -16,7 +16,9 @@
 
 use crate::algo::aggregation::AggMode;
 use crate::algo::kl::{KlController, KlEstimator};
-use crate::algo::presets::{KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase};
+use crate::algo::presets::{
+    DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase,
+};
 use crate::error::LearnerError;
 
 /// The walking skeleton's name for the objective; now the preset registry.
@@ -101,6 +103,13 @@ pub struct LearnerConfig {
     /// Override: penalty per invalid action, ≥ 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid_action_penalty: Option<f64>,
+    /// Override: dynamic-sampling rollout passes per batch (0 = unlimited; turns dynamic
+    /// sampling on for any preset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling_tries: Option<usize>,
+    /// Override: updates before dynamic sampling starts (its cold start).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_sampling_cold_start: Option<u64>,
 }
 
 impl Default for LearnerConfig {
@@ -133,6 +142,8 @@ impl Default for LearnerConfig {
             kl_reward_coef: None,
             kl_reward_target: None,
             invalid_action_penalty: None,
+            dynamic_sampling_tries: None,
+            dynamic_sampling_cold_start: None,
         }
     }
 }
@@ -266,6 +277,18 @@ impl LearnerConfig {
         }
         if let Some(v) = self.invalid_action_penalty {
             p.invalid_action_penalty = v;
+        }
+        if self.dynamic_sampling_tries.is_some() || self.dynamic_sampling_cold_start.is_some() {
+            let d = p.dynamic_sampling.get_or_insert(DynamicSampling {
+                max_tries: 3,
+                cold_start_updates: 0,
+            });
+            if let Some(t) = self.dynamic_sampling_tries {
+                d.max_tries = t;
+            }
+            if let Some(c) = self.dynamic_sampling_cold_start {
+                d.cold_start_updates = c;
+            }
         }
         p
     }

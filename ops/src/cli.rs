@@ -75,6 +75,12 @@ pub struct TrainArgs {
     /// that holds a checkpoint is resumed.
     #[arg(long)]
     pub run_root: Option<String>,
+    /// Override learner.algo (a preset of `keel algo list`).
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// Override env.name (an env of `keel env list`).
+    #[arg(long)]
+    pub env: Option<String>,
     /// Override run.steps.
     #[arg(long)]
     pub steps: Option<u64>,

@@ -175,6 +175,15 @@ fn run_report(args: cli::ReportArgs) -> Result<()> {
 
 fn train(args: cli::TrainArgs) -> Result<()> {
     let mut cfg = load_config(args.config.as_deref())?;
+    if let Some(name) = &args.algo {
+        cfg.learner.algo = keel_learner::Algo::from_name(name).with_context(|| {
+            let names: Vec<String> = keel_learner::Algo::ALL.iter().map(|p| p.name()).collect();
+            format!("--algo {name:?} is not a preset; choose one of {}", names.join(", "))
+        })?;
+    }
+    if let Some(env) = &args.env {
+        cfg.env.name = env.clone();
+    }
     if let Some(steps) = args.steps {
         cfg.run.steps = steps;
     }
