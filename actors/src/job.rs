@@ -528,7 +528,32 @@ fn make_demos(
         .map(|i| task_seed(Split::Train, SFT_TASK_OFFSET + i))
         .collect();
     let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
-    Ok(demos.into_iter().map(|d| (d.tokens, d.loss_mask)).collect())
+    // A demonstration longer than the model's context cannot be trained on: leave it out.
+    let total = demos.len();
+    let fit: Vec<(Vec<u32>, Vec<u8>)> = demos
+        .into_iter()
+        .filter(|d| d.tokens.len() <= cfg.model.context_len)
+        .map(|d| (d.tokens, d.loss_mask))
+        .collect();
+    if fit.len() < total {
+        tracing::warn!(
+            kept = fit.len(),
+            total,
+            context_len = cfg.model.context_len,
+            "SFT: demonstrations longer than model.context_len are left out"
+        );
+    }
+    if fit.is_empty() {
+        return Err(crate::config::ConfigError::OutOfRange {
+            key: "model.context_len".into(),
+            reason: format!(
+                "no SFT demonstration of env {} fits in {} tokens: raise it",
+                cfg.env.name, cfg.model.context_len
+            ),
+        }
+        .into());
+    }
+    Ok(fit)
 }
 
 /// Where the job starts: this branch's newest verifiable checkpoint (JB-1, JB-4), else the

@@ -281,3 +281,96 @@ pub(crate) fn compute(
         kl_reward_mean,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::presets::Preset;
+    use crate::batch_tensors::{Row, RowTurn};
+    use crate::model::ModelConfig;
+
+    fn model() -> PolicyModel {
+        let cfg = ModelConfig {
+            vocab_size: 12,
+            context_len: 16,
+            n_layer: 1,
+            d_model: 16,
+            n_head: 2,
+            value_head: false,
+        };
+        PolicyModel::new(&cfg, Device::Cpu, 3).expect("model")
+    }
+
+    fn turn(start: usize, end: usize, agent: u32, invalid: bool) -> RowTurn {
+        RowTurn {
+            start,
+            end,
+            reward: 0.0,
+            invalid,
+            agent,
+            anchor: Some(start as u64),
+        }
+    }
+
+    /// Two-agent trajectories: prompt `1 2`, agent 0's turn (2 tokens), observation `9`, agent
+    /// 1's turn (1 token). Group 5: rewards 1, 0, 0; agent 1's turn of row 2 is invalid.
+    fn two_agent_batch(trained: Option<usize>) -> TrainBatch {
+        let rows = [(1.0f32, false), (0.0, false), (0.0, true)]
+            .iter()
+            .map(|&(reward, invalid)| {
+                let tokens = vec![1, 2, 3, 4, 9, 5];
+                let mask = vec![0, 0, 1, 1, 0, 1];
+                let logp = vec![0.0, 0.0, -1.0, -1.0, 0.0, -1.0];
+                let mut r = Row::new(tokens, mask, logp, reward, 5);
+                r.turns = vec![turn(2, 4, 0, false), turn(5, 6, 1, invalid)];
+                r.trained_turn = trained;
+                r
+            })
+            .collect();
+        TrainBatch::from_rows(rows, Device::Cpu).expect("batch")
+    }
+
+    fn row(t: &Tensor, i: i64) -> Vec<f32> {
+        Vec::<f32>::try_from(&t.get(i)).expect("row")
+    }
+
+    #[test]
+    fn tg2_agent_filter_keeps_only_that_agents_turns() {
+        let (m, b) = (model(), two_agent_batch(None));
+        let p = Preset::DrMas.config();
+        let tg = compute(&m, None, &b, &p, 0.0, Some(&[1])).expect("targets");
+        assert_eq!(row(&tg.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
+        let all = compute(&m, None, &b, &p, 0.0, None).expect("targets");
+        assert_eq!(row(&all.mask, 0), vec![0., 0., 1., 1., 0., 1.]);
+    }
+
+    #[test]
+    fn dm_records_are_turns_normalised_per_agent() {
+        // Agent 0's records score [1, 0, 0]; agent 1's [1, 0, -0.1] (the invalid penalty).
+        let (m, b) = (model(), two_agent_batch(None));
+        let p = Preset::DrMas.config();
+        let tg = compute(&m, None, &b, &p, 0.0, None).expect("targets");
+        let a0 = drmas_advantages(&[1.0, 0.0, 0.0], &[5, 5, 5], &[0, 0, 0], true, GRPO_EPS);
+        let a1 = drmas_advantages(&[1.0, 0.0, -0.1], &[5, 5, 5], &[1, 1, 1], true, GRPO_EPS);
+        for i in 0..3 {
+            let r = row(&tg.advantages, i as i64);
+            assert!((f64::from(r[2]) - a0[i]).abs() < 1e-5, "{r:?} vs {a0:?}");
+            assert!((f64::from(r[5]) - a1[i]).abs() < 1e-5, "{r:?} vs {a1:?}");
+        }
+        // The invalid record of agent 1 pulls only agent 1's statistics.
+        assert!((a0[1] - a0[2]).abs() < 1e-12 && a1[2] < a1[1]);
+    }
+
+    #[test]
+    fn tg2_rtpo_trains_only_the_named_turn() {
+        let m = model();
+        let p = Preset::Rtpo.config();
+        let second = compute(&m, None, &two_agent_batch(Some(1)), &p, 0.0, None).expect("tg");
+        assert_eq!(row(&second.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
+        let first = compute(&m, None, &two_agent_batch(Some(0)), &p, 0.0, None).expect("tg");
+        assert_eq!(row(&first.mask, 0), vec![0., 0., 1., 1., 0., 0.]);
+        // Advantages are zero wherever the reduced mask is (TG-1).
+        let a = row(&first.advantages, 0);
+        assert_eq!((a[4], a[5]), (0.0, 0.0));
+    }
+}
