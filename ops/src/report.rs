@@ -50,6 +50,33 @@ pub struct RunLog {
     pub dropped: u64,
     /// Lines that were not JSON events.
     pub bad_lines: u64,
+    /// What the method runtimes did (from `method` events).
+    pub methods: MethodTotals,
+}
+
+/// Totals of the `method` events: dynamic sampling, RTPO, PATS, ARMOR.
+#[derive(Debug, Default, PartialEq)]
+pub struct MethodTotals {
+    /// Generations that re-rolled groups, and the rollout passes they took.
+    pub rerolled_batches: u64,
+    /// Rollout passes of those generations.
+    pub reroll_passes: u64,
+    /// Groups still uniform after the last pass, summed.
+    pub uniform_groups_left: u64,
+    /// RTPO depths trained.
+    pub rtpo_depths: u64,
+    /// RTPO trees completed.
+    pub rtpo_trees: u64,
+    /// PATS reviews, and the last bank version seen.
+    pub pats_reviews: u64,
+    /// Last PATS bank version.
+    pub pats_version: u64,
+    /// Training prompt tokens of PATS generations, and of those the scaffold's.
+    pub prompt_tokens: u64,
+    /// Scaffold tokens among `prompt_tokens`.
+    pub scaffold_tokens: u64,
+    /// ARMOR reference resets (their steps).
+    pub reference_resets: Vec<u64>,
 }
 
 fn num(v: &Value, path: &[&str]) -> Option<f64> {
@@ -123,6 +150,7 @@ pub fn parse_log(text: &str) -> RunLog {
                     .unwrap_or("?")
                     .to_string(),
             )),
+            Some("method") => note_method(&mut log.methods, &v),
             Some("skipped") => log.skips += 1,
             Some("checkpoint") => log.checkpoints += 1,
             Some("dropped") => log.dropped += 1,
@@ -261,6 +289,71 @@ fn last_mean(pts: &[(u64, f64)], n: usize) -> f64 {
 }
 
 /// The markdown summary.
+/// Adds one `method` event to the totals.
+fn note_method(m: &mut MethodTotals, v: &Value) {
+    let d = |k: &str| v.get("detail").and_then(|d| d.get(k)).and_then(Value::as_u64);
+    match v.get("method").and_then(Value::as_str) {
+        Some("generate") => {
+            if let Some(tries) = d("tries").filter(|&t| t > 1) {
+                m.rerolled_batches += 1;
+                m.reroll_passes += tries;
+            }
+            m.uniform_groups_left += d("uniform_groups").unwrap_or(0);
+            m.prompt_tokens += d("prompt_tokens").unwrap_or(0);
+            m.scaffold_tokens += d("scaffold_tokens").unwrap_or(0);
+        }
+        Some("rtpo") => {
+            m.rtpo_depths += 1;
+            if d("depth").zip(d("depths")).is_some_and(|(k, n)| k + 1 == n) {
+                m.rtpo_trees += 1;
+            }
+        }
+        Some("pats") => {
+            m.pats_reviews += 1;
+            m.pats_version = m.pats_version.max(d("version").unwrap_or(0));
+        }
+        Some("armor") => m.reference_resets.extend(d("reference_reset_at")),
+        _ => {}
+    }
+}
+
+/// The "Methods" section of the summary (empty when no method event was logged).
+fn methods_markdown(m: &MethodTotals) -> String {
+    let mut rows = Vec::new();
+    if m.rerolled_batches > 0 || m.uniform_groups_left > 0 {
+        rows.push(format!(
+            "| dynamic sampling | {} batches re-rolled uniform groups ({} rollout passes); {} groups still uniform after the last pass |",
+            m.rerolled_batches, m.reroll_passes, m.uniform_groups_left
+        ));
+    }
+    if m.rtpo_depths > 0 {
+        rows.push(format!(
+            "| RTPO | {} depths trained, {} reverse trees completed |",
+            m.rtpo_depths, m.rtpo_trees
+        ));
+    }
+    if m.pats_reviews > 0 || m.scaffold_tokens > 0 {
+        let share = m.scaffold_tokens as f64 / (m.prompt_tokens.max(1)) as f64;
+        rows.push(format!(
+            "| PATS | {} reviews, bank version {}; the scaffold was {} of {} training prompt tokens ({:.1}%), evaluation prompts carry none: {:.1}% fewer prompt tokens at deployment |",
+            m.pats_reviews, m.pats_version, m.scaffold_tokens, m.prompt_tokens, 100.0 * share, 100.0 * share
+        ));
+    }
+    if !m.reference_resets.is_empty() {
+        rows.push(format!(
+            "| ARMOR | reference reset at steps {:?} |",
+            m.reference_resets
+        ));
+    }
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "## Methods\n\n| method | what its runtime did |\n| --- | --- |\n{}\n\n",
+        rows.join("\n")
+    )
+}
+
 pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
     let mut md = format!("# keel run report\n\nRun root: `{run_root}`\n\n");
     let branches: Vec<&String> = log
@@ -285,6 +378,7 @@ pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
         }
         md.push('\n');
     }
+    md.push_str(&methods_markdown(&log.methods));
     if !log.rewinds.is_empty() {
         md.push_str("## Collapse guard rewinds\n\n| at step | back to step | new branch | reason |\n| --- | --- | --- | --- |\n");
         for (from, to, branch, reason) in &log.rewinds {
@@ -390,6 +484,27 @@ not json
             (log.skips, log.rewinds.len(), log.bad_lines, log.evals.len()),
             (1, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn method_events_are_totalled_in_the_summary() {
+        let text = r#"{"event":"method","method":"generate","step":0,"detail":{"batch_seq":0,"tries":3,"uniform_groups":2,"prompt_tokens":400,"scaffold_tokens":100}}
+{"event":"method","method":"generate","step":1,"detail":{"batch_seq":1,"prompt_tokens":300,"scaffold_tokens":50}}
+{"event":"method","method":"rtpo","step":1,"detail":{"depth":0,"depths":2,"first_task":0,"batch_seq":2}}
+{"event":"method","method":"rtpo","step":2,"detail":{"depth":1,"depths":2,"first_task":0,"batch_seq":3}}
+{"event":"method","method":"pats","step":1,"detail":{"version":4}}
+{"event":"method","method":"armor","step":3,"detail":{"reference_reset_at":3}}
+"#;
+        let log = parse_log(text);
+        let m = &log.methods;
+        assert_eq!((m.rerolled_batches, m.reroll_passes, m.uniform_groups_left), (1, 3, 2));
+        assert_eq!((m.rtpo_depths, m.rtpo_trees, m.pats_reviews, m.pats_version), (2, 1, 1, 4));
+        assert_eq!((m.prompt_tokens, m.scaffold_tokens), (700, 150));
+        assert_eq!(m.reference_resets, vec![3]);
+        let md = summary_markdown("runs/x", &log, true);
+        assert!(md.contains("150 of 700 training prompt tokens (21.4%)"), "{md}");
+        assert!(md.contains("2 depths trained, 1 reverse trees completed"), "{md}");
+        assert!(!summary_markdown("runs/x", &parse_log(LOG), true).contains("## Methods"));
     }
 
     #[test]
