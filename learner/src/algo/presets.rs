@@ -16,7 +16,7 @@
 //! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping |
 //! | sampo | GSPO ratio per turn, ε 3e-3/4e-3 | GiGPO ω=1 γ=0.95 | seq-mean-token-mean | k3 KL 0.01, entropy 0.001, invalid −0.1, filter (3 tries, cold start 15) |
 //! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | critic K=2, warm-up 10, lr ×5 |
-//! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10 | GRPO (std) | token-mean | reference policy |
+//! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10, π_old recomputed | GRPO (std) | token-mean | reference policy, anchor rollouts, dynamic sampling (10 passes) |
 //! | so_ppo | turn-level ratio ε=0.2 + CTN δ=5 | GAE, whitened | token-mean | critic (joint) |
 //! | so_grpo | turn-level ratio ε=0.2 + CTN δ=5 | GRPO (std) | token-mean | — |
 //! | rtpo | PPO clip 0.2/0.2 on the branched turn | sibling GRPO | token-mean | — |
@@ -374,6 +374,7 @@ impl Preset {
                 policy_loss: PolicyLossKind::Armor { mix_ratio: 0.9375 },
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
                 ratio_base: RatioBase::Recompute,
+                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
                 runtime_notes: "reference = the weights at the first RL update (or --reference); generators sample rollout.anchor_episodes per task from it, the first correct one joins the group with source = anchor; learner.reference_reset_every copies the policy into the reference and records it in the lineage".into(),
                 ..base()
             },
