@@ -4,6 +4,8 @@
 //! Invariants:
 //! - JB-1: a run root holding a committed checkpoint is resumed from its newest verifiable one,
 //!   never restarted from scratch; the SFT warm start runs only on a run root with no checkpoint.
+//! - JB-7: with `--reference CKPT` and a preset that needs a reference policy, the learner's
+//!   reference (KL, ARMOR's mixture and anchor rollouts) is that checkpoint's policy.
 //! - JB-2: the SFT result is committed as a checkpoint (step 0, tagged `sft` and `reference`)
 //!   before any RL, so a crash during RL never repeats the warm start, and the pre-RL evaluation
 //!   travels in every later checkpoint's metrics (`eval_success_before`).
@@ -33,7 +35,7 @@ use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
 use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE};
 use crate::weights::PublishedReference;
-use crate::learner_actor::ReferenceWeights;
+use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::generator::{Generate, Generator, GeneratorSetup, Purpose};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
@@ -406,6 +408,16 @@ async fn run_in_system(
         }
     };
     board.publish(ask(&learner, CurrentWeights).await??);
+    if let (Some(id), true) = (&options.reference, cfg.learner.resolve().needs_reference()) {
+        // JB-7: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
+        let (s, id) = (store.clone(), id.clone());
+        let weights = spawn_io(&io, async move {
+            let manifest = s.checkpoint(&id).await?;
+            s.read_checkpoint_file(&manifest, "model.safetensors").await
+        })
+        .await?;
+        ask(&learner, LoadReference(weights.to_vec())).await??;
+    }
     if cfg.learner.algo == keel_learner::Algo::Armor {
         // WB-4: anchor episodes sample from the reference the learner holds (restored with the
         // checkpoint, or the current weights at the RL start).

@@ -140,6 +140,11 @@ pub struct Restore(pub Vec<(String, Vec<u8>)>);
 #[rtype(result = "Result<Vec<u8>, ActorError>")]
 pub struct ResetReference;
 
+/// Installs policy weights (a checkpoint's `model.safetensors`) as the reference policy.
+#[derive(Message)]
+#[rtype(result = "Result<(), ActorError>")]
+pub struct LoadReference(pub Vec<u8>);
+
 /// The reference policy's weights (the current weights when none was taken yet, which is what
 /// the first update would take).
 #[derive(Message)]
@@ -487,5 +492,13 @@ impl Handler<ReferenceWeights> for LearnerActor {
             Some(r) => Ok(r.to_safetensors()?),
             None => Ok(learner.weights_safetensors()?),
         }
+    }
+}
+
+impl Handler<LoadReference> for LearnerActor {
+    type Result = Result<(), ActorError>;
+
+    fn handle(&mut self, msg: LoadReference, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        Ok(self.learner()?.set_reference(&msg.0)?)
     }
 }
