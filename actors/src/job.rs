@@ -4,8 +4,6 @@
 //! Invariants:
 //! - JB-1: a run root holding a committed checkpoint is resumed from its newest verifiable one,
 //!   never restarted from scratch; the SFT warm start runs only on a run root with no checkpoint.
-//! - JB-7: with `--reference CKPT` and a preset that needs a reference policy, the learner's
-//!   reference (KL, ARMOR's mixture and anchor rollouts) is that checkpoint's policy.
 //! - JB-2: the SFT result is committed as a checkpoint (step 0, tagged `sft` and `reference`)
 //!   before any RL, so a crash during RL never repeats the warm start, and the pre-RL evaluation
 //!   travels in every later checkpoint's metrics (`eval_success_before`).
@@ -18,6 +16,8 @@
 //! - JB-6: a stop request (SIGTERM) ends the loop after the current update with a committed
 //!   checkpoint (CT-5); the job then returns without the after-RL evaluation.
 //! - JB-7: a corrupt batch found on resume is quarantined (QU-1) and counted; its range stays owed.
+//! - JB-8: with `--reference CKPT` and a preset that needs a reference policy, the learner's
+//!   reference (KL, ARMOR's mixture and anchor rollouts) is that checkpoint's policy.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -409,7 +409,7 @@ async fn run_in_system(
     };
     board.publish(ask(&learner, CurrentWeights).await??);
     if let (Some(id), true) = (&options.reference, cfg.learner.resolve().needs_reference()) {
-        // JB-7: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
+        // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
         let (s, id) = (store.clone(), id.clone());
         let weights = spawn_io(&io, async move {
             let manifest = s.checkpoint(&id).await?;

@@ -270,3 +270,307 @@ pub fn check_accounting(
     );
     Some((rp.manifest, lineage))
 }
+
+// ---- Method runs (issue 7): configs, `keel train` processes and what their run roots hold ----
+
+/// A tiny run of one seed method (spec algorithms.md §2–§9): `tiny_config_unguarded`'s shape
+/// with the knobs the method tests turn. `toml()` renders it.
+#[derive(Clone, Debug)]
+pub struct MethodRun {
+    /// `learner.algo`.
+    pub algo: &'static str,
+    /// `run.steps`.
+    pub steps: u64,
+    /// `run.checkpoint_every`.
+    pub checkpoint_every: u64,
+    /// `run.mode`.
+    pub mode: &'static str,
+    /// `run.staleness_bound`.
+    pub bound: u64,
+    /// `env.name`.
+    pub env: &'static str,
+    /// `env.difficulty`.
+    pub difficulty: usize,
+    /// `model.context_len`.
+    pub context_len: usize,
+    /// `rollout.group_size`.
+    pub group_size: usize,
+    /// Simulated env step latency in ms (0 = none): slows a run down so that a test can kill it
+    /// between two known events.
+    pub latency_ms: f64,
+    /// More `[learner]` lines (override keys).
+    pub learner: String,
+    /// More sections (`[armor]`, `[pats]`, `[[agent_models]]`).
+    pub extra: String,
+}
+
+impl MethodRun {
+    /// `algo` on the tiny calc config: 6 sync steps, checkpoints every 3, groups of 4.
+    pub fn new(algo: &'static str) -> Self {
+        MethodRun {
+            algo,
+            steps: 6,
+            checkpoint_every: 3,
+            mode: "sync",
+            bound: 0,
+            env: "calc",
+            difficulty: 1,
+            context_len: 48,
+            group_size: 4,
+            latency_ms: 0.0,
+            learner: String::new(),
+            extra: String::new(),
+        }
+    }
+
+    /// The TOML config (collapse guard off: every life of a run stays on branch `main`).
+    pub fn toml(&self) -> String {
+        let latency = if self.latency_ms > 0.0 {
+            format!(
+                "latency = \"lognormal\"\nlatency_ms = {:?}\nlatency_shape = 0.05\n",
+                self.latency_ms
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            r#"
+[run]
+name = "tiny"
+seed = 11
+steps = {steps}
+mode = "{mode}"
+staleness_bound = {bound}
+checkpoint_every = {every}
+device = "cpu"
+threads = 1
+
+[env]
+name = "{env}"
+difficulty = {difficulty}
+{latency}
+[model]
+context_len = {context_len}
+n_layer = 1
+d_model = 32
+n_head = 2
+
+[sft]
+steps = 120
+batch_size = 16
+demos = 400
+
+[rollout]
+tasks_per_batch = 6
+group_size = {group_size}
+max_turn_tokens = 5
+eval_tasks = 16
+
+[metrics]
+enabled = false
+
+[guard]
+enabled = false
+
+[learner]
+algo = "{algo}"
+{learner}
+{extra}
+"#,
+            steps = self.steps,
+            mode = self.mode,
+            bound = self.bound,
+            every = self.checkpoint_every,
+            env = self.env,
+            difficulty = self.difficulty,
+            context_len = self.context_len,
+            group_size = self.group_size,
+            algo = self.algo,
+            learner = self.learner,
+            extra = self.extra,
+        )
+    }
+
+    /// Writes the config to `<dir>/<name>.toml` and answers its path.
+    pub fn write(&self, dir: &std::path::Path, name: &str) -> PathBuf {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, self.toml()).expect("write config");
+        path
+    }
+}
+
+/// The stderr log of a `keel train` process on `root` (next to it).
+pub fn train_log(root: &std::path::Path) -> PathBuf {
+    root.with_extension("log")
+}
+
+/// The last `n` bytes of a train log, for failure messages.
+pub fn log_tail(root: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(train_log(root)).unwrap_or_default();
+    let cut = text.len().saturating_sub(3000);
+    let cut = (cut..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+    text[cut..].to_string()
+}
+
+/// Starts `keel train --config <config> --run-root <root> --no-progress --summary-json
+/// <root>.json [extra]`, logging warnings and errors to `train_log(root)`.
+pub fn spawn_train(
+    config: &std::path::Path,
+    root: &std::path::Path,
+    extra: &[&str],
+) -> std::process::Child {
+    let log = std::fs::File::create(train_log(root)).expect("log file");
+    std::process::Command::new(keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(config)
+        .arg("--run-root")
+        .arg(root)
+        .arg("--summary-json")
+        .arg(root.with_extension("json"))
+        .args(extra)
+        .env("KEEL_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start keel train")
+}
+
+/// Runs `keel train` to its end; asserts it succeeded and answers its summary JSON.
+pub fn run_train(
+    config: &std::path::Path,
+    root: &std::path::Path,
+    extra: &[&str],
+) -> serde_json::Value {
+    let status = spawn_train(config, root, extra).wait().expect("wait keel train");
+    assert!(
+        status.success(),
+        "keel train on {} failed ({status}):\n{}",
+        root.display(),
+        log_tail(root)
+    );
+    serde_json::from_slice(&std::fs::read(root.with_extension("json")).expect("summary json"))
+        .expect("summary is JSON")
+}
+
+/// The events of a local run root's `metrics.jsonl`, in order (empty before the first write).
+pub fn read_events(root: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(root.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `(step, detail)` of every `{"event":"method","method":<method>}` event.
+pub fn method_events(events: &[serde_json::Value], method: &str) -> Vec<(u64, serde_json::Value)> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "method" && e["method"] == method)
+        .map(|e| (e["step"].as_u64().expect("step"), e["detail"].clone()))
+        .collect()
+}
+
+/// Every `{"event":"step"}` event.
+pub fn step_events(events: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "step")
+        .cloned()
+        .collect()
+}
+
+/// SIGKILLs `child` as soon as `ready(events of root's metrics.jsonl)` holds (polled every few
+/// ms; metrics.jsonl is rewritten whole after each event, so a line seen there was logged with
+/// everything before it). Panics when the run exits first or after 120 s.
+pub fn kill_when(
+    child: &mut std::process::Child,
+    root: &std::path::Path,
+    what: &str,
+    ready: impl Fn(&[serde_json::Value]) -> bool,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        if ready(&read_events(root)) {
+            break;
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!(
+                "keel train exited ({status}) before {what}:\n{}",
+                log_tail(root)
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {what} within 120 s:\n{}",
+            log_tail(root)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+}
+
+/// A runtime for store reads in tests.
+pub fn test_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Every batch stored on a local run root's `main` branch, by batch_seq.
+pub fn stored_batches(root: &std::path::Path) -> Vec<keel_store::RolloutBatch> {
+    let rt = test_rt();
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
+    let keys = rt.block_on(store.list_batches()).expect("list batches");
+    keys.iter()
+        .map(|k| {
+            rt.block_on(store.get_batch(k))
+                .expect("batch")
+                .to_owned()
+                .expect("deserialize batch")
+        })
+        .collect()
+}
+
+/// Every committed checkpoint of a local run root, by step.
+pub fn checkpoints(root: &std::path::Path) -> Vec<keel_store::CheckpointManifest> {
+    let rt = test_rt();
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
+    rt.block_on(store.list_checkpoints()).expect("list checkpoints")
+}
+
+/// The lineage of the `main` head of a local run root, newest first.
+pub fn head_lineage(root: &std::path::Path) -> Vec<keel_store::CheckpointManifest> {
+    let rt = test_rt();
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
+    let head = rt
+        .block_on(store.latest_checkpoint())
+        .expect("head")
+        .expect("a checkpoint");
+    rt.block_on(store.ancestry(&head.id)).expect("ancestry")
+}
+
+/// One verified file of a checkpoint of a local run root.
+pub fn checkpoint_file(
+    root: &std::path::Path,
+    manifest: &keel_store::CheckpointManifest,
+    name: &str,
+) -> Vec<u8> {
+    let rt = test_rt();
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
+    rt.block_on(store.read_checkpoint_file(manifest, name))
+        .unwrap_or_else(|e| panic!("{} of {}: {e}", name, manifest.id))
+        .to_vec()
+}
+
+/// Asserts every number of a step event's metrics is finite.
+pub fn assert_finite_metrics(step: &serde_json::Value, context: &str) {
+    for (k, v) in step["metrics"].as_object().expect("metrics object") {
+        assert!(
+            v.as_f64().is_some_and(f64::is_finite),
+            "{context}: step {} metric {k} = {v}",
+            step["step"]
+        );
+    }
+}
