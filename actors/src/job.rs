@@ -33,7 +33,7 @@ use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
-use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE};
+use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::weights::PublishedReference;
 use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::generator::{Generate, Generator, GeneratorSetup, Purpose};
@@ -345,9 +345,13 @@ async fn run_in_system(
                 pending: manifest.data.pending_tasks.clone(),
                 next_batch_seq: manifest.data.next_batch_seq,
             };
+            // MS-3: a checkpoint taken at an ARMOR reference reset is itself the reference of
+            // what follows it (its manifest names the reference before the reset).
+            let reset_here = manifest.tags.iter().any(|t| t == REFERENCE_RESET_TAG);
             let reference = options
                 .reference
                 .clone()
+                .or_else(|| reset_here.then(|| manifest.id.clone()))
                 .or_else(|| manifest.reference.clone())
                 .or_else(|| Some(manifest.id.clone()));
             (version, frontier, Some(manifest.id), reference)
@@ -443,9 +447,15 @@ async fn run_in_system(
         found.clone(),
     );
     let mut plan = plan;
-    if cfg.learner.algo == keel_learner::Algo::Rtpo && !plan.reuse.is_empty() {
-        // MS-1: sibling batches lost with a crash are branched again from the stored trunk, so
-        // stored batches are not reused; the frontier stays the checkpoint's.
+    let regenerate = matches!(
+        cfg.learner.algo,
+        keel_learner::Algo::Rtpo | keel_learner::Algo::Pats
+    );
+    if regenerate && !plan.reuse.is_empty() {
+        // MS-1: sibling batches lost with a crash are branched again from the stored trunk;
+        // MS-2: a PATS review needs a batch's rollout groups (with their task types), which the
+        // stored batch does not carry. So stored batches are not reused; the frontier stays the
+        // checkpoint's.
         let reused: Vec<_> = plan.reuse.drain(..).collect();
         plan.dropped.extend(reused);
         plan.frontier = Frontier {
@@ -691,8 +701,16 @@ async fn pats_runtime(
     tokenizer: &keel_envs::Tokenizer,
     method_state: &BTreeMap<String, String>,
 ) -> Result<PatsRuntime, ActorError> {
-    use keel_envs::scaffold::{RuleReviewer, ScaffoldController, ScaffoldState};
+    use keel_envs::scaffold::{
+        HttpReviewer, Reviewer, RuleReviewer, ScaffoldController, ScaffoldState,
+    };
     let bad = |e: keel_envs::scaffold::ScaffoldError| ActorError::Resume(format!("PATS scaffold: {e}"));
+    let reviewer = || -> Box<dyn Reviewer> {
+        match cfg.pats.reviewer_url.as_str() {
+            "" => Box::new(RuleReviewer::default()),
+            url => Box::new(HttpReviewer::new(url, cfg.pats.reviewer_timeout_ms)),
+        }
+    };
     let (controller, pointer) = match method_state.get(PATS_STATE) {
         Some(text) => {
             let pointer: PatsPointer = serde_json::from_str(text).map_err(|e| {
@@ -704,14 +722,14 @@ async fn pats_runtime(
             let c = ScaffoldController::from_state(
                 cfg.pats.clone(),
                 tokenizer.clone(),
-                Box::new(RuleReviewer::default()),
+                reviewer(),
                 state,
             )
             .map_err(bad)?;
             (c, Some(pointer))
         }
         None => (
-            ScaffoldController::with_rule_reviewer(cfg.pats.clone(), tokenizer.clone()).map_err(bad)?,
+            ScaffoldController::new(cfg.pats.clone(), tokenizer.clone(), reviewer()).map_err(bad)?,
             None,
         ),
     };

@@ -26,6 +26,11 @@ pub struct ScaffoldConfig {
     pub max_entry_words: usize,
     /// Mode decisions kept in the persisted history (32).
     pub history_len: usize,
+    /// An HTTP reviewer (e.g. an LLM service, protocol in `HttpReviewer`); empty = the
+    /// deterministic `RuleReviewer`.
+    pub reviewer_url: String,
+    /// Deadline of one HTTP review request, in milliseconds.
+    pub reviewer_timeout_ms: u64,
 }
 
 impl Default for ScaffoldConfig {
@@ -40,6 +45,8 @@ impl Default for ScaffoldConfig {
             dedup_jaccard: 0.7,
             max_entry_words: 16,
             history_len: 32,
+            reviewer_url: String::new(),
+            reviewer_timeout_ms: 30_000,
         }
     }
 }
@@ -90,6 +97,13 @@ impl ScaffoldConfig {
         }
         if self.max_entry_words == 0 {
             return Err(bad("max_entry_words", 0, "a positive integer"));
+        }
+        let url = &self.reviewer_url;
+        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+            return Err(bad("reviewer_url", url, "empty or an http(s):// URL"));
+        }
+        if self.reviewer_timeout_ms == 0 {
+            return Err(bad("reviewer_timeout_ms", 0, "a positive integer"));
         }
         Ok(())
     }
