@@ -620,24 +620,31 @@ impl Controller {
             self.s.metrics.guard_anomalies.inc_for(anomaly.kind(), 1);
             return self.rewind(anomaly, ctx);
         }
-        if !batch.groups.is_empty() {
-            self.review_scaffold(t.version, &batch.groups, ctx);
+        if !batch.groups.is_empty() && self.review_scaffold(t.version, &batch.groups, ctx) {
+            return; // MS-2: the step ends once the new bank version is stored
         }
+        self.end_step(t.version, ctx);
+    }
+
+    /// After an update (and its PATS review): ARMOR's reference reset (MS-3) or a scheduled
+    /// checkpoint.
+    fn end_step(&mut self, version: u64, ctx: &mut Context<Self>) {
         let reset = self.s.cfg.armor.reference_reset_every;
-        if self.s.cfg.learner.algo == keel_learner::Algo::Armor && reset > 0 && t.version % reset == 0 {
+        if self.s.cfg.learner.algo == keel_learner::Algo::Armor && reset > 0 && version.is_multiple_of(reset) {
             return self.reset_reference(ctx);
         }
         let every = self.s.cfg.run.checkpoint_every;
-        if t.version % every == 0 || t.version >= self.s.cfg.run.steps {
+        if version.is_multiple_of(every) || version >= self.s.cfg.run.steps {
             self.checkpoint(ctx);
         }
     }
 
     /// PATS (MS-2): reviews the trained batch's groups; a new bank version is stored before any
-    /// generation may use it.
-    fn review_scaffold(&mut self, step: u64, groups: &[keel_envs::scaffold::GroupRecord], ctx: &mut Context<Self>) {
+    /// generation may use it and before a checkpoint names it. True when a store write is in
+    /// flight: it ends the step (`end_step`) when it lands.
+    fn review_scaffold(&mut self, step: u64, groups: &[keel_envs::scaffold::GroupRecord], ctx: &mut Context<Self>) -> bool {
         let Some(pats) = self.pats.as_mut() else {
-            return;
+            return false;
         };
         let store = self.s.store.clone();
         let reviewed = pats.review(step, groups, |v| store.state_key(&format!("pats/scaffold-{v:06}.json")));
@@ -645,7 +652,7 @@ impl Controller {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(step, error = %e, "PATS review skipped");
-                return;
+                return false;
             }
         };
         let m = &self.s.metrics;
@@ -657,21 +664,28 @@ impl Controller {
             detail: serde_json::to_value(&review).unwrap_or_default(),
         });
         let Some((key, bytes)) = write else {
-            return;
+            return false;
         };
         self.writing_state = true;
         let io = self.s.io.clone();
-        async move { io.spawn(async move { store.create_object(&key, bytes.into()).await }).await }
+        async move {
+            io.spawn(async move { methods::store_state_object(&store, &key, bytes.into()).await })
+                .await
+        }
             .into_actor(self)
-            .map(|res, act, ctx| {
+            .map(move |res, act, ctx| {
                 act.writing_state = false;
                 match res {
-                    Ok(Ok(())) => act.pump(ctx),
+                    Ok(Ok(())) => {
+                        act.end_step(step, ctx);
+                        act.pump(ctx)
+                    }
                     Ok(Err(e)) => act.finish(ctx, Err(e.into())),
                     Err(e) => act.finish(ctx, Err(ActorError::Internal(format!("PATS state write: {e}")))),
                 }
             })
             .spawn(ctx);
+        true
     }
 
     /// ARMOR (MS-3): copies the policy into the reference, publishes it to the generators and

@@ -456,9 +456,11 @@ impl Generator {
                 trunk_depth = Some(record.depth());
                 let bytes = serde_json::to_vec(&record)
                     .map_err(|e| ActorError::Internal(format!("trunk record: {e}")))?;
-                setup
-                    .io
-                    .block_on(setup.store.create_object(key, bytes.into()))?;
+                setup.io.block_on(crate::controller::methods::store_state_object(
+                    &setup.store,
+                    key,
+                    bytes.into(),
+                ))?;
                 self.trunks = Some((key.clone(), Arc::new(record)));
                 None
             }

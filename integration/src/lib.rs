@@ -408,7 +408,9 @@ pub fn train_log(root: &std::path::Path) -> PathBuf {
 pub fn log_tail(root: &std::path::Path) -> String {
     let text = std::fs::read_to_string(train_log(root)).unwrap_or_default();
     let cut = text.len().saturating_sub(3000);
-    let cut = (cut..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+    let cut = (cut..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
     text[cut..].to_string()
 }
 
@@ -441,7 +443,9 @@ pub fn run_train(
     root: &std::path::Path,
     extra: &[&str],
 ) -> serde_json::Value {
-    let status = spawn_train(config, root, extra).wait().expect("wait keel train");
+    let status = spawn_train(config, root, extra)
+        .wait()
+        .expect("wait keel train");
     assert!(
         status.success(),
         "keel train on {} failed ({status}):\n{}",
@@ -537,7 +541,8 @@ pub fn stored_batches(root: &std::path::Path) -> Vec<keel_store::RolloutBatch> {
 pub fn checkpoints(root: &std::path::Path) -> Vec<keel_store::CheckpointManifest> {
     let rt = test_rt();
     let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
-    rt.block_on(store.list_checkpoints()).expect("list checkpoints")
+    rt.block_on(store.list_checkpoints())
+        .expect("list checkpoints")
 }
 
 /// The lineage of the `main` head of a local run root, newest first.

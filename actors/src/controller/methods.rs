@@ -33,6 +33,24 @@ pub const PATS_STATE: &str = "pats";
 /// The tag of a checkpoint taken at an ARMOR reference reset.
 pub const REFERENCE_RESET_TAG: &str = "reference-reset";
 
+/// Stores a method state object (an RTPO trunk record, a PATS bank version) create-only. An
+/// object already at `key` was stored by a lost future — a life that crashed before any
+/// checkpoint on this lineage named it (a checkpoint naming it records a later `next_batch_seq`
+/// and bank version, so a run resumed from it never produces that key again) — and is replaced.
+pub async fn store_state_object(
+    store: &keel_store::RunStore,
+    key: &str,
+    bytes: bytes::Bytes,
+) -> Result<(), keel_store::StoreError> {
+    match store.create_object(key, bytes.clone()).await {
+        Err(keel_store::StoreError::AlreadyExists { .. }) => {
+            tracing::warn!(key, "replacing a method state object stored by a run that crashed before naming it");
+            store.put_object(key, bytes).await
+        }
+        other => other,
+    }
+}
+
 /// RTPO: where the current tree stands (MS-1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RtpoTree {
