@@ -166,6 +166,8 @@ pub struct Controller {
     pats: Option<methods::PatsRuntime>,
     /// A method state object is being stored; nothing new starts until it is (MS-2).
     writing_state: bool,
+    /// This life's tag in method state keys (MS-4).
+    life: String,
 }
 
 pub mod methods;
@@ -203,6 +205,7 @@ impl Controller {
             rtpo,
             pats,
             writing_state: false,
+            life: methods::life_tag(),
             gen_util: Utilization::new(s.generators.len()),
             learner_util: Utilization::new(1),
             next_batch_seq: s.frontier.next_batch_seq,
@@ -357,7 +360,10 @@ impl Controller {
             None => (
                 self.cursor.take(),
                 Work::Trunks {
-                    key: self.s.store.state_key(&format!("rtpo/trunk-{seq:010}.json")),
+                    key: self
+                        .s
+                        .store
+                        .state_key(&format!("rtpo/trunk-{seq:010}-{}.json", self.life)),
                 },
                 false,
             ),
@@ -647,7 +653,10 @@ impl Controller {
             return false;
         };
         let store = self.s.store.clone();
-        let reviewed = pats.review(step, groups, |v| store.state_key(&format!("pats/scaffold-{v:06}.json")));
+        let life = self.life.clone();
+        let reviewed = pats.review(step, groups, |v| {
+            store.state_key(&format!("pats/scaffold-{v:06}-{life}.json"))
+        });
         let (review, write) = match reviewed {
             Ok(x) => x,
             Err(e) => {
@@ -669,7 +678,7 @@ impl Controller {
         self.writing_state = true;
         let io = self.s.io.clone();
         async move {
-            io.spawn(async move { methods::store_state_object(&store, &key, bytes.into()).await })
+            io.spawn(async move { store.create_object(&key, bytes.into()).await })
                 .await
         }
             .into_actor(self)
@@ -703,6 +712,7 @@ impl Controller {
                     Ok(weights) => {
                         act.s.board.publish_reference(PublishedReference {
                             copied_at: version,
+                            serial: 0,
                             safetensors: Arc::new(weights),
                         });
                         (act.s.events)(&TrainEvent::Method {

@@ -228,7 +228,7 @@ pub struct Generator {
     models: Option<(u64, Vec<PolicyModel>)>,
     /// Board epoch of the loaded weights (WB-3).
     epoch: u64,
-    /// (copied_at, model) of the loaded reference policy (WB-4).
+    /// (serial, model) of the loaded reference policy (WB-4).
     reference: Option<(u64, PolicyModel)>,
     /// The last trunk record read (RTPO), by key.
     trunks: Option<(String, Arc<TrunkRecord>)>,
@@ -287,13 +287,13 @@ impl Generator {
                     "anchor episodes need a published reference policy".into(),
                 ));
             };
-            if self.reference.as_ref().is_none_or(|(at, _)| *at != r.copied_at) {
+            if self.reference.as_ref().is_none_or(|(serial, _)| *serial != r.serial) {
                 let mut m = match self.reference.take() {
                     Some((_, m)) => m,
                     None => self.fresh_model()?,
                 };
                 m.load_safetensors(&r.safetensors)?;
-                self.reference = Some((r.copied_at, m));
+                self.reference = Some((r.serial, m));
             }
         }
         Ok(published.version)
@@ -456,11 +456,10 @@ impl Generator {
                 trunk_depth = Some(record.depth());
                 let bytes = serde_json::to_vec(&record)
                     .map_err(|e| ActorError::Internal(format!("trunk record: {e}")))?;
-                setup.io.block_on(crate::controller::methods::store_state_object(
-                    &setup.store,
-                    key,
-                    bytes.into(),
-                ))?;
+                // MS-4: the key carries the controller's life tag; create-only.
+                setup
+                    .io
+                    .block_on(setup.store.create_object(key, bytes.into()))?;
                 self.trunks = Some((key.clone(), Arc::new(record)));
                 None
             }

@@ -427,6 +427,7 @@ async fn run_in_system(
         // checkpoint, or the current weights at the RL start).
         board.publish_reference(PublishedReference {
             copied_at: version,
+            serial: 0,
             safetensors: Arc::new(ask(&learner, ReferenceWeights).await??),
         });
     }

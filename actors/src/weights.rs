@@ -54,6 +54,8 @@ impl PublishedWeights {
 pub struct PublishedReference {
     /// Policy version the reference was copied at (0 = the RL start).
     pub copied_at: u64,
+    /// Publication number, set by the board: a generator reloads when it changes (WB-4).
+    pub serial: u64,
     /// Its weights.
     pub safetensors: Arc<Vec<u8>>,
 }
@@ -94,7 +96,8 @@ impl WeightBoard {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
-        *guard = Some(reference);
+        let serial = guard.as_ref().map_or(0, |r| r.serial + 1);
+        *guard = Some(PublishedReference { serial, ..reference });
     }
 
     /// The reference policy, if one was published.

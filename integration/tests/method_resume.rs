@@ -152,9 +152,15 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
                 let v = d["version"].as_u64().unwrap_or(0);
                 *step == 3
                     && (v == d["version_before"].as_u64().unwrap_or(0)
-                        || state_root
-                            .join(format!("state/pats/scaffold-{v:06}.json"))
-                            .exists())
+                        || std::fs::read_dir(state_root.join("state/pats"))
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .any(|f| {
+                                f.file_name()
+                                    .to_string_lossy()
+                                    .starts_with(&format!("scaffold-{v:06}-"))
+                            }))
             })
         },
     );

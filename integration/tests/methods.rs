@@ -756,3 +756,45 @@ fn eval_has_no_scaffold(
         "stored training trajectories do not record bank version {version}"
     );
 }
+
+/// PATS under the collapse guard: a rewind restores the bank the healthy checkpoint names (the
+/// bank goes back with the weights it was trained under), and reviews continue from it.
+#[test]
+fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
+    let mut run = MethodRun::new("pats");
+    run.context_len = 64;
+    run.steps = 8;
+    run.checkpoint_every = 3;
+    run.extra = "[pats]\nrender_words = 24\n\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = run
+        .toml()
+        .replace("[guard]\nenabled = false", "[guard]\nenabled = true");
+    let config = dir.path().join("pats.toml");
+    std::fs::write(&config, toml).expect("config");
+    let root = dir.path().join("pats");
+    let summary = run_train(&config, &root, &[]);
+    assert_eq!(summary["final_step"], serde_json::json!(8));
+    let events = read_events(&root);
+    let rewinds: Vec<&Value> = events.iter().filter(|e| e["event"] == "rewind").collect();
+    assert_eq!(rewinds.len(), 1, "{rewinds:?}");
+    let target = rewinds[0]["to_checkpoint"].as_str().expect("target").to_string();
+    assert_eq!(rewinds[0]["to_step"], 3);
+    // The bank version the healthy checkpoint (step 3) names.
+    let target_ckpt = checkpoints(&root)
+        .into_iter()
+        .find(|c| c.id == target)
+        .expect("target checkpoint on main");
+    let pointer: Value =
+        serde_json::from_str(&target_ckpt.data.method_state["pats"]).expect("pointer");
+    let named = pointer["version"].as_u64().expect("version");
+    let reviews = method_events(&events, "pats");
+    // Reviews 1..=4 on main (step 4's review came after the checkpoint at 3), then step 4 again
+    // on the rewind branch, starting from the checkpoint's bank.
+    let steps: Vec<u64> = reviews.iter().map(|r| r.0).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 4, 5, 6, 7, 8], "{reviews:?}");
+    let abandoned = reviews[3].1["version"].as_u64().expect("v");
+    let again = reviews[4].1["version_before"].as_u64().expect("v0");
+    assert_eq!(again, named, "the rewound review must start from the checkpoint's bank");
+    assert!(abandoned > named, "step 4's review on main changed the bank ({named} -> {abandoned})");
+}

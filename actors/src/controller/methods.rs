@@ -13,6 +13,10 @@
 //!   review runs after each trained batch that carries rollout groups, and every bank version it
 //!   produces is stored create-only (`state/pats/scaffold-<version>.json`) before any generation
 //!   uses it; checkpoints name the stored state in `method_state["pats"]`.
+//! - MS-4 (state objects): trunk records and bank versions are stored create-only under keys
+//!   that carry the writing life's tag (`life_tag`), so an object stored by a life that crashed
+//!   before any checkpoint named it is left in place (an orphan) rather than overwritten; the
+//!   checkpoint names the exact key a resumed run reads.
 //! - MS-3 (ARMOR): a reference reset at step s copies the policy into the reference, publishes
 //!   it to generators (WB-4) and forces a checkpoint at s tagged `reference-reset`; later
 //!   checkpoints name that checkpoint as their reference. The reference weights themselves are
@@ -33,22 +37,10 @@ pub const PATS_STATE: &str = "pats";
 /// The tag of a checkpoint taken at an ARMOR reference reset.
 pub const REFERENCE_RESET_TAG: &str = "reference-reset";
 
-/// Stores a method state object (an RTPO trunk record, a PATS bank version) create-only. An
-/// object already at `key` was stored by a lost future — a life that crashed before any
-/// checkpoint on this lineage named it (a checkpoint naming it records a later `next_batch_seq`
-/// and bank version, so a run resumed from it never produces that key again) — and is replaced.
-pub async fn store_state_object(
-    store: &keel_store::RunStore,
-    key: &str,
-    bytes: bytes::Bytes,
-) -> Result<(), keel_store::StoreError> {
-    match store.create_object(key, bytes.clone()).await {
-        Err(keel_store::StoreError::AlreadyExists { .. }) => {
-            tracing::warn!(key, "replacing a method state object stored by a run that crashed before naming it");
-            store.put_object(key, bytes).await
-        }
-        other => other,
-    }
+/// The key suffix of one process life: method state objects of a life that crashed before a
+/// checkpoint named them are never overwritten by the next life, which names its own (MS-4).
+pub fn life_tag() -> String {
+    format!("{:x}-{:x}", crate::rollout::unix_ms(), std::process::id())
 }
 
 /// RTPO: where the current tree stands (MS-1).

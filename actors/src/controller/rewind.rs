@@ -8,7 +8,10 @@
 //! publish the restored weights under a new board epoch (WB-3); tag the abandoned head
 //! `rewound-to-rewind-<n>` (GD-6); switch the store handle and the metrics to the new branch
 //! `rewind-<n>`; commit the branch's first checkpoint (parent: the healthy one; tags `rewind`,
-//! `anomaly-<kind>`) before any further update.
+//! `anomaly-<kind>`) before any further update. Method state goes back with the weights: ARMOR's
+//! reference is re-published from the restored learner (and the lineage reference is the
+//! target's), the PATS bank becomes the one the target checkpoint names, an RTPO tree in
+//! progress is abandoned and its range sampled again.
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -18,7 +21,10 @@ use super::Controller;
 use crate::error::ActorError;
 use crate::events::TrainEvent;
 use crate::guard::{Anomaly, HEALTHY_TAG, REWOUND_TO_PREFIX};
-use crate::learner_actor::{CurrentWeights, Restore, SetLearningRate};
+use crate::learner_actor::{CurrentWeights, ReferenceWeights, Restore, SetLearningRate};
+use crate::weights::PublishedReference;
+
+use super::methods;
 use crate::weights::PublishedWeights;
 
 /// The prefix of branches started by a rewind.
@@ -33,6 +39,12 @@ struct Rewound {
     branch: String,
     read_seconds: f64,
     read_bytes: u64,
+    /// ARMOR: the restored reference policy's weights (MS-3).
+    reference_weights: Option<Vec<u8>>,
+    /// The reference anchor the target checkpoint names (itself when it is a reset).
+    reference_id: Option<String>,
+    /// PATS: the target's scaffold state and where it is stored (MS-2), or None for a fresh bank.
+    pats: Option<(keel_envs::scaffold::ScaffoldState, methods::PatsPointer)>,
 }
 
 /// The first `rewind-<n>` not among `existing` branch names.
@@ -78,6 +90,7 @@ impl Controller {
         let learner = self.s.learner.clone();
         let lr = self.s.cfg.learner.lr * self.s.cfg.guard.rewind_lr_factor.powi(rewinds as i32 + 1);
         let reason = anomaly.to_string();
+        let armor = self.s.cfg.learner.algo == keel_learner::Algo::Armor;
         let fut = async move {
             let io_err =
                 |e: tokio::task::JoinError| ActorError::Internal(format!("rewind I/O task: {e}"));
@@ -110,6 +123,32 @@ impl Controller {
             let version = learner.send(Restore(files)).await.map_err(mailbox)??;
             learner.send(SetLearningRate(lr)).await.map_err(mailbox)??;
             let weights = learner.send(CurrentWeights).await.map_err(mailbox)??;
+            let reference_weights = if armor {
+                Some(learner.send(ReferenceWeights).await.map_err(mailbox)??)
+            } else {
+                None
+            };
+            let reference_id = if target.tags.iter().any(|t| t == methods::REFERENCE_RESET_TAG) {
+                Some(target.id.clone())
+            } else {
+                target.reference.clone()
+            };
+            let pats = match target.data.method_state.get(methods::PATS_STATE) {
+                Some(text) => {
+                    let pointer: methods::PatsPointer = serde_json::from_str(text).map_err(|e| {
+                        ActorError::Resume(format!("checkpoint {}: method_state.pats: {e}", target.id))
+                    })?;
+                    let (s, key) = (store.clone(), pointer.key.clone());
+                    let bytes = io
+                        .spawn(async move { s.get_object(&key).await })
+                        .await
+                        .map_err(io_err)??;
+                    let state = keel_envs::scaffold::ScaffoldState::from_json_bytes(&bytes)
+                        .map_err(|e| ActorError::Resume(format!("PATS state {}: {e}", pointer.key)))?;
+                    Some((state, pointer))
+                }
+                None => None,
+            };
             let s = store.clone();
             let heads = io
                 .spawn(async move { s.list_branches().await })
@@ -135,6 +174,9 @@ impl Controller {
                 branch,
                 read_seconds,
                 read_bytes,
+                reference_weights,
+                reference_id,
+                pats,
             })
         };
         let kind = anomaly.kind();
@@ -154,6 +196,29 @@ impl Controller {
                 act.s.version = r.version;
                 act.s.parent_checkpoint = Some(r.target_id.clone());
                 act.s.board.rewind(r.weights);
+                if let Some(weights) = r.reference_weights {
+                    // MS-3: anchors sample from the restored reference, named as before.
+                    act.s.board.publish_reference(PublishedReference {
+                        copied_at: r.version,
+                        serial: 0,
+                        safetensors: std::sync::Arc::new(weights),
+                    });
+                }
+                if r.reference_id.is_some() {
+                    act.s.reference = r.reference_id;
+                }
+                if let Some(pats) = act.pats.as_mut() {
+                    // MS-2: the bank goes back with the weights it was trained under.
+                    let (state, pointer) = match r.pats {
+                        Some((state, pointer)) => (state, Some(pointer)),
+                        None => (keel_envs::scaffold::ScaffoldState::new(), None),
+                    };
+                    if let Err(e) = pats.controller.restore_state(state) {
+                        return act.finish(ctx, Err(ActorError::Resume(format!("PATS rewind: {e}"))));
+                    }
+                    pats.bank = std::sync::Arc::new(pats.controller.bank().clone());
+                    pats.pointer = pointer;
+                }
                 act.guard.on_rewound();
                 let m = &act.s.metrics;
                 m.store_get_seconds.observe_for("checkpoint", r.read_seconds);

@@ -108,6 +108,15 @@ impl ScaffoldController {
         })
     }
 
+    /// Replaces the state (a collapse-guard rewind to a checkpoint): checked like `from_state`;
+    /// on error nothing changes.
+    pub fn restore_state(&mut self, state: ScaffoldState) -> Result<(), ScaffoldError> {
+        state.validate()?;
+        state.bank.check_vocabulary(&self.vocab)?;
+        self.state = state;
+        Ok(())
+    }
+
     /// The config.
     pub fn config(&self) -> &ScaffoldConfig {
         &self.config
