@@ -473,7 +473,7 @@ impl TrainConfig {
         check_at_least("model.n_layer", m.n_layer as u64, 1)?;
         check_at_least("model.n_head", m.n_head as u64, 1)?;
         check_at_least("model.d_model", m.d_model as u64, 8)?;
-        if m.d_model % m.n_head != 0 {
+        if !m.d_model.is_multiple_of(m.n_head) {
             return Err(range_err(
                 "model.d_model",
                 format!(
@@ -579,7 +579,11 @@ impl TrainConfig {
             ));
         }
         if algo == Algo::Armor {
-            check_at_least("armor.anchor_episodes", self.armor.anchor_episodes as u64, 1)?;
+            check_at_least(
+                "armor.anchor_episodes",
+                self.armor.anchor_episodes as u64,
+                1,
+            )?;
         }
         self.pats
             .validate()
@@ -605,7 +609,10 @@ impl TrainConfig {
         if !self.agent_models.is_empty() && algo != Algo::DrMas {
             return Err(range_err(
                 "agent_models",
-                format!("separate agent models need learner.algo = \"dr_mas\", got {:?}", algo.name()),
+                format!(
+                    "separate agent models need learner.algo = \"dr_mas\", got {:?}",
+                    algo.name()
+                ),
             ));
         }
         Ok(())

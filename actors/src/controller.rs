@@ -615,7 +615,7 @@ impl Controller {
             step: t.version,
             total: self.s.cfg.run.steps,
             batch_seq: t.batch_seq,
-            metrics: t.metrics,
+            metrics: Box::new(t.metrics),
             success: t.success_rate,
             invalid_rate: t.invalid_rate,
             max_lag: t.turn_lags.iter().copied().max().unwrap_or(0),
@@ -636,7 +636,10 @@ impl Controller {
     /// checkpoint.
     fn end_step(&mut self, version: u64, ctx: &mut Context<Self>) {
         let reset = self.s.cfg.armor.reference_reset_every;
-        if self.s.cfg.learner.algo == keel_learner::Algo::Armor && reset > 0 && version.is_multiple_of(reset) {
+        if self.s.cfg.learner.algo == keel_learner::Algo::Armor
+            && reset > 0
+            && version.is_multiple_of(reset)
+        {
             return self.reset_reference(ctx);
         }
         let every = self.s.cfg.run.checkpoint_every;
@@ -648,7 +651,12 @@ impl Controller {
     /// PATS (MS-2): reviews the trained batch's groups; a new bank version is stored before any
     /// generation may use it and before a checkpoint names it. True when a store write is in
     /// flight: it ends the step (`end_step`) when it lands.
-    fn review_scaffold(&mut self, step: u64, groups: &[keel_envs::scaffold::GroupRecord], ctx: &mut Context<Self>) -> bool {
+    fn review_scaffold(
+        &mut self,
+        step: u64,
+        groups: &[keel_envs::scaffold::GroupRecord],
+        ctx: &mut Context<Self>,
+    ) -> bool {
         let Some(pats) = self.pats.as_mut() else {
             return false;
         };
@@ -681,19 +689,22 @@ impl Controller {
             io.spawn(async move { store.create_object(&key, bytes.into()).await })
                 .await
         }
-            .into_actor(self)
-            .map(move |res, act, ctx| {
-                act.writing_state = false;
-                match res {
-                    Ok(Ok(())) => {
-                        act.end_step(step, ctx);
-                        act.pump(ctx)
-                    }
-                    Ok(Err(e)) => act.finish(ctx, Err(e.into())),
-                    Err(e) => act.finish(ctx, Err(ActorError::Internal(format!("PATS state write: {e}")))),
+        .into_actor(self)
+        .map(move |res, act, ctx| {
+            act.writing_state = false;
+            match res {
+                Ok(Ok(())) => {
+                    act.end_step(step, ctx);
+                    act.pump(ctx)
                 }
-            })
-            .spawn(ctx);
+                Ok(Err(e)) => act.finish(ctx, Err(e.into())),
+                Err(e) => act.finish(
+                    ctx,
+                    Err(ActorError::Internal(format!("PATS state write: {e}"))),
+                ),
+            }
+        })
+        .spawn(ctx);
         true
     }
 
@@ -708,7 +719,10 @@ impl Controller {
             .into_actor(self)
             .map(move |res, act, ctx| {
                 act.checkpointing = false;
-                match res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r) {
+                match res
+                    .map_err(|e| ActorError::Mailbox(e.to_string()))
+                    .and_then(|r| r)
+                {
                     Ok(weights) => {
                         act.s.board.publish_reference(PublishedReference {
                             copied_at: version,

@@ -57,7 +57,7 @@ pub enum TrainEvent {
         /// The batch trained on.
         batch_seq: u64,
         /// Learner metrics.
-        metrics: StepMetrics,
+        metrics: Box<StepMetrics>,
         /// Success rate of the trained batch.
         success: f64,
         /// Invalid actions per turn in the batch.

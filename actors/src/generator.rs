@@ -199,7 +199,11 @@ const TRUNK_FORMAT: &str = "keel.rtpo.trunks.v1";
 impl TrunkRecord {
     /// The most turns of any trunk.
     pub fn depth(&self) -> usize {
-        self.trunks.iter().map(|t| t.boundaries.len()).max().unwrap_or(0)
+        self.trunks
+            .iter()
+            .map(|t| t.boundaries.len())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Parses and checks a stored record.
@@ -287,7 +291,11 @@ impl Generator {
                     "anchor episodes need a published reference policy".into(),
                 ));
             };
-            if self.reference.as_ref().is_none_or(|(serial, _)| *serial != r.serial) {
+            if self
+                .reference
+                .as_ref()
+                .is_none_or(|(serial, _)| *serial != r.serial)
+            {
                 let mut m = match self.reference.take() {
                     Some((_, m)) => m,
                     None => self.fresh_model()?,
@@ -391,7 +399,9 @@ impl Generator {
                 let better: Vec<u64> = uniform
                     .iter()
                     .copied()
-                    .filter(|g| !fixed.contains(g) && again.trajectories.iter().any(|t| t.group_id == *g))
+                    .filter(|g| {
+                        !fixed.contains(g) && again.trajectories.iter().any(|t| t.group_id == *g)
+                    })
                     .collect();
                 let mut kept = Vec::new();
                 let mut kept_types = Vec::new();
@@ -533,9 +543,7 @@ fn uninformative_groups(batch: &RolloutBatch, anchors: bool) -> Vec<u64> {
     }
     by_group
         .into_iter()
-        .filter(|(_, (r, anchor_ok))| {
-            r.windows(2).all(|w| w[0] == w[1]) || (anchors && !anchor_ok)
-        })
+        .filter(|(_, (r, anchor_ok))| r.windows(2).all(|w| w[0] == w[1]) || (anchors && !anchor_ok))
         .map(|(g, _)| g)
         .collect()
 }
@@ -571,7 +579,10 @@ fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -
             .iter()
             .enumerate()
             .map(|(k, turn)| {
-                let next = t.turns.get(k + 1).map_or(t.tokens.len(), |n| n.start as usize);
+                let next = t
+                    .turns
+                    .get(k + 1)
+                    .map_or(t.tokens.len(), |n| n.start as usize);
                 let observation = tok
                     .decode(&t.tokens[turn.end as usize..next])
                     .replace("<agent>", "")

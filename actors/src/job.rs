@@ -28,20 +28,20 @@ use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split}
 use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
 
 use crate::config::TrainConfig;
+use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
 use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
-use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
-use crate::weights::PublishedReference;
-use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::generator::{Generate, Generator, GeneratorSetup, Purpose};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
+use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::metrics::TrainMetrics;
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
+use crate::weights::PublishedReference;
 use crate::weights::WeightBoard;
 
 /// Task ids of SFT demonstrations start here, apart from the RL task order.
@@ -432,7 +432,9 @@ async fn run_in_system(
         });
     }
     let pats = match cfg.learner.algo {
-        keel_learner::Algo::Pats => Some(pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?),
+        keel_learner::Algo::Pats => {
+            Some(pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?)
+        }
         _ => None,
     };
 
@@ -539,10 +541,10 @@ async fn run_in_system(
     Ok(outcome)
 }
 
-fn make_demos(
-    cfg: &TrainConfig,
-    tokenizer: &keel_envs::Tokenizer,
-) -> Result<Vec<(Vec<u32>, Vec<u8>)>, ActorError> {
+/// SFT demonstrations: `(tokens, loss mask)` each.
+type Demos = Vec<(Vec<u32>, Vec<u8>)>;
+
+fn make_demos(cfg: &TrainConfig, tokenizer: &keel_envs::Tokenizer) -> Result<Demos, ActorError> {
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
@@ -553,7 +555,7 @@ fn make_demos(
     let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
     // A demonstration longer than the model's context cannot be trained on: leave it out.
     let total = demos.len();
-    let fit: Vec<(Vec<u32>, Vec<u8>)> = demos
+    let fit: Demos = demos
         .into_iter()
         .filter(|d| d.tokens.len() <= cfg.model.context_len)
         .map(|d| (d.tokens, d.loss_mask))
@@ -705,7 +707,8 @@ async fn pats_runtime(
     use keel_envs::scaffold::{
         HttpReviewer, Reviewer, RuleReviewer, ScaffoldController, ScaffoldState,
     };
-    let bad = |e: keel_envs::scaffold::ScaffoldError| ActorError::Resume(format!("PATS scaffold: {e}"));
+    let bad =
+        |e: keel_envs::scaffold::ScaffoldError| ActorError::Resume(format!("PATS scaffold: {e}"));
     let reviewer = || -> Box<dyn Reviewer> {
         match cfg.pats.reviewer_url.as_str() {
             "" => Box::new(RuleReviewer::default()),
@@ -730,7 +733,8 @@ async fn pats_runtime(
             (c, Some(pointer))
         }
         None => (
-            ScaffoldController::new(cfg.pats.clone(), tokenizer.clone(), reviewer()).map_err(bad)?,
+            ScaffoldController::new(cfg.pats.clone(), tokenizer.clone(), reviewer())
+                .map_err(bad)?,
             None,
         ),
     };

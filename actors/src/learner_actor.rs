@@ -222,7 +222,9 @@ impl LearnerActor {
     /// The weights every generator needs: model 0 and the agent models.
     fn published(&self) -> Result<PublishedWeights, ActorError> {
         let Some(main) = self.learners.first() else {
-            return Err(ActorError::Internal("learner used before InitLearner".into()));
+            return Err(ActorError::Internal(
+                "learner used before InitLearner".into(),
+            ));
         };
         let extra = self.learners[1..]
             .iter()
@@ -250,7 +252,11 @@ impl Handler<InitLearner> for LearnerActor {
         let mut main = Learner::new(&msg.model, msg.cfg, msg.device, msg.seed)?;
         if !msg.agent_models.is_empty() {
             // Model 0 serves every agent not listed by another model.
-            let listed: Vec<u32> = msg.agent_models.iter().flat_map(|m| m.agents.clone()).collect();
+            let listed: Vec<u32> = msg
+                .agent_models
+                .iter()
+                .flat_map(|m| m.agents.clone())
+                .collect();
             let mine: Vec<u32> = (0..64u32).filter(|a| !listed.contains(a)).collect();
             main.set_agent_filter(Some(mine.clone()));
             self.filters.push(Some(mine));

@@ -161,6 +161,9 @@ impl BranchHistogram {
     }
 }
 
+/// Reads one number of a learner step.
+pub type StepField = fn(&StepMetrics) -> f64;
+
 /// The metric handles of one training run. Cheap to clone; all clones share one registry.
 #[derive(Clone)]
 pub struct TrainMetrics {
@@ -187,7 +190,7 @@ pub struct TrainMetrics {
     pub ppo_kl: BranchGauge,
     /// Extra learner numbers, `(gauge, field)`: clip sides, reference KL, KL loss/reward,
     /// explained variance, advantage statistics.
-    pub extra: Vec<(BranchGauge, fn(&StepMetrics) -> f64)>,
+    pub extra: Vec<(BranchGauge, StepField)>,
     /// Mean token entropy.
     pub entropy: BranchGauge,
     /// Gradient norm before clipping (last step).

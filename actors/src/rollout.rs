@@ -254,6 +254,9 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.tokens.extend_from_slice(ids);
 }
 
+/// One episode's answer from its shard: `(episode index, answer)`.
+type ShardAnswer<R> = (usize, Result<R, EpisodeError>);
+
 /// Sends one message per shard carrying the requests of the episodes on that shard; answers in
 /// request order (ES-3).
 fn per_shard<Q, M, R>(
@@ -262,7 +265,7 @@ fn per_shard<Q, M, R>(
     which: &[usize],
     request: impl Fn(usize) -> Q,
     message: impl Fn(Vec<Q>) -> M,
-) -> Result<Vec<(usize, Result<R, EpisodeError>)>, ActorError>
+) -> Result<Vec<ShardAnswer<R>>, ActorError>
 where
     M: actix::Message<Result = Vec<Result<R, EpisodeError>>> + Send + 'static,
     M::Result: Send,
@@ -527,10 +530,17 @@ pub fn run_episodes(
     // An episode whose trained (branched) turn never happened cannot be trained.
     for ep in episodes.iter_mut() {
         if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
-            fail(ep, &EpisodeError::Failed(ep.id, "no room for the branched turn".into()));
+            fail(
+                ep,
+                &EpisodeError::Failed(ep.id, "no room for the branched turn".into()),
+            );
         }
     }
-    let open: Vec<u64> = episodes.iter().filter(|e| !e.done || e.failed).map(|e| e.id).collect();
+    let open: Vec<u64> = episodes
+        .iter()
+        .filter(|e| !e.done || e.failed)
+        .map(|e| e.id)
+        .collect();
     if !open.is_empty() {
         for shard in shards {
             shard.do_send(CloseEpisodes(open.clone()));
@@ -571,7 +581,13 @@ fn capture(
     episodes: &mut [Episode],
     active: &[usize],
 ) -> Result<(), ActorError> {
-    let snaps = per_shard(shards, episodes, active, |i| episodes[i].id, SnapshotEpisodes)?;
+    let snaps = per_shard(
+        shards,
+        episodes,
+        active,
+        |i| episodes[i].id,
+        SnapshotEpisodes,
+    )?;
     for (i, answer) in snaps {
         let ep = &mut episodes[i];
         match answer {

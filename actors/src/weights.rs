@@ -97,7 +97,10 @@ impl WeightBoard {
             Err(poisoned) => poisoned.into_inner(),
         };
         let serial = guard.as_ref().map_or(0, |r| r.serial + 1);
-        *guard = Some(PublishedReference { serial, ..reference });
+        *guard = Some(PublishedReference {
+            serial,
+            ..reference
+        });
     }
 
     /// The reference policy, if one was published.

@@ -765,7 +765,8 @@ fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
     run.context_len = 64;
     run.steps = 8;
     run.checkpoint_every = 3;
-    run.extra = "[pats]\nrender_words = 24\n\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into();
+    run.extra =
+        "[pats]\nrender_words = 24\n\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into();
     let dir = tempfile::tempdir().expect("tempdir");
     let toml = run
         .toml()
@@ -778,7 +779,10 @@ fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
     let events = read_events(&root);
     let rewinds: Vec<&Value> = events.iter().filter(|e| e["event"] == "rewind").collect();
     assert_eq!(rewinds.len(), 1, "{rewinds:?}");
-    let target = rewinds[0]["to_checkpoint"].as_str().expect("target").to_string();
+    let target = rewinds[0]["to_checkpoint"]
+        .as_str()
+        .expect("target")
+        .to_string();
     assert_eq!(rewinds[0]["to_step"], 3);
     // The bank version the healthy checkpoint (step 3) names.
     let target_ckpt = checkpoints(&root)
@@ -795,6 +799,12 @@ fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
     assert_eq!(steps, vec![1, 2, 3, 4, 4, 5, 6, 7, 8], "{reviews:?}");
     let abandoned = reviews[3].1["version"].as_u64().expect("v");
     let again = reviews[4].1["version_before"].as_u64().expect("v0");
-    assert_eq!(again, named, "the rewound review must start from the checkpoint's bank");
-    assert!(abandoned > named, "step 4's review on main changed the bank ({named} -> {abandoned})");
+    assert_eq!(
+        again, named,
+        "the rewound review must start from the checkpoint's bank"
+    );
+    assert!(
+        abandoned > named,
+        "step 4's review on main changed the bank ({named} -> {abandoned})"
+    );
 }

@@ -284,10 +284,7 @@ impl TrainBatch {
                 agent: t.agent_id.to_native(),
                 anchor: matches!(t.source, keel_store::ArchivedSource::Anchor),
                 task: t.task_id.to_native(),
-                trained_turn: t
-                    .trained_turn
-                    .as_ref()
-                    .map(|k| k.to_native() as usize),
+                trained_turn: t.trained_turn.as_ref().map(|k| k.to_native() as usize),
             })
             .collect();
         Self::from_rows(rows, device).map_err(|e| match e {

@@ -521,7 +521,11 @@ impl Learner {
                 let plain = logp.detach().f_sub(&old_logp)?;
                 let max_on = |x: &Tensor| -> Result<f64, LearnerError> {
                     let v = x.f_exp()?.f_masked_select(&on_anchor)?;
-                    Ok(if v.numel() == 0 { 0.0 } else { v.f_max()?.f_double_value(&[])? })
+                    Ok(if v.numel() == 0 {
+                        0.0
+                    } else {
+                        v.f_max()?.f_double_value(&[])?
+                    })
                 };
                 out.anchor_mixed_ratio_max = max_on(&mixed)?;
                 out.anchor_plain_ratio_max = max_on(&plain)?;

@@ -146,7 +146,12 @@ fn agent_turn_mask(
     agents: &[u32],
     mask: &Tensor,
 ) -> Result<Tensor, LearnerError> {
-    let ones: Vec<f64> = batch.turns.iter().flatten().map(|t| f64::from(u8::from(agents.contains(&t.agent)))).collect();
+    let ones: Vec<f64> = batch
+        .turns
+        .iter()
+        .flatten()
+        .map(|t| f64::from(u8::from(agents.contains(&t.agent))))
+        .collect();
     per_turn(batch, &ones, mask)
 }
 
@@ -274,7 +279,11 @@ pub(crate) fn compute(
         turn_ids: batch.turn_ids.f_to_device(dev)?,
         max_turns: batch.max_turns,
         anchor_rows: Tensor::f_from_slice(
-            &batch.anchors.iter().map(|&a| f32::from(u8::from(a))).collect::<Vec<_>>(),
+            &batch
+                .anchors
+                .iter()
+                .map(|&a| f32::from(u8::from(a)))
+                .collect::<Vec<_>>(),
         )?
         .f_to_device(dev)?,
         critic,

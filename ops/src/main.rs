@@ -178,7 +178,10 @@ fn train(args: cli::TrainArgs) -> Result<()> {
     if let Some(name) = &args.algo {
         cfg.learner.algo = keel_learner::Algo::from_name(name).with_context(|| {
             let names: Vec<String> = keel_learner::Algo::ALL.iter().map(|p| p.name()).collect();
-            format!("--algo {name:?} is not a preset; choose one of {}", names.join(", "))
+            format!(
+                "--algo {name:?} is not a preset; choose one of {}",
+                names.join(", ")
+            )
         })?;
     }
     if let Some(env) = &args.env {

@@ -291,7 +291,11 @@ fn last_mean(pts: &[(u64, f64)], n: usize) -> f64 {
 /// The markdown summary.
 /// Adds one `method` event to the totals.
 fn note_method(m: &mut MethodTotals, v: &Value) {
-    let d = |k: &str| v.get("detail").and_then(|d| d.get(k)).and_then(Value::as_u64);
+    let d = |k: &str| {
+        v.get("detail")
+            .and_then(|d| d.get(k))
+            .and_then(Value::as_u64)
+    };
     match v.get("method").and_then(Value::as_str) {
         Some("generate") => {
             if let Some(tries) = d("tries").filter(|&t| t > 1) {
@@ -497,13 +501,25 @@ not json
 "#;
         let log = parse_log(text);
         let m = &log.methods;
-        assert_eq!((m.rerolled_batches, m.reroll_passes, m.uniform_groups_left), (1, 3, 2));
-        assert_eq!((m.rtpo_depths, m.rtpo_trees, m.pats_reviews, m.pats_version), (2, 1, 1, 4));
+        assert_eq!(
+            (m.rerolled_batches, m.reroll_passes, m.uniform_groups_left),
+            (1, 3, 2)
+        );
+        assert_eq!(
+            (m.rtpo_depths, m.rtpo_trees, m.pats_reviews, m.pats_version),
+            (2, 1, 1, 4)
+        );
         assert_eq!((m.prompt_tokens, m.scaffold_tokens), (700, 150));
         assert_eq!(m.reference_resets, vec![3]);
         let md = summary_markdown("runs/x", &log, true);
-        assert!(md.contains("150 of 700 training prompt tokens (21.4%)"), "{md}");
-        assert!(md.contains("2 depths trained, 1 reverse trees completed"), "{md}");
+        assert!(
+            md.contains("150 of 700 training prompt tokens (21.4%)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("2 depths trained, 1 reverse trees completed"),
+            "{md}"
+        );
         assert!(!summary_markdown("runs/x", &parse_log(LOG), true).contains("## Methods"));
     }
 

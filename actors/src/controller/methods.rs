@@ -59,8 +59,9 @@ pub struct RtpoTree {
 impl RtpoTree {
     /// Parses the checkpoint form.
     pub fn from_state(text: &str) -> Result<Self, ActorError> {
-        serde_json::from_str(text)
-            .map_err(|e| ActorError::Resume(format!("method_state.rtpo is not a tree position: {e}")))
+        serde_json::from_str(text).map_err(|e| {
+            ActorError::Resume(format!("method_state.rtpo is not a tree position: {e}"))
+        })
     }
 
     /// The checkpoint form.
@@ -77,6 +78,9 @@ pub struct PatsPointer {
     /// Its bank version.
     pub version: u64,
 }
+
+/// A method state object to store: `(key, bytes)`.
+pub type StateWrite = (String, Vec<u8>);
 
 /// PATS at run time: the controller of the bank and the bank generators render.
 pub struct PatsRuntime {
@@ -96,7 +100,7 @@ impl PatsRuntime {
         step: u64,
         groups: &[GroupRecord],
         key_of: impl Fn(u64) -> String,
-    ) -> Result<(StepReview, Option<(String, Vec<u8>)>), ActorError> {
+    ) -> Result<(StepReview, Option<StateWrite>), ActorError> {
         let review = self
             .controller
             .observe_step(step, groups)

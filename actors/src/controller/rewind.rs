@@ -128,23 +128,33 @@ impl Controller {
             } else {
                 None
             };
-            let reference_id = if target.tags.iter().any(|t| t == methods::REFERENCE_RESET_TAG) {
+            let reference_id = if target
+                .tags
+                .iter()
+                .any(|t| t == methods::REFERENCE_RESET_TAG)
+            {
                 Some(target.id.clone())
             } else {
                 target.reference.clone()
             };
             let pats = match target.data.method_state.get(methods::PATS_STATE) {
                 Some(text) => {
-                    let pointer: methods::PatsPointer = serde_json::from_str(text).map_err(|e| {
-                        ActorError::Resume(format!("checkpoint {}: method_state.pats: {e}", target.id))
-                    })?;
+                    let pointer: methods::PatsPointer =
+                        serde_json::from_str(text).map_err(|e| {
+                            ActorError::Resume(format!(
+                                "checkpoint {}: method_state.pats: {e}",
+                                target.id
+                            ))
+                        })?;
                     let (s, key) = (store.clone(), pointer.key.clone());
                     let bytes = io
                         .spawn(async move { s.get_object(&key).await })
                         .await
                         .map_err(io_err)??;
                     let state = keel_envs::scaffold::ScaffoldState::from_json_bytes(&bytes)
-                        .map_err(|e| ActorError::Resume(format!("PATS state {}: {e}", pointer.key)))?;
+                        .map_err(|e| {
+                            ActorError::Resume(format!("PATS state {}: {e}", pointer.key))
+                        })?;
                     Some((state, pointer))
                 }
                 None => None,

@@ -72,8 +72,11 @@ impl Reviewer for HttpReviewer {
             let head: String = text.chars().take(200).collect();
             return Err(self.fail(format!("HTTP {status}: {head}")));
         }
-        let answer: Answer = serde_json::from_str(&text)
-            .map_err(|e| self.fail(format!("bad JSON answer ({e}); expected {{\"edits\": [...]}}")))?;
+        let answer: Answer = serde_json::from_str(&text).map_err(|e| {
+            self.fail(format!(
+                "bad JSON answer ({e}); expected {{\"edits\": [...]}}"
+            ))
+        })?;
         Ok(answer.edits)
     }
 }
@@ -142,20 +145,28 @@ mod tests {
             .review(&request())
             .expect("edits");
         assert_eq!(edits.len(), 1);
-        let sent: serde_json::Value = serde_json::from_str(&server.join().expect("server")).expect("json");
+        let sent: serde_json::Value =
+            serde_json::from_str(&server.join().expect("server")).expect("json");
         assert_eq!(sent["step"], 3);
         assert_eq!(sent["task_type"], "pick");
-        assert_eq!(sent["mode"], serde_json::to_value(crate::scaffold::Mode::Expand).expect("mode"));
+        assert_eq!(
+            sent["mode"],
+            serde_json::to_value(crate::scaffold::Mode::Expand).expect("mode")
+        );
     }
 
     #[test]
     fn hr2_failures_are_reviewer_errors() {
         let (url, server) = serve_once("500 Internal Server Error", "boom");
-        let e = HttpReviewer::new(&url, 5000).review(&request()).expect_err("500");
+        let e = HttpReviewer::new(&url, 5000)
+            .review(&request())
+            .expect_err("500");
         assert!(e.to_string().contains("HTTP 500: boom"), "{e}");
         server.join().expect("server");
         let (url, server) = serve_once("200 OK", "{\"edit\": []}");
-        let e = HttpReviewer::new(&url, 5000).review(&request()).expect_err("bad json");
+        let e = HttpReviewer::new(&url, 5000)
+            .review(&request())
+            .expect_err("bad json");
         assert!(e.to_string().contains("bad JSON answer"), "{e}");
         server.join().expect("server");
         let e = HttpReviewer::new("http://127.0.0.1:9/none", 500)
