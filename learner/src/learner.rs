@@ -146,6 +146,26 @@ impl Learner {
             ));
         }
         let model = PolicyModel::new(model_cfg, device, seed)?;
+        if let Some(c) = &preset.critic {
+            let names: Vec<String> = model
+                .named_variables()
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            if let Some(p) = c
+                .trainable
+                .iter()
+                .find(|p| !names.iter().any(|n| n.starts_with(p.as_str())))
+            {
+                return Err(LearnerError::config(
+                    "learner.critic_trainable",
+                    format!(
+                        "{p:?} is the prefix of no parameter; parameters are named like {:?}",
+                        names.iter().take(4).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
         let opt = AdamW::new(
             model.var_store(),
             AdamWConfig {

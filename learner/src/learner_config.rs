@@ -85,6 +85,11 @@ pub struct LearnerConfig {
     /// Override: critic-only warm-up updates (critic presets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub critic_warmup: Option<u64>,
+    /// Override: parameter-name prefixes the value-only steps train (critic presets; e.g.
+    /// `["value_head", "blocks.1.mlp"]`); the rest is frozen during them. The critic shares the
+    /// policy's trunk, so prefixes beyond `value_head` also move the policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critic_trainable: Option<Vec<String>>,
     /// Override: entropy bonus coefficient, ≥ 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_coef: Option<f64>,
@@ -136,6 +141,7 @@ impl Default for LearnerConfig {
             value_clip: None,
             critic_steps: None,
             critic_warmup: None,
+            critic_trainable: None,
             entropy_coef: None,
             kl_coef: None,
             kl_estimator: None,
@@ -237,6 +243,9 @@ impl LearnerConfig {
             }
             if let Some(v) = self.critic_warmup {
                 c.warmup_updates = v;
+            }
+            if let Some(v) = &self.critic_trainable {
+                c.trainable = v.clone();
             }
         }
         if let Some(v) = self.entropy_coef {

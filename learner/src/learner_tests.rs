@@ -346,6 +346,43 @@ fn cs1_sao_warmup_trains_only_the_value_head() {
 }
 
 #[test]
+fn cs1_critic_trainable_groups_are_configurable_and_checked() {
+    tch::set_num_threads(1);
+    let cfg = |trainable: &[&str]| LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        critic_trainable: Some(trainable.iter().map(|s| s.to_string()).collect()),
+        ..LearnerConfig::for_preset(crate::Preset::Sao)
+    };
+    let Err(e) = Learner::new(&tiny(true), cfg(&["value_head", "nope"]), Device::Cpu, 5) else {
+        panic!("an unknown prefix was accepted")
+    };
+    assert!(e.to_string().contains("critic_trainable"), "{e}");
+    // The critic trains the value head and the last block's MLP; attention stays frozen.
+    let mut l = Learner::new(
+        &tiny(true),
+        cfg(&["value_head", "blocks.1.mlp"]),
+        Device::Cpu,
+        5,
+    )
+    .expect("learner");
+    let batch = rl_batch(l.model());
+    let snapshot = |l: &Learner| -> Vec<(String, Vec<f32>)> {
+        l.model()
+            .named_variables()
+            .into_iter()
+            .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("w")))
+            .collect()
+    };
+    let before = snapshot(&l);
+    l.train_step(&batch).expect("warm-up step");
+    for ((n, a), (_, b)) in before.iter().zip(snapshot(&l)) {
+        let trained = n.starts_with("value_head") || n.starts_with("blocks.1.mlp");
+        assert_eq!(a != &b, trained, "{n}");
+    }
+}
+
+#[test]
 fn lr4_reference_policy_is_taken_once_and_checkpointed() {
     tch::set_num_threads(1);
     let mut a = preset_learner(crate::Preset::Armor, 23);
