@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
-use keel_envs::scaffold::{Bank, EpisodeRecord, GroupRecord, TurnRecord};
+use keel_envs::scaffold::{Bank, GroupRecord};
 use keel_envs::Tokenizer;
 use keel_learner::algo::presets::DynamicSampling;
 use keel_learner::{ModelConfig, PolicyModel};
@@ -574,32 +574,12 @@ fn filter_anchors(batch: &mut RolloutBatch) {
 fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -> Vec<GroupRecord> {
     let mut groups: Vec<GroupRecord> = Vec::new();
     for (t, ty) in batch.trajectories.iter().zip(task_types) {
-        let turns = t
+        let spans: Vec<(usize, usize, bool)> = t
             .turns
             .iter()
-            .enumerate()
-            .map(|(k, turn)| {
-                let next = t
-                    .turns
-                    .get(k + 1)
-                    .map_or(t.tokens.len(), |n| n.start as usize);
-                let observation = tok
-                    .decode(&t.tokens[turn.end as usize..next])
-                    .replace("<agent>", "")
-                    .trim()
-                    .to_string();
-                TurnRecord {
-                    action: tok.decode_action(&t.tokens[turn.start as usize..turn.end as usize]),
-                    observation,
-                    invalid: turn.invalid_action,
-                }
-            })
+            .map(|u| (u.start as usize, u.end as usize, u.invalid_action))
             .collect();
-        let episode = EpisodeRecord {
-            reward: t.final_reward,
-            success: t.final_reward >= 1.0,
-            turns,
-        };
+        let episode = crate::pats_seed::episode_record(&t.tokens, &spans, t.final_reward, tok);
         match groups.iter_mut().find(|g| g.task_id == t.task_id) {
             Some(g) => g.episodes.push(episode),
             None => groups.push(GroupRecord {

@@ -358,6 +358,44 @@ async fn run_in_system(
         }
         None => {
             let demos = make_demos(&cfg, &tokenizer)?;
+            let mut data = DataPosition::default();
+            let demos: Demos = match cfg.learner.algo {
+                keel_learner::Algo::Pats => {
+                    // PS-1/2: seed bank + scaffold-conditioned SFT; the SFT checkpoint names
+                    // the seed bank, so every life of the run starts RL from it.
+                    let mut pats =
+                        pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?;
+                    let demos = crate::pats_seed::seed_scaffold(
+                        &cfg,
+                        &tokenizer,
+                        demos,
+                        &mut pats.controller,
+                    )?;
+                    let version = pats.controller.bank().version();
+                    let key = store.state_key(&format!(
+                        "pats/scaffold-{version:06}-{}.json",
+                        crate::controller::methods::life_tag()
+                    ));
+                    let bytes = pats
+                        .controller
+                        .state()
+                        .to_json_bytes()
+                        .map_err(|e| ActorError::Internal(format!("PATS seed state: {e}")))?;
+                    let (s, k) = (store.clone(), key.clone());
+                    spawn_io(&io, async move { s.create_object(&k, bytes.into()).await }).await?;
+                    let pointer = PatsPointer { key, version };
+                    data.method_state.insert(
+                        PATS_STATE.to_string(),
+                        serde_json::to_string(&pointer).unwrap_or_default(),
+                    );
+                    method_state = data.method_state.clone();
+                    demos
+                }
+                _ => demos
+                    .into_iter()
+                    .map(|(_, d)| (d.tokens, d.loss_mask))
+                    .collect(),
+            };
             let sft = ask(
                 &learner,
                 RunSft {
@@ -389,7 +427,7 @@ async fn run_in_system(
                     "reference".into(),
                     crate::guard::HEALTHY_TAG.into(),
                 ],
-                data: DataPosition::default(),
+                data,
                 metrics: carried.clone(),
                 files: files
                     .into_iter()
@@ -544,7 +582,11 @@ async fn run_in_system(
 /// SFT demonstrations: `(tokens, loss mask)` each.
 type Demos = Vec<(Vec<u32>, Vec<u8>)>;
 
-fn make_demos(cfg: &TrainConfig, tokenizer: &keel_envs::Tokenizer) -> Result<Demos, ActorError> {
+/// The SFT demonstrations that fit the context, with their task seeds.
+fn make_demos(
+    cfg: &TrainConfig,
+    tokenizer: &keel_envs::Tokenizer,
+) -> Result<Vec<(u64, keel_envs::Demonstration)>, ActorError> {
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
@@ -555,10 +597,10 @@ fn make_demos(cfg: &TrainConfig, tokenizer: &keel_envs::Tokenizer) -> Result<Dem
     let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
     // A demonstration longer than the model's context cannot be trained on: leave it out.
     let total = demos.len();
-    let fit: Demos = demos
+    let fit: Vec<(u64, keel_envs::Demonstration)> = seeds
         .into_iter()
-        .filter(|d| d.tokens.len() <= cfg.model.context_len)
-        .map(|d| (d.tokens, d.loss_mask))
+        .zip(demos)
+        .filter(|(_, d)| d.tokens.len() <= cfg.model.context_len)
         .collect();
     if fit.len() < total {
         tracing::warn!(

@@ -22,6 +22,7 @@ pub mod jsonl;
 pub mod learner_actor;
 pub mod metrics;
 pub mod model_policy;
+pub mod pats_seed;
 pub mod rollout;
 pub mod seeds;
 pub mod supervision;

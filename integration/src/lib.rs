@@ -579,3 +579,14 @@ pub fn assert_finite_metrics(step: &serde_json::Value, context: &str) {
         );
     }
 }
+
+/// PATS: the version of the seed bank the SFT checkpoint (step 0) names (PS-1).
+pub fn seed_bank_version(root: &std::path::Path) -> u64 {
+    let sft = checkpoints(root)
+        .into_iter()
+        .find(|c| c.step == 0)
+        .expect("the SFT checkpoint");
+    let pointer: serde_json::Value =
+        serde_json::from_str(&sft.data.method_state["pats"]).expect("pats pointer");
+    pointer["version"].as_u64().expect("version")
+}

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use keel_integration::{
     checkpoint_file, checkpoints, head_lineage, kill_when, method_events, read_events, run_train,
-    spawn_train, step_events, stored_batches, MethodRun,
+    seed_bank_version, spawn_train, step_events, stored_batches, MethodRun,
 };
 use keel_store::CheckpointManifest;
 use serde_json::Value;
@@ -179,8 +179,9 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
         (1..=6).collect::<Vec<_>>(),
         "one review after every trained step"
     );
-    let mut after = BTreeMap::from([(0u64, 0u64)]);
-    let mut last = 0;
+    let seed = seed_bank_version(&root);
+    let mut after = BTreeMap::from([(0u64, seed)]);
+    let mut last = seed;
     for (step, d) in &reviews {
         let (v0, v1) = (
             d["version_before"].as_u64().expect("v0"),

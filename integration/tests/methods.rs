@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use keel_integration::{
     assert_finite_metrics, checkpoint_file, checkpoints, method_events, read_events, run_train,
-    step_events, stored_batches, MethodRun,
+    seed_bank_version, step_events, stored_batches, MethodRun,
 };
 use keel_store::{RolloutBatch, Source, Trajectory};
 use serde_json::Value;
@@ -571,8 +571,11 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
         reviews.iter().map(|r| r.0).collect::<Vec<_>>(),
         (1..=6).collect::<Vec<_>>()
     );
-    let mut version_after = BTreeMap::from([(0u64, 0u64)]); // step → bank version after its review
-    let mut last = 0;
+    // Step → bank version after its review; RL starts from the seed bank (PS-1).
+    let seed = seed_bank_version(&root);
+    assert!(seed > 0, "no seed bank");
+    let mut version_after = BTreeMap::from([(0u64, seed)]);
+    let mut last = seed;
     for (step, d) in &reviews {
         let (before, after) = (
             d["version_before"].as_u64().expect("v0"),
