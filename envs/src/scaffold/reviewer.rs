@@ -45,9 +45,11 @@ pub trait Reviewer: Send {
 }
 
 /// The deterministic default reviewer (SC-9):
-/// - `EXPAND`: adds a skill of the type, the most common successful first action (then the
-///   most common successful action), and a mistake, the most common invalid action (or, with
-///   successes to contrast, the most common action only failures took);
+/// - `EXPAND`: adds a skill of the type, the most common procedure (verbs of the actions, in
+///   order) of successful episodes (then the most common successful first action, then
+///   action), and a mistake, the most common procedure of two or more verbs only failures
+///   followed (then the most common invalid action, or the most common action only failures
+///   took);
 /// - `REVISE`: updates (or deletes) the oldest entry of the type the evidence contradicts — a
 ///   skill followed more by failures than by successes, a mistake taken more by successes than
 ///   by failures; with none contradicted, adds like `EXPAND` within the budget;
@@ -90,8 +92,46 @@ fn ranked(tallies: BTreeMap<String, Tally>) -> Vec<(String, BTreeSet<u64>)> {
     v.into_iter().map(|(t, tally)| (t, tally.cards)).collect()
 }
 
-/// Skill candidates: actions of successful episodes, by first-action count, then episodes.
+/// An episode's procedure: the first word (the verb) of each valid action, in order — what a
+/// tip can say about a task type without naming one task's objects and places.
+fn procedure(e: &EpisodeRecord) -> String {
+    valid_actions(e)
+        .filter_map(|a| a.split_whitespace().next())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Procedures of `episodes` (filtered by `keep`), by episodes.
+fn procedure_candidates(
+    cards: &[EvidenceCard],
+    keep: impl Fn(&EpisodeRecord) -> bool,
+) -> Vec<(String, BTreeSet<u64>)> {
+    let mut t: BTreeMap<String, Tally> = BTreeMap::new();
+    for c in cards {
+        for e in c.episodes.iter().filter(|e| keep(e)) {
+            let p = procedure(e);
+            if p.is_empty() {
+                continue;
+            }
+            let tally = t.entry(p).or_default();
+            tally.episodes += 1;
+            tally.first += 1;
+            tally.cards.insert(c.id);
+        }
+    }
+    ranked(t)
+}
+
+/// Skill candidates: the procedures of successful episodes first (by episodes), then their
+/// actions, by first-action count, then episodes.
 fn skill_candidates(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
+    let mut out = procedure_candidates(cards, |e| e.success);
+    out.extend(action_candidates(cards));
+    out
+}
+
+/// Actions of successful episodes, by first-action count, then episodes.
+fn action_candidates(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
     let mut t: BTreeMap<String, Tally> = BTreeMap::new();
     for c in cards {
         for e in c.episodes.iter().filter(|e| e.success) {
@@ -109,9 +149,31 @@ fn skill_candidates(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
     ranked(t)
 }
 
-/// Mistake candidates: invalid actions by episodes; without any, and with successes to
-/// contrast, the valid actions only failed episodes took.
+/// Mistake candidates: with successes to contrast, the procedures only failed episodes
+/// followed; then invalid actions by episodes; without any, the valid actions only failed
+/// episodes took.
 fn mistake_candidates(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
+    let good: BTreeSet<String> = cards
+        .iter()
+        .flat_map(|c| c.episodes.iter().filter(|e| e.success))
+        .map(procedure)
+        .collect();
+    let mut out = if good.is_empty() {
+        Vec::new()
+    } else {
+        // A one-verb procedure says nothing about the order of steps: not a mistake to name.
+        procedure_candidates(cards, |e| {
+            let p = procedure(e);
+            !e.success && p.contains(' ') && !good.contains(&p)
+        })
+    };
+    out.extend(action_mistakes(cards));
+    out
+}
+
+/// Invalid actions by episodes; without any, and with successes to contrast, the valid actions
+/// only failed episodes took.
+fn action_mistakes(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
     let mut invalid: BTreeMap<String, Tally> = BTreeMap::new();
     for c in cards {
         for e in &c.episodes {
@@ -153,11 +215,14 @@ fn mistake_candidates(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
     ranked(failed)
 }
 
-/// Whether `e` took an action matching `text` (equal up to the dedup word-Jaccard).
+/// Whether `e` followed the procedure `text` or took an action matching it (equal up to the
+/// dedup word-Jaccard).
 fn took(e: &EpisodeRecord, text: &str, threshold: f64) -> bool {
-    e.turns
-        .iter()
-        .any(|t| t.action == text || word_jaccard(&t.action, text) >= threshold)
+    procedure(e) == text
+        || e
+            .turns
+            .iter()
+            .any(|t| t.action == text || word_jaccard(&t.action, text) >= threshold)
 }
 
 /// (successful, failed) episodes that took `text`, and the cards holding them.

@@ -722,10 +722,11 @@ fn rule_reviewer_expands_from_successes_and_mistakes() {
     assert_eq!(
         edits,
         vec![
+            // The successful procedure (verbs in order), not one task's place.
             Edit::Add {
                 kind: EntryKind::Skill,
                 task_type: Some("clean".into()),
-                text: "go to countertop 1".into(),
+                text: "go take go clean".into(),
                 cites: vec![0, 1, 2],
             },
             Edit::Add {
@@ -744,16 +745,16 @@ fn rule_reviewer_expands_from_successes_and_mistakes() {
     assert_eq!(r.applied.len(), 2, "{:?}", r.rejected);
     assert_eq!(
         bank.render("clean", 40).text,
-        "tip go to countertop 1 avoid clean apple 1 with fridge 1"
+        "tip go take go clean avoid clean apple 1 with fridge 1"
     );
-    // A second EXPAND review does not repeat itself: it picks the next successful first action
-    // (and has no other invalid action for a mistake).
+    // A second EXPAND review does not repeat itself: with the procedure taken it picks the most
+    // common successful first action (and has no other invalid action for a mistake).
     req.bank = bank.clone();
     let again = rr.review(&req).unwrap();
     assert_eq!(again.len(), 1);
     assert!(
         matches!(&again[0], Edit::Add { kind: EntryKind::Skill, text, cites, .. }
-            if text == "go to table 1" && cites == &[2]),
+            if text == "go to countertop 1" && cites == &[0, 1, 2]),
         "{again:?}"
     );
 
@@ -789,7 +790,7 @@ fn rule_reviewer_revises_contradicted_entries_and_prunes() {
         edits,
         vec![Edit::Update {
             id: 0,
-            text: "go to countertop 1".into(),
+            text: "go take go clean".into(),
             cites: vec![0, 1, 2],
         }]
     );
