@@ -488,6 +488,7 @@ async fn run_in_system(
         found.clone(),
     );
     let mut plan = plan;
+    let mut not_reused: Vec<u64> = Vec::new();
     let regenerate = matches!(
         cfg.learner.algo,
         keel_learner::Algo::Rtpo | keel_learner::Algo::Pats
@@ -498,6 +499,7 @@ async fn run_in_system(
         // stored batch does not carry. So stored batches are not reused; the frontier stays the
         // checkpoint's.
         let reused: Vec<_> = plan.reuse.drain(..).collect();
+        not_reused = reused.iter().map(|b| b.batch_seq).collect();
         plan.dropped.extend(reused);
         plan.frontier = Frontier {
             next_batch_seq: plan.frontier.next_batch_seq,
@@ -506,12 +508,20 @@ async fn run_in_system(
     }
     for d in &plan.dropped {
         metrics.batches_dropped.inc();
-        events(&TrainEvent::Dropped {
-            batch_seq: d.batch_seq,
-            reason: format!(
+        let reason = if not_reused.contains(&d.batch_seq) {
+            format!(
+                "{} samples it again after a resume instead of reusing stored batches",
+                cfg.learner.algo.name()
+            )
+        } else {
+            format!(
                 "sampled by version {} which the restored version {version} cannot use",
                 d.policy_version
-            ),
+            )
+        };
+        events(&TrainEvent::Dropped {
+            batch_seq: d.batch_seq,
+            reason,
         });
     }
     if let Some(id) = &outcome.resumed_from {

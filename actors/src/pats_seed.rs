@@ -20,6 +20,9 @@ use keel_envs::{build_env, Demonstration, Tokenizer};
 use crate::config::TrainConfig;
 use crate::error::ActorError;
 
+/// One SFT sequence: `(tokens, loss mask)`.
+pub type SftSequence = (Vec<u32>, Vec<u8>);
+
 /// `(start, end, invalid)` of one model turn inside a token stream.
 pub type TurnSpanRef = (usize, usize, bool);
 
@@ -78,7 +81,7 @@ pub fn seed_scaffold(
     tok: &Tokenizer,
     demos: Vec<(u64, Demonstration)>,
     controller: &mut ScaffoldController,
-) -> Result<Vec<(Vec<u32>, Vec<u8>)>, ActorError> {
+) -> Result<Vec<SftSequence>, ActorError> {
     let mut env = build_env(&cfg.env.env_config())?;
     let mut types = Vec::with_capacity(demos.len());
     let mut groups = Vec::with_capacity(demos.len());

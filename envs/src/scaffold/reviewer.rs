@@ -219,8 +219,7 @@ fn action_mistakes(cards: &[EvidenceCard]) -> Vec<(String, BTreeSet<u64>)> {
 /// dedup word-Jaccard).
 fn took(e: &EpisodeRecord, text: &str, threshold: f64) -> bool {
     procedure(e) == text
-        || e
-            .turns
+        || e.turns
             .iter()
             .any(|t| t.action == text || word_jaccard(&t.action, text) >= threshold)
 }
