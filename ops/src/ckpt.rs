@@ -64,12 +64,16 @@ pub fn gc(run_root: &str, keep_last: usize, orphan_min_age_s: u64, dry_run: bool
     for key in &plan.stale_heads {
         println!("old head {key}");
     }
+    for key in &plan.stale_state {
+        println!("state    {key}");
+    }
     let summary = format!(
-        "{} kept, {} checkpoints to collect, {} orphan objects, {} old head generations",
+        "{} kept, {} checkpoints to collect, {} orphan objects, {} old head generations, {} unnamed method state objects",
         plan.keep.len(),
         plan.collect.len(),
         plan.orphans.len(),
-        plan.stale_heads.len()
+        plan.stale_heads.len(),
+        plan.stale_state.len()
     );
     if dry_run {
         println!("dry run: {summary}; nothing was deleted");

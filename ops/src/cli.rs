@@ -172,7 +172,8 @@ pub enum CkptCommand {
         /// Checkpoints kept on each branch's lineage, newest first.
         #[arg(long, default_value_t = 3)]
         keep_last: usize,
-        /// Orphan blobs younger than this are left alone (a commit may be in progress).
+        /// Orphan blobs and unnamed method state objects younger than this are left alone (a
+        /// commit may be in progress, a running job may still read them).
         #[arg(long, default_value_t = 3600)]
         orphan_min_age_s: u64,
         /// Only print what would go.

@@ -14,6 +14,9 @@
 //!   progress is never collected from under its writer.
 //! - GC-4: branch head generations below the newest two are removed; the head itself never is.
 //! - GC-5: [`RunStore::plan_gc`] only reads; `--dry-run` prints its plan.
+//! - GC-6: method state objects (`state/…`, `branches/<b>/state/…`: RTPO trunk records, PATS
+//!   bank versions) are collected when no kept checkpoint's `method_state` names them and they
+//!   are older than `orphan_min_age` (a running job's newest ones are not named yet).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -38,6 +41,25 @@ pub struct GcPlan {
     pub orphans: Vec<String>,
     /// Relative keys of superseded head generations (GC-4).
     pub stale_heads: Vec<String>,
+    /// Relative keys of method state objects no kept checkpoint names (GC-6).
+    pub stale_state: Vec<String>,
+}
+
+/// Every string inside a JSON text (method_state values name their objects' keys).
+fn json_strings(text: &str, out: &mut BTreeSet<String>) {
+    fn walk(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::String(s) => {
+                out.insert(s.clone());
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
+        walk(&v, out);
+    }
 }
 
 impl RunStore {
@@ -155,6 +177,35 @@ impl RunStore {
                 plan.orphans.extend(keys);
             }
         }
+
+        // GC-6: method state objects that no kept checkpoint names.
+        let mut named = BTreeSet::new();
+        for id in plan.keep.keys() {
+            if let Some(m) = by_id.get(id.as_str()) {
+                for text in m.data.method_state.values() {
+                    json_strings(text, &mut named);
+                }
+            }
+        }
+        let mut state = self.list_rel("state").await?;
+        state.extend(
+            self.list_rel("branches")
+                .await?
+                .into_iter()
+                .filter(|meta| meta.location.as_ref().contains("/state/")),
+        );
+        for meta in state {
+            let Some(rel) = self.rel_key(meta.location.as_ref()) else {
+                continue;
+            };
+            let age = (now - meta.last_modified)
+                .to_std()
+                .unwrap_or(Duration::ZERO);
+            if !named.contains(rel) && age >= orphan_min_age {
+                plan.stale_state.push(rel.to_string());
+            }
+        }
+        plan.stale_state.sort();
         Ok(plan)
     }
 
@@ -171,7 +222,12 @@ impl RunStore {
                     .await?;
             }
         }
-        for rel in plan.orphans.iter().chain(&plan.stale_heads) {
+        for rel in plan
+            .orphans
+            .iter()
+            .chain(&plan.stale_heads)
+            .chain(&plan.stale_state)
+        {
             self.delete_full(&self.full_key(rel)).await?;
         }
         Ok(())
@@ -270,6 +326,53 @@ mod tests {
                 .await
                 .expect("plan");
             assert!(young.orphans.is_empty());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn gc6_method_state_objects_no_kept_checkpoint_names_are_collected() {
+        each_backend("gc6", |store| async move {
+            for key in [
+                "state/pats/scaffold-000002-a.json",
+                "state/pats/scaffold-000003-a.json",
+                "branches/side/state/rtpo/trunk-0000000001-b.json",
+            ] {
+                store
+                    .put_object(key, Bytes::from_static(b"{}"))
+                    .await
+                    .expect("state object");
+            }
+            let mut c = new_ckpt(1, None);
+            c.tags = vec![];
+            c.reference = None;
+            c.data.method_state = std::collections::BTreeMap::from([(
+                "pats".to_string(),
+                r#"{"key":"state/pats/scaffold-000003-a.json","version":3}"#.to_string(),
+            )]);
+            store.commit_checkpoint(c).await.expect("commit");
+            let young = store
+                .plan_gc(2, Duration::from_secs(3600))
+                .await
+                .expect("plan");
+            assert!(young.stale_state.is_empty(), "{young:#?}");
+            let plan = store.plan_gc(2, Duration::ZERO).await.expect("plan");
+            assert_eq!(
+                plan.stale_state,
+                vec![
+                    "branches/side/state/rtpo/trunk-0000000001-b.json".to_string(),
+                    "state/pats/scaffold-000002-a.json".to_string(),
+                ]
+            );
+            store.apply_gc(&plan).await.expect("apply");
+            assert!(store
+                .get_object("state/pats/scaffold-000003-a.json")
+                .await
+                .is_ok());
+            assert!(store
+                .get_object("state/pats/scaffold-000002-a.json")
+                .await
+                .is_err());
         })
         .await;
     }
