@@ -7,6 +7,8 @@
 //! - MP-2 Decoding is greedy, so an evaluation is a pure function of (weights, env, seeds).
 //! - MP-3 An episode that would outgrow the model's context gets an empty (invalid) action,
 //!   so it runs out its turns instead of failing.
+//! - MP-4 With agent models (Dr. MAS), each turn is taken by the model of the agent the env says
+//!   acts next; agents no agent model lists use the main model, as in training (LA-4).
 
 use keel_envs::demo::{render_observation, render_prompt};
 use keel_envs::evaluate::Transcript;
@@ -16,12 +18,30 @@ use keel_learner::{ModelConfig, PolicyModel};
 
 use crate::error::ActorError;
 
-/// A greedy policy over a [`PolicyModel`].
+/// A greedy policy over a [`PolicyModel`] (and, for Dr. MAS checkpoints, the agent models
+/// that serve some agents' turns, MP-4).
 pub struct ModelPolicy {
     model: PolicyModel,
+    agent_models: Vec<(Vec<u32>, PolicyModel)>,
     tokenizer: Tokenizer,
     max_turn_tokens: usize,
     tokens: Vec<u32>,
+}
+
+/// A model from a checkpoint's `learner.json` (shape, agents) and weights.
+fn load_model(
+    learner_json: &[u8],
+    weights: &[u8],
+) -> Result<(Option<Vec<u32>>, PolicyModel), ActorError> {
+    let state: serde_json::Value = serde_json::from_slice(learner_json)
+        .map_err(|e| ActorError::Resume(format!("learner.json is not JSON: {e}")))?;
+    let cfg: ModelConfig = serde_json::from_value(state.get("model").cloned().unwrap_or_default())
+        .map_err(|e| ActorError::Resume(format!("learner.json has no model shape: {e}")))?;
+    let agents: Option<Vec<u32>> =
+        serde_json::from_value(state.get("agents").cloned().unwrap_or_default()).unwrap_or(None);
+    let mut model = PolicyModel::new(&cfg, tch::Device::Cpu, 0)?;
+    model.load_safetensors(weights)?;
+    Ok((agents, model))
 }
 
 impl ModelPolicy {
@@ -40,6 +60,7 @@ impl ModelPolicy {
         }
         Ok(ModelPolicy {
             model,
+            agent_models: Vec::new(),
             tokenizer,
             max_turn_tokens,
             tokens: Vec::new(),
@@ -53,18 +74,32 @@ impl ModelPolicy {
         tokenizer: Tokenizer,
         max_turn_tokens: usize,
     ) -> Result<Self, ActorError> {
-        let state: serde_json::Value = serde_json::from_slice(learner_json)
-            .map_err(|e| ActorError::Resume(format!("learner.json is not JSON: {e}")))?;
-        let cfg: ModelConfig =
-            serde_json::from_value(state.get("model").cloned().unwrap_or_default())
-                .map_err(|e| ActorError::Resume(format!("learner.json has no model shape: {e}")))?;
-        let mut model = PolicyModel::new(&cfg, tch::Device::Cpu, 0)?;
-        model.load_safetensors(weights)?;
+        let (_, model) = load_model(learner_json, weights)?;
         Self::new(model, tokenizer, max_turn_tokens)
     }
 
+    /// Adds a Dr. MAS agent model from its checkpoint files (`agent-model-<k>.learner.json`,
+    /// `agent-model-<k>.model.safetensors`): it acts for the agents its `learner.json` lists.
+    pub fn with_agent_model(
+        mut self,
+        learner_json: &[u8],
+        weights: &[u8],
+    ) -> Result<Self, ActorError> {
+        let (agents, model) = load_model(learner_json, weights)?;
+        let agents = agents.ok_or_else(|| {
+            ActorError::Resume("an agent model's learner.json lists no agents".into())
+        })?;
+        if model.config() != self.model.config() {
+            return Err(ActorError::Resume(
+                "an agent model's shape differs from the main model's".into(),
+            ));
+        }
+        self.agent_models.push((agents, model));
+        Ok(self)
+    }
+
     /// The next action for the episode so far (MP-1..MP-3).
-    pub fn act(&mut self, _env: &dyn Env, transcript: &Transcript) -> Result<String, ActorError> {
+    pub fn act(&mut self, env: &dyn Env, transcript: &Transcript) -> Result<String, ActorError> {
         match transcript.turns.last() {
             None => self.tokens = render_prompt(&self.tokenizer, &transcript.prompt)?,
             Some((_, obs)) => self
@@ -77,8 +112,14 @@ impl ModelPolicy {
         if start + self.max_turn_tokens + 8 > self.model.config().context_len {
             return Ok(String::new());
         }
+        let agent = env.agent_id();
+        let model = self
+            .agent_models
+            .iter()
+            .find(|(agents, _)| agents.contains(&agent))
+            .map_or(&self.model, |(_, m)| m);
         for _ in 0..self.max_turn_tokens {
-            let next = greedy_next(&self.model, &[self.tokens.as_slice()], &banned)?;
+            let next = greedy_next(model, &[self.tokens.as_slice()], &banned)?;
             let token = next.first().map_or(sp.eot, |s| s.token);
             self.tokens.push(token);
             if token == sp.eot {

@@ -550,7 +550,34 @@ fn dr_mas_trains_an_agent_model_and_resumes_it() {
         "agent model 1 continued from its checkpoint"
     );
     assert_eq!(agent6["config"]["lr"], serde_json::json!(0.0005));
+    assert_eq!(
+        agent6["agents"],
+        serde_json::json!([1]),
+        "the agent model records its agents"
+    );
     assert!(checkpoint_file(&root, &at6, "agent-model-1.model.safetensors") != w1_at4);
+
+    // `keel env eval --policy latest` plays each agent with its own model (MP-4).
+    let out = std::process::Command::new(keel_integration::keel_bin())
+        .args([
+            "env",
+            "eval",
+            "solver-verifier",
+            "--difficulty",
+            "1",
+            "--episodes",
+            "8",
+            "--policy",
+            "latest",
+            "--run-root",
+        ])
+        .arg(&root)
+        .output()
+        .expect("keel env eval");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("success"), "{text}");
 }
 
 /// PATS (§5, MS-2, GN-8, RO-6): reviews after every step grow the bank; training prompts carry

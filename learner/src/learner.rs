@@ -82,6 +82,10 @@ struct LearnerState {
     /// β's exact bits (JSON floats do not round-trip every bit).
     #[serde(default)]
     kl_beta_bits: Option<u64>,
+    /// Dr. MAS: the agents this learner's model serves (None = every agent); informational, the
+    /// running job's config decides (LR-5).
+    #[serde(default)]
+    agents: Option<Vec<u32>>,
 }
 
 const STATE_FORMAT: &str = "keel.learner.v1";
@@ -685,6 +689,7 @@ impl Learner {
             model: self.model.config().clone(),
             kl_controller: self.kl_ctl,
             kl_beta_bits: self.kl_ctl.map(|c| c.beta().to_bits()),
+            agents: self.agents.clone(),
         };
         let mut files = vec![
             (

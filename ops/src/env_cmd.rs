@@ -214,10 +214,20 @@ fn load_checkpoint_policy(
     };
     let json = rt.block_on(store.read_checkpoint_file(&manifest, "learner.json"))?;
     let weights = rt.block_on(store.read_checkpoint_file(&manifest, "model.safetensors"))?;
-    Ok(ModelPolicy::from_checkpoint_files(
-        &json,
-        &weights,
-        tokenizer,
-        max_turn_tokens,
-    )?)
+    let mut policy =
+        ModelPolicy::from_checkpoint_files(&json, &weights, tokenizer, max_turn_tokens)?;
+    // Dr. MAS agent models (LA-4): `agent-model-<k>.learner.json` + `.model.safetensors`.
+    for f in manifest
+        .files
+        .iter()
+        .filter(|f| f.name.starts_with("agent-model-") && f.name.ends_with(".learner.json"))
+    {
+        let prefix = f.name.trim_end_matches("learner.json");
+        let json = rt.block_on(store.read_checkpoint_file(&manifest, &f.name))?;
+        let weights = rt.block_on(
+            store.read_checkpoint_file(&manifest, &format!("{prefix}model.safetensors")),
+        )?;
+        policy = policy.with_agent_model(&json, &weights)?;
+    }
+    Ok(policy)
 }
