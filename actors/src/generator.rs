@@ -162,7 +162,7 @@ pub struct Generated {
     pub put_seconds: f64,
     /// Dynamic sampling: rollout passes made (1 = no re-roll).
     pub tries: usize,
-    /// Dynamic sampling: groups still uninformative after the last try.
+    /// Dynamic sampling: groups still uninformative after the last try (0 without it).
     pub uniform_groups: usize,
     /// RTPO trunks: the most turns of a trunk (the number of branch depths).
     pub trunk_depth: Option<usize>,
@@ -485,7 +485,8 @@ impl Generator {
             sample_seconds,
             put_seconds,
             tries,
-            uniform_groups: uniform.len(),
+            // Only meaningful under dynamic sampling (GN-5); 0 otherwise.
+            uniform_groups: if dynamic.is_some() { uniform.len() } else { 0 },
             trunk_depth,
             groups,
         })
