@@ -232,7 +232,6 @@ pub struct RolloutExtras {
 struct Episode {
     id: u64,
     shard: usize,
-    plan: usize,
     traj: Trajectory,
     done: bool,
     failed: bool,
@@ -319,7 +318,6 @@ pub fn run_episodes(
             Episode {
                 id,
                 shard: shard_of(id, shards.len()),
-                plan: k,
                 traj: Trajectory {
                     trajectory_id: id,
                     group_id: plan.group_id,
@@ -561,7 +559,6 @@ pub fn run_episodes(
         if spec.capture_boundaries {
             extras.boundaries.push(ep.boundaries);
         }
-        let _ = ep.plan;
         trajectories.push(ep.traj);
     }
     let batch = RolloutBatch {
