@@ -14,7 +14,20 @@
 //! In one process the board is shared memory; across processes the same role is played by the
 //! `weights/` prefix of the run root (a generator on another machine polls the newest version).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockWriteGuard};
+
+/// The write guard, also after a writer panicked (the board holds plain values, always whole).
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A copy of the value, also after a writer panicked.
+fn read<T: Clone>(lock: &RwLock<T>) -> T {
+    lock.read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+}
 
 /// One published policy version: its number and its weights as safetensors bytes.
 #[derive(Debug, Clone)]
@@ -70,10 +83,7 @@ pub struct WeightBoard {
 impl WeightBoard {
     /// Publishes `weights` unless a newer version is already there (WB-1).
     pub fn publish(&self, weights: PublishedWeights) {
-        let mut guard = match self.latest.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = write(&self.latest);
         let epoch = guard.as_ref().map_or(0, |w| w.epoch);
         if guard.as_ref().is_none_or(|w| w.version <= weights.version) {
             *guard = Some(PublishedWeights { epoch, ..weights });
@@ -82,20 +92,14 @@ impl WeightBoard {
 
     /// Replaces the board's weights with an older version after a rewind (WB-3).
     pub fn rewind(&self, weights: PublishedWeights) {
-        let mut guard = match self.latest.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = write(&self.latest);
         let epoch = guard.as_ref().map_or(0, |w| w.epoch) + 1;
         *guard = Some(PublishedWeights { epoch, ..weights });
     }
 
     /// Publishes the reference policy (WB-4).
     pub fn publish_reference(&self, reference: PublishedReference) {
-        let mut guard = match self.reference.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = write(&self.reference);
         let serial = guard.as_ref().map_or(0, |r| r.serial + 1);
         *guard = Some(PublishedReference {
             serial,
@@ -105,18 +109,12 @@ impl WeightBoard {
 
     /// The reference policy, if one was published.
     pub fn reference(&self) -> Option<PublishedReference> {
-        match self.reference.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        read(&self.reference)
     }
 
     /// The latest published weights, if any.
     pub fn latest(&self) -> Option<PublishedWeights> {
-        match self.latest.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        read(&self.latest)
     }
 }
 

@@ -28,44 +28,17 @@ pub fn keel_bin() -> PathBuf {
 }
 
 /// A TOML config for a training run that takes seconds: `steps` RL steps, checkpoints every
-/// `checkpoint_every`, in `mode` (`sync` or `async`) with `bound`.
+/// `checkpoint_every`, in `mode` (`sync` or `async`) with `bound`; GRPO on calc, collapse guard
+/// on (no `[guard]` section, so a test may add one). `MethodRun` renders it.
 pub fn tiny_config(steps: u64, checkpoint_every: u64, mode: &str, bound: u64) -> String {
-    format!(
-        r#"
-[run]
-name = "tiny"
-seed = 11
-steps = {steps}
-mode = "{mode}"
-staleness_bound = {bound}
-checkpoint_every = {checkpoint_every}
-device = "cpu"
-threads = 1
-
-[env]
-n_ops = 1
-
-[model]
-context_len = 48
-n_layer = 1
-d_model = 32
-n_head = 2
-
-[sft]
-steps = 120
-batch_size = 16
-demos = 400
-
-[rollout]
-tasks_per_batch = 6
-group_size = 4
-max_turn_tokens = 5
-eval_tasks = 16
-
-[metrics]
-enabled = false
-"#
-    )
+    MethodRun {
+        steps,
+        checkpoint_every,
+        bound,
+        guard: true,
+        ..MethodRun::new("grpo")
+    }
+    .render(mode)
 }
 
 /// `tiny_config` with the collapse guard off. A guard rewind moves training to another branch,
@@ -302,6 +275,8 @@ pub struct MethodRun {
     pub learner: String,
     /// More sections (`[armor]`, `[pats]`, `[[agent_models]]`).
     pub extra: String,
+    /// Collapse guard on, with no `[guard]` section (`tiny_config`); off by default.
+    pub guard: bool,
 }
 
 impl MethodRun {
@@ -320,11 +295,18 @@ impl MethodRun {
             latency_ms: 0.0,
             learner: String::new(),
             extra: String::new(),
+            guard: false,
         }
     }
 
-    /// The TOML config (collapse guard off: every life of a run stays on branch `main`).
+    /// The TOML config (collapse guard off unless `guard`: every life of a run stays on branch
+    /// `main`).
     pub fn toml(&self) -> String {
+        self.render(self.mode)
+    }
+
+    /// `toml` with `run.mode = mode`.
+    fn render(&self, mode: &str) -> String {
         let latency = if self.latency_ms > 0.0 {
             format!(
                 "latency = \"lognormal\"\nlatency_ms = {:?}\nlatency_shape = 0.05\n",
@@ -368,17 +350,18 @@ eval_tasks = 16
 
 [metrics]
 enabled = false
-
-[guard]
-enabled = false
-
+{guard}
 [learner]
 algo = "{algo}"
 {learner}
 {extra}
 "#,
+            guard = if self.guard {
+                ""
+            } else {
+                "\n[guard]\nenabled = false\n"
+            },
             steps = self.steps,
-            mode = self.mode,
             bound = self.bound,
             every = self.checkpoint_every,
             env = self.env,

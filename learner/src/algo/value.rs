@@ -106,56 +106,28 @@ mod tests {
         AggDenominators::of(mask, None)
     }
 
+    /// The token-mean value loss of one token: value `v`, old value `old`, return `ret`.
+    fn one(v: f64, old: f64, ret: f64, clip: Option<f64>) -> f64 {
+        let m = row(&[1.0]);
+        value_loss(
+            &row(&[v]),
+            &row(&[old]),
+            &row(&[ret]),
+            &m,
+            clip,
+            AggMode::TokenMean,
+            &den(&m),
+        )
+        .double_value(&[])
+    }
+
     #[test]
     fn clipped_value_loss_vectors() {
-        let m = row(&[1.0]);
         // V moved to 2 from 0, clip 0.5 → Vc = 0.5; max(1, .25) → ½.
-        assert!(
-            (value_loss(
-                &row(&[2.0]),
-                &row(&[0.0]),
-                &row(&[1.0]),
-                &m,
-                Some(0.5),
-                AggMode::TokenMean,
-                &den(&m)
-            )
-            .double_value(&[])
-                - 0.5)
-                .abs()
-                < 1e-12
-        );
+        assert!((one(2.0, 0.0, 1.0, Some(0.5)) - 0.5).abs() < 1e-12);
         // V = 0.8: unclipped .04, clipped (0.5) .25 → ½·.25.
-        assert!(
-            (value_loss(
-                &row(&[0.8]),
-                &row(&[0.0]),
-                &row(&[1.0]),
-                &m,
-                Some(0.5),
-                AggMode::TokenMean,
-                &den(&m)
-            )
-            .double_value(&[])
-                - 0.125)
-                .abs()
-                < 1e-12
-        );
-        assert!(
-            (value_loss(
-                &row(&[0.8]),
-                &row(&[0.0]),
-                &row(&[1.0]),
-                &m,
-                None,
-                AggMode::TokenMean,
-                &den(&m)
-            )
-            .double_value(&[])
-                - 0.02)
-                .abs()
-                < 1e-12
-        );
+        assert!((one(0.8, 0.0, 1.0, Some(0.5)) - 0.125).abs() < 1e-12);
+        assert!((one(0.8, 0.0, 1.0, None) - 0.02).abs() < 1e-12);
     }
 
     #[test]
