@@ -8,7 +8,7 @@
 //! - CF-4: `TrainConfig::config_hash` is a stable function of the effective configuration; it is
 //!   recorded in every checkpoint so that a resume under a different config can be detected.
 
-use keel_learner::{LearnerConfig, ModelConfig};
+use keel_learner::{LearnerConfig, ModelSpec, TinyShape};
 use serde::{Deserialize, Serialize};
 
 pub use crate::faults::FaultsSection;
@@ -649,16 +649,31 @@ impl TrainConfig {
         map
     }
 
-    /// The model configuration for a vocabulary of `vocab_size` words.
-    pub fn model_config(&self, vocab_size: usize) -> ModelConfig {
-        ModelConfig {
-            vocab_size,
+    /// The built-in tiny model's shape over `tokenizer`'s vocabulary (MD-1).
+    pub fn tiny_shape(&self, tokenizer: &keel_envs::Tokenizer) -> TinyShape {
+        let sp = tokenizer.special();
+        TinyShape {
+            vocab_size: tokenizer.vocab_size(),
             context_len: self.model.context_len,
             n_layer: self.model.n_layer,
             d_model: self.model.d_model,
             n_head: self.model.n_head,
-            value_head: self.learner.resolve().needs_critic(),
+            bos_token_id: sp.bos,
+            eos_token_id: sp.eot,
+            pad_token_id: sp.pad,
         }
+    }
+
+    /// The model every role builds (policy, reference, generators): the tiny model over
+    /// `tokenizer`'s vocabulary, initialised from the run seed, with a value head when the
+    /// preset needs a critic.
+    pub fn model_spec(
+        &self,
+        tokenizer: &keel_envs::Tokenizer,
+        device: tch::Device,
+    ) -> Result<ModelSpec, keel_learner::LearnerError> {
+        let value_head = self.learner.resolve().needs_critic();
+        ModelSpec::tiny(&self.tiny_shape(tokenizer), device, self.run.seed, value_head)
     }
 
     /// The staleness bound in force: 0 in sync mode.

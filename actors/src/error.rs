@@ -69,3 +69,9 @@ pub enum ActorError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+impl From<keel_learner::hf::HfError> for ActorError {
+    fn from(e: keel_learner::hf::HfError) -> Self {
+        ActorError::Learner(LearnerError::from(e))
+    }
+}

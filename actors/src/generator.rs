@@ -30,7 +30,8 @@ use actix::{Actor, Addr, Handler, Message, SyncContext};
 use keel_envs::scaffold::{Bank, GroupRecord};
 use keel_envs::Tokenizer;
 use keel_learner::algo::presets::DynamicSampling;
-use keel_learner::{ModelConfig, PolicyModel};
+use keel_learner::hf::HfModel;
+use keel_learner::ModelSpec;
 use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
 
 use crate::env_shard::EnvShard;
@@ -54,10 +55,8 @@ pub struct GeneratorSetup {
     pub seed: u64,
     /// Env name.
     pub env_name: String,
-    /// Model shape.
-    pub model: ModelConfig,
-    /// Torch device.
-    pub device: tch::Device,
+    /// The model (architecture, placement, heads); weights come from the board.
+    pub model: ModelSpec,
     /// Tokenizer of the env.
     pub tokenizer: Arc<Tokenizer>,
     /// Env shards to step episodes on.
@@ -229,11 +228,11 @@ pub fn sibling_group(task_id: u64, depth: usize) -> u64 {
 pub struct Generator {
     setup: GeneratorSetup,
     /// (version, models) of the loaded policy weights: model 0 and the agent models.
-    models: Option<(u64, Vec<PolicyModel>)>,
+    models: Option<(u64, Vec<HfModel>)>,
     /// Board epoch of the loaded weights (WB-3).
     epoch: u64,
     /// (serial, model) of the loaded reference policy (WB-4).
-    reference: Option<(u64, PolicyModel)>,
+    reference: Option<(u64, HfModel)>,
     /// The last trunk record read (RTPO), by key.
     trunks: Option<(String, Arc<TrunkRecord>)>,
 }
@@ -250,12 +249,8 @@ impl Generator {
         }
     }
 
-    fn fresh_model(&self) -> Result<PolicyModel, ActorError> {
-        Ok(PolicyModel::new(
-            &self.setup.model,
-            self.setup.device,
-            self.setup.seed,
-        )?)
+    fn fresh_model(&self) -> Result<HfModel, ActorError> {
+        Ok(self.setup.model.blank()?)
     }
 
     /// Loads the newest weights on the board (GN-1) and, when needed, the reference (WB-4).
@@ -360,7 +355,7 @@ impl Generator {
             temperature: setup.temperature,
             greedy: false,
             max_turn_tokens: setup.max_turn_tokens,
-            context_len: setup.model.context_len,
+            context_len: setup.model.config.max_position_embeddings,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
             first_id: msg.batch_seq * 1_000_000,
             scaffold,

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use actix::{Addr, Supervisor, SyncArbiter};
 use bytes::Bytes;
 use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split};
+use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
 
 use crate::config::TrainConfig;
@@ -240,7 +241,7 @@ async fn run_in_system(
     let env_cfg = cfg.env.env_config();
     // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
     let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
-    let model_cfg = cfg.model_config(tokenizer.vocab_size());
+    let model_spec = cfg.model_spec(&tokenizer, device)?;
     let factory: EnvFactory = match options.env_factory {
         Some(f) => f,
         None => {
@@ -267,7 +268,7 @@ async fn run_in_system(
     ask(
         &learner,
         InitLearner {
-            model: model_cfg.clone(),
+            model: model_spec.clone(),
             cfg: cfg.learner.clone(),
             agent_models: cfg
                 .agent_models
@@ -277,8 +278,20 @@ async fn run_in_system(
                     cfg: cfg.agent_learner_config(m),
                 })
                 .collect(),
-            device,
             seed: cfg.run.seed,
+            temperature: cfg.rollout.temperature,
+            tokenizer_files: vec![
+                (
+                    TOKENIZER_FILE.to_string(),
+                    tokenizer.hf_tokenizer_json().into_bytes(),
+                ),
+                (
+                    TOKENIZER_CONFIG_FILE.to_string(),
+                    tokenizer
+                        .hf_tokenizer_config_json(cfg.model.context_len)
+                        .into_bytes(),
+                ),
+            ],
             faults: cfg.faults.clone(),
         },
     )
@@ -292,8 +305,7 @@ async fn run_in_system(
                 run_id: cfg.run.name.clone(),
                 seed: cfg.run.seed,
                 env_name: cfg.env.name.clone(),
-                model: model_cfg.clone(),
-                device,
+                model: model_spec.clone(),
                 tokenizer: tokenizer.clone(),
                 shards: shards.clone(),
                 store: store.clone(),

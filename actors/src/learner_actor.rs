@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use keel_learner::{Learner, LearnerConfig, ModelConfig, StepMetrics, TrainBatch};
+use keel_learner::{Learner, LearnerConfig, ModelSpec, StepMetrics, TrainBatch, WeightSource};
 use keel_store::{BatchKey, RunStore};
 
 use crate::error::ActorError;
@@ -40,16 +40,19 @@ pub struct AgentModel {
 #[derive(Message)]
 #[rtype(result = "Result<(), ActorError>")]
 pub struct InitLearner {
-    /// Model shape.
-    pub model: ModelConfig,
+    /// The model (architecture, first weights, placement, heads).
+    pub model: ModelSpec,
     /// Optimisation settings.
     pub cfg: LearnerConfig,
     /// Dr. MAS: separate models per agent group; empty = one shared model for every agent.
     pub agent_models: Vec<AgentModel>,
-    /// Torch device.
-    pub device: tch::Device,
     /// Run seed.
     pub seed: u64,
+    /// Sampling temperature of the batches (MD-5).
+    pub temperature: f64,
+    /// Files every checkpoint carries beside the learner state, so that an export is a
+    /// complete Hugging Face folder: `tokenizer.json`, `tokenizer_config.json`.
+    pub tokenizer_files: Vec<(String, Vec<u8>)>,
     /// Faults to inject (testing aid; `FaultsSection::default()` is none).
     pub faults: FaultsSection,
 }
@@ -167,8 +170,8 @@ pub struct LearnerActor {
     store: RunStore,
     io: tokio::runtime::Handle,
     learners: Vec<Learner>,
-    /// What `InitLearner` said, to rebuild the learner at another learning rate.
-    init: Option<(ModelConfig, tch::Device, u64)>,
+    /// Tokenizer files added to every snapshot (`InitLearner::tokenizer_files`).
+    tokenizer_files: Vec<(String, Vec<u8>)>,
     /// Agent filter of each learner (None for the main one without agent models).
     filters: Vec<Option<Vec<u32>>>,
     faults: FaultPlan,
@@ -181,34 +184,22 @@ impl LearnerActor {
             store,
             io,
             learners: Vec::new(),
-            init: None,
+            tokenizer_files: Vec::new(),
             filters: Vec::new(),
             faults: FaultPlan::default(),
         }
     }
 
-    /// Rebuilds the learners so that the main one runs at `lr` (the others scaled by the same
-    /// factor) with the same weights, optimizer state and counters (the learner's config is
-    /// fixed at construction; a rewind is rare).
+    /// Sets the main learner's learning rate to `lr` and scales the others by the same factor;
+    /// weights, optimizer state and counters are untouched.
     fn set_lr(&mut self, lr: f64) -> Result<(), ActorError> {
-        let Some((model, device, seed)) = self.init.clone() else {
-            return Err(ActorError::Internal(
-                "learner used before InitLearner".into(),
-            ));
-        };
         let factor = lr / self.learner()?.config().lr;
         if factor == 1.0 {
             return Ok(());
         }
-        for k in 0..self.learners.len() {
-            let old = &self.learners[k];
-            let files = old.state_files()?;
-            let mut cfg = old.config().clone();
-            cfg.lr *= factor;
-            let mut fresh = Learner::new(&model, cfg, device, seed)?;
-            fresh.restore(&files)?;
-            fresh.set_agent_filter(self.filters.get(k).cloned().flatten());
-            self.learners[k] = fresh;
+        for l in &mut self.learners {
+            let scaled = l.config().lr * factor;
+            l.set_lr(scaled)?;
         }
         Ok(())
     }
@@ -249,7 +240,8 @@ impl Handler<InitLearner> for LearnerActor {
     fn handle(&mut self, msg: InitLearner, _ctx: &mut SyncContext<Self>) -> Self::Result {
         self.learners.clear();
         self.filters.clear();
-        let mut main = Learner::new(&msg.model, msg.cfg, msg.device, msg.seed)?;
+        let mut main = Learner::new(msg.model.build()?, msg.cfg, msg.seed)?;
+        main.set_temperature(msg.temperature)?;
         if !msg.agent_models.is_empty() {
             // Model 0 serves every agent not listed by another model.
             let listed: Vec<u32> = msg
@@ -267,13 +259,21 @@ impl Handler<InitLearner> for LearnerActor {
         for (k, m) in msg.agent_models.into_iter().enumerate() {
             // Each model starts from its own seed (different init), then SFT as the main one.
             let seed = crate::seeds::mix_seed(&[msg.seed, 0xa6e7, k as u64 + 1]);
-            let mut l = Learner::new(&msg.model, m.cfg, msg.device, seed)?;
+            let spec = match &msg.model.weights {
+                WeightSource::Random { .. } => ModelSpec {
+                    weights: WeightSource::Random { seed },
+                    ..msg.model.clone()
+                },
+                WeightSource::Folder(_) => msg.model.clone(),
+            };
+            let mut l = Learner::new(spec.build()?, m.cfg, seed)?;
+            l.set_temperature(msg.temperature)?;
             l.set_agent_filter(Some(m.agents.clone()));
             self.filters.push(Some(m.agents));
             self.learners.push(l);
         }
-        self.init = Some((msg.model, msg.device, msg.seed));
         self.faults = FaultPlan::new(msg.faults);
+        self.tokenizer_files = msg.tokenizer_files;
         Ok(())
     }
 }
@@ -436,6 +436,7 @@ impl Handler<Snapshot> for LearnerActor {
                     .map(|(name, bytes)| (model_file(k, &name), bytes)),
             );
         }
+        files.extend(self.tokenizer_files.iter().cloned());
         Ok(files)
     }
 }

@@ -13,41 +13,38 @@
 use keel_envs::demo::{render_observation, render_prompt};
 use keel_envs::evaluate::Transcript;
 use keel_envs::{Env, Tokenizer};
-use keel_learner::sampler::greedy_next;
-use keel_learner::{ModelConfig, PolicyModel};
+use keel_learner::hf::{GenRequest, HfModel, Sampler, SamplingParams};
+use keel_learner::policy_from_checkpoint;
 
 use crate::error::ActorError;
 
-/// A greedy policy over a [`PolicyModel`] (and, for Dr. MAS checkpoints, the agent models
-/// that serve some agents' turns, MP-4).
+/// A greedy policy over an [`HfModel`] (and, for Dr. MAS checkpoints, the agent models
+/// that serve some agents' turns, MP-4), decoded by the KV-cache sampler.
 pub struct ModelPolicy {
-    model: PolicyModel,
-    agent_models: Vec<(Vec<u32>, PolicyModel)>,
+    model: HfModel,
+    agent_models: Vec<(Vec<u32>, HfModel)>,
+    sampler: Sampler,
     tokenizer: Tokenizer,
     max_turn_tokens: usize,
     tokens: Vec<u32>,
 }
 
-/// A model from a checkpoint's `learner.json` (shape, agents) and weights.
+/// A model from a checkpoint's `learner.json` (architecture MD-4, agents) and weights.
 fn load_model(
     learner_json: &[u8],
     weights: &[u8],
-) -> Result<(Option<Vec<u32>>, PolicyModel), ActorError> {
+) -> Result<(Option<Vec<u32>>, HfModel), ActorError> {
     let state: serde_json::Value = serde_json::from_slice(learner_json)
         .map_err(|e| ActorError::Resume(format!("learner.json is not JSON: {e}")))?;
-    let cfg: ModelConfig = serde_json::from_value(state.get("model").cloned().unwrap_or_default())
-        .map_err(|e| ActorError::Resume(format!("learner.json has no model shape: {e}")))?;
     let agents: Option<Vec<u32>> =
         serde_json::from_value(state.get("agents").cloned().unwrap_or_default()).unwrap_or(None);
-    let mut model = PolicyModel::new(&cfg, tch::Device::Cpu, 0)?;
-    model.load_safetensors(weights)?;
-    Ok((agents, model))
+    Ok((agents, policy_from_checkpoint(learner_json, weights)?))
 }
 
 impl ModelPolicy {
     /// Wraps a model whose vocabulary is `tokenizer`'s.
     pub fn new(
-        model: PolicyModel,
+        model: HfModel,
         tokenizer: Tokenizer,
         max_turn_tokens: usize,
     ) -> Result<Self, ActorError> {
@@ -58,9 +55,11 @@ impl ModelPolicy {
                 tokenizer.vocab_size()
             )));
         }
+        let sampler = Sampler::new(&model, 1, model.config().max_position_embeddings)?;
         Ok(ModelPolicy {
             model,
             agent_models: Vec::new(),
+            sampler,
             tokenizer,
             max_turn_tokens,
             tokens: Vec::new(),
@@ -89,7 +88,7 @@ impl ModelPolicy {
         let agents = agents.ok_or_else(|| {
             ActorError::Resume("an agent model's learner.json lists no agents".into())
         })?;
-        if model.config() != self.model.config() {
+        if model.saved_config() != self.model.saved_config() {
             return Err(ActorError::Resume(
                 "an agent model's shape differs from the main model's".into(),
             ));
@@ -107,9 +106,8 @@ impl ModelPolicy {
                 .extend(render_observation(&self.tokenizer, obs)?),
         }
         let sp = self.tokenizer.special();
-        let banned = [sp.pad, sp.bos, sp.agent];
         let start = self.tokens.len();
-        if start + self.max_turn_tokens + 8 > self.model.config().context_len {
+        if start + self.max_turn_tokens + 8 > self.model.config().max_position_embeddings {
             return Ok(String::new());
         }
         let agent = env.agent_id();
@@ -118,13 +116,19 @@ impl ModelPolicy {
             .iter()
             .find(|(agents, _)| agents.contains(&agent))
             .map_or(&self.model, |(_, m)| m);
-        for _ in 0..self.max_turn_tokens {
-            let next = greedy_next(model, &[self.tokens.as_slice()], &banned)?;
-            let token = next.first().map_or(sp.eot, |s| s.token);
-            self.tokens.push(token);
-            if token == sp.eot {
-                break;
-            }
+        let request = GenRequest {
+            prompt: self.tokens.clone(),
+            params: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: self.max_turn_tokens,
+                stop_token_ids: vec![sp.eot],
+                ..SamplingParams::default()
+            },
+            seed: 0,
+        };
+        let completion = self.sampler.generate(model, vec![request])?;
+        if let Some(c) = completion.first() {
+            self.tokens.extend(&c.tokens);
         }
         Ok(self.tokenizer.decode_action(&self.tokens[start..]))
     }

@@ -3,10 +3,12 @@
 //! Invariants:
 //! - RO-1: a trajectory's tokens are exactly the tokens sampled plus the observation tokens
 //!   appended by the env; history is never re-tokenised (the layout of `keel_envs::demo`).
-//! - RO-2: every sampled token has its behaviour log-prob recorded under the distribution it was
-//!   sampled from, and every turn records the policy version that sampled it.
-//! - RO-3: sampling is a pure function of (weights, tasks, rng seed): the same inputs give the same
-//!   trajectories, which makes sync-mode runs reproducible across crashes.
+//! - RO-2: every sampled token has its behaviour log-prob recorded as the KV-cache sampler
+//!   reports it, `log_softmax(logits / T)` over the full vocabulary (SP-1, what the learner
+//!   recomputes, MD-5), and every turn records the policy version that sampled it.
+//! - RO-3: sampling is a pure function of (weights, tasks, rng seed): each turn's draw is seeded
+//!   by (rng seed, episode id, turn index) (SA-4), so the same inputs give the same trajectories
+//!   whatever the batch composition, which makes sync-mode runs reproducible across crashes.
 //! - RO-4: episodes that failed in their env (ES-1, ES-2) are excluded from the batch and counted.
 //! - RO-5 (RTPO): with `capture_boundaries` the exact token context and the env snapshot before
 //!   every turn are recorded; a plan with a `start` continues from such a boundary: its context
@@ -19,13 +21,10 @@
 
 use actix::Addr;
 use futures::executor::block_on;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 use keel_envs::demo::{render_observation, render_prompt};
 use keel_envs::Tokenizer;
-use keel_learner::sampler::{greedy_next, sample_next};
-use keel_learner::PolicyModel;
+use keel_learner::hf::{GenRequest, HfModel, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Source, Trajectory, Turn};
 
 use crate::env_shard::{
@@ -33,6 +32,11 @@ use crate::env_shard::{
     StepEpisodes,
 };
 use crate::error::ActorError;
+use crate::seeds::mix_seed;
+
+/// Most sequences one sampler decodes at once (its KV-cache slots); more requests queue
+/// (continuous batching, SA-2).
+const MAX_SAMPLER_SLOTS: usize = 256;
 
 /// A task to roll out: its id in the run's task order and its env seed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,16 +99,16 @@ pub fn group_plans(tasks: &[TaskRef], group_size: usize, anchors: usize) -> Vec<
 /// The models a rollout samples with.
 pub struct Policies<'a> {
     /// The policy models: one shared, or one per agent group (Dr. MAS).
-    pub models: Vec<&'a PolicyModel>,
+    pub models: Vec<&'a HfModel>,
     /// `agent_model[a]` = index into `models` of agent `a`'s model; agents beyond it use 0.
     pub agent_model: &'a [usize],
     /// The reference model for `Source::Anchor` episodes (ARMOR).
-    pub reference: Option<&'a PolicyModel>,
+    pub reference: Option<&'a HfModel>,
 }
 
 impl<'a> Policies<'a> {
     /// One shared policy, no reference.
-    pub fn single(model: &'a PolicyModel) -> Self {
+    pub fn single(model: &'a HfModel) -> Self {
         Policies {
             models: vec![model],
             agent_model: &[],
@@ -126,7 +130,7 @@ impl<'a> Policies<'a> {
         }
     }
 
-    fn model(&self, slot: usize) -> Result<&'a PolicyModel, ActorError> {
+    fn model(&self, slot: usize) -> Result<&'a HfModel, ActorError> {
         if slot < self.models.len() {
             Ok(self.models[slot])
         } else {
@@ -306,8 +310,7 @@ pub fn run_episodes(
         return Err(ActorError::Internal("no env shards".into()));
     }
     let sp = tokenizer.special();
-    let banned = [sp.pad, sp.bos, sp.agent];
-    let mut rng = ChaCha8Rng::seed_from_u64(spec.rng_seed);
+    let mut samplers: Vec<Option<Sampler>> = Vec::new();
     let mut stats = RolloutStats::default();
     let mut episodes: Vec<Episode> = spec
         .plans
@@ -434,7 +437,7 @@ pub fn run_episodes(
             .iter()
             .map(|&i| episodes[i].traj.tokens.len())
             .collect();
-        // Sample one agent turn for every active episode, token by token, batched per model.
+        // Sample one agent turn for every active episode, batched per model (KV-cache sampler).
         let mut slots: Vec<usize> = active
             .iter()
             .map(|&i| policies.slot(episodes[i].traj.source, episodes[i].agent))
@@ -443,36 +446,46 @@ pub fn run_episodes(
         slots.dedup();
         for slot in slots {
             let model = policies.model(slot)?;
-            let mut sampling: Vec<usize> = active
+            let sampling: Vec<usize> = active
                 .iter()
                 .copied()
                 .filter(|&i| policies.slot(episodes[i].traj.source, episodes[i].agent) == slot)
                 .collect();
-            for _ in 0..spec.max_turn_tokens {
-                if sampling.is_empty() {
-                    break;
-                }
-                let contexts: Vec<&[u32]> = sampling
-                    .iter()
-                    .map(|&i| episodes[i].traj.tokens.as_slice())
-                    .collect();
-                let next = if spec.greedy {
-                    greedy_next(model, &contexts, &banned)?
-                } else {
-                    sample_next(model, &contexts, spec.temperature, &banned, &mut rng)?
-                };
-                let mut still = Vec::with_capacity(sampling.len());
-                for (&i, s) in sampling.iter().zip(next) {
-                    let t = &mut episodes[i].traj;
-                    t.tokens.push(s.token);
-                    t.loss_mask.push(1);
-                    t.behaviour_logprobs.push(s.logprob);
-                    stats.sampled_tokens += 1;
-                    if s.token != sp.eot {
-                        still.push(i);
+            if samplers.len() <= slot {
+                samplers.resize_with(slot + 1, || None);
+            }
+            let sampler = match &mut samplers[slot] {
+                Some(s) => s,
+                empty => empty.insert(Sampler::new(
+                    model,
+                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
+                    spec.context_len,
+                )?),
+            };
+            let params = SamplingParams {
+                temperature: if spec.greedy { 0.0 } else { spec.temperature },
+                max_new_tokens: spec.max_turn_tokens,
+                stop_token_ids: vec![sp.eot],
+                ..SamplingParams::default()
+            };
+            let requests = sampling
+                .iter()
+                .map(|&i| {
+                    let ep = &episodes[i];
+                    GenRequest {
+                        prompt: ep.traj.tokens.clone(),
+                        params: params.clone(),
+                        seed: mix_seed(&[spec.rng_seed, ep.id, ep.traj.turns.len() as u64]),
                     }
-                }
-                sampling = still;
+                })
+                .collect();
+            let completions = sampler.generate(model, requests)?;
+            for (&i, c) in sampling.iter().zip(completions) {
+                let t = &mut episodes[i].traj;
+                stats.sampled_tokens += c.tokens.len();
+                t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
+                t.tokens.extend(c.tokens);
+                t.behaviour_logprobs.extend(c.logprobs);
             }
         }
         // Send the actions to the shards, one message per shard.

@@ -10,7 +10,8 @@
 //! - [`latency`]: simulated long-tailed step latency.
 //! - [`evaluate`]: oracle / random / model evaluation with confidence intervals.
 //! - [`split`]: disjoint train and held-out eval task seeds.
-//! - [`tokenizer`]: the word-level tokenizer over an env's declared vocabulary.
+//! - [`tokenizer`]: the word-level tokenizer over an env's declared vocabulary, and its Hugging
+//!   Face export (`tokenizer.json`, `tokenizer_config.json`).
 //! - [`demo`]: oracle demonstrations in keel's trajectory token layout.
 //! - [`scaffold`]: PATS, the training-only scaffold bank of skills and mistakes.
 //! - [`bm25`], [`lexicon`]: the ranking function and the procedural word lists.

@@ -21,10 +21,15 @@
 //!   `decode` never fails (ids out of range decode as `<unk>`).
 //! - TK-4 `decode_action` stops at the first `<eot>` and drops special tokens, so a generated
 //!   turn decodes to exactly the action text the environment receives.
+//! - TK-5 The exported Hugging Face tokenizer ([`Tokenizer::hf_tokenizer_json`], see
+//!   [`hf_export`]) encodes every text of whitespace-separated vocabulary words to exactly the
+//!   ids of `encode`; a word outside the vocabulary (holding no special token) fails there too.
 
 use std::collections::HashMap;
 
 use crate::error::{quote, EnvError};
+
+pub mod hf_export;
 
 const SPECIAL_WORDS: [&str; 4] = ["<pad>", "<bos>", "<eot>", "<agent>"];
 /// Marker word that starts a rendered PATS skill entry (`tip go to fridge 1`).

@@ -9,7 +9,7 @@
 use keel_actors::model_policy::ModelPolicy;
 use keel_envs::evaluate::{evaluate, Transcript};
 use keel_envs::{demonstrations, make_env, task_seed, Env, Split, Tokenizer};
-use keel_learner::{Learner, LearnerConfig, ModelConfig, TrainBatch};
+use keel_learner::{Learner, LearnerConfig, ModelSpec, TinyShape, TrainBatch};
 
 const CONTEXT: usize = 256;
 
@@ -37,16 +37,20 @@ fn sft_success(
         data.len() > demos / 2,
         "{name}: most demonstrations must fit the context"
     );
-    let model = ModelConfig {
+    let sp = tok.special();
+    let shape = TinyShape {
         vocab_size: tok.vocab_size(),
         context_len: CONTEXT,
         n_layer: 2,
         d_model: 64,
         n_head: 4,
-        value_head: false,
+        bos_token_id: sp.bos,
+        eos_token_id: sp.eot,
+        pad_token_id: sp.pad,
     };
-    let mut learner =
-        Learner::new(&model, LearnerConfig::default(), tch::Device::Cpu, 3).expect("learner");
+    let spec = ModelSpec::tiny(&shape, tch::Device::Cpu, 3, false).expect("spec");
+    let mut learner = Learner::new(spec.build().expect("model"), LearnerConfig::default(), 3)
+        .expect("learner");
     let batch_size = 32;
     for step in 0..steps {
         let start = (step * batch_size) % data.len();
@@ -57,8 +61,7 @@ fn sft_success(
         learner.sft_step(&batch, 3e-3).expect("sft step");
     }
     let weights = learner.model().to_safetensors().expect("weights");
-    let mut policy_model =
-        keel_learner::PolicyModel::new(&model, tch::Device::Cpu, 0).expect("model");
+    let mut policy_model = spec.blank().expect("model");
     policy_model.load_safetensors(&weights).expect("load");
     let mut policy = ModelPolicy::new(policy_model, tok, max_turn_tokens).expect("policy");
     let mut act = |e: &dyn Env, t: &Transcript| policy.act(e, t).expect("act");

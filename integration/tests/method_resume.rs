@@ -101,7 +101,7 @@ fn sao_resumed_mid_warmup_continues_the_critic_exactly() {
     let value_head = |bytes: &[u8]| {
         tensor_names(bytes)
             .into_iter()
-            .filter(|n| n.starts_with("value_head"))
+            .filter(|n| n.starts_with("score."))
             .count()
     };
     assert!(

@@ -689,7 +689,9 @@ fn eval_has_no_scaffold(
     let cfg = keel_actors::TrainConfig::from_toml(&run.toml()).expect("config");
     let env_cfg = cfg.env.env_config();
     let tokenizer = Arc::new(keel_envs::tokenizer_for(&env_cfg).expect("tokenizer"));
-    let model = cfg.model_config(tokenizer.vocab_size());
+    let model = cfg
+        .model_spec(&tokenizer, tch::Device::Cpu)
+        .expect("model spec");
     let weights = checkpoint_file(root, head, "model.safetensors");
     let io = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -715,7 +717,6 @@ fn eval_has_no_scaffold(
             seed: 11,
             env_name: "calc".into(),
             model,
-            device: tch::Device::Cpu,
             tokenizer,
             shards: vec![shard],
             store: store.clone(),

@@ -17,6 +17,9 @@ pub enum LearnerError {
     /// A JSON state file could not be written or parsed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// The Hugging Face model layer failed (config.json, weights, tokenizer, forward).
+    #[error(transparent)]
+    Hf(Box<crate::hf::HfError>),
     /// A configuration value is out of range; `key` is the config key, e.g. `learner.lr`.
     #[error("{key} {reason}")]
     InvalidConfig {
@@ -45,6 +48,12 @@ pub enum LearnerError {
         /// What differs (missing, unexpected, shape, dtype, ...).
         reason: String,
     },
+}
+
+impl From<crate::hf::HfError> for LearnerError {
+    fn from(e: crate::hf::HfError) -> Self {
+        LearnerError::Hf(Box::new(e))
+    }
 }
 
 impl LearnerError {

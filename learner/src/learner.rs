@@ -20,7 +20,9 @@
 //! - LR-1 (off-policy ratio): by default (`ratio_base = behaviour`) the ratio is taken against
 //!   the batch's behaviour log-probs — verl's bypass mode (§1.10) — in every epoch and
 //!   minibatch; `recompute` uses the weights at the start of the update instead. Behaviour
-//!   log-probs come from temperature-1 sampling (SM-1), so the ratio starts at 1 on-policy.
+//!   log-probs are `log_softmax(logits / T)` of the sampler (SP-1) and the learner's are taken
+//!   on `logits / T` too (MD-5, `set_temperature`), so the ratio starts at 1 on-policy at any
+//!   temperature.
 //! - LR-2 (skip on non-finite): a non-finite loss or gradient norm returns `NonFinite` before
 //!   the optimizer is touched: that step's weights and optimizer state are unchanged (earlier
 //!   minibatch steps of the same call stand).
@@ -41,7 +43,7 @@ use std::time::Instant;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::algo::aggregation::{
     agg_loss, masked_mean, masked_mean_value, turn_records, AggDenominators, AggMode,
@@ -61,7 +63,8 @@ use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
 use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
-use crate::model::{ModelConfig, PolicyModel};
+use crate::hf::HfModel;
+use crate::model::{policy_logits, ModelSpec};
 use crate::optimizer::{AdamW, AdamWConfig};
 use crate::step_metrics::StepMetrics;
 use crate::targets::{align_values, compute, Targets};
@@ -76,7 +79,8 @@ struct LearnerState {
     updates: u64,
     seed: u64,
     config: LearnerConfig,
-    model: ModelConfig,
+    /// The architecture (MD-4): saved config.json and heads.
+    model: serde_json::Value,
     #[serde(default)]
     kl_controller: Option<KlController>,
     /// β's exact bits (JSON floats do not round-trip every bit).
@@ -88,17 +92,17 @@ struct LearnerState {
     agents: Option<Vec<u32>>,
 }
 
-const STATE_FORMAT: &str = "keel.learner.v1";
+const STATE_FORMAT: &str = "keel.learner.v2";
 const REFERENCE_FILE: &str = "reference.safetensors";
 
 /// Policy + optimizer + counters (+ the reference policy and KL controller when the preset
 /// needs them).
 pub struct Learner {
-    model: PolicyModel,
+    model: HfModel,
     opt: AdamW,
     cfg: LearnerConfig,
     preset: PresetConfig,
-    reference: Option<PolicyModel>,
+    reference: Option<HfModel>,
     kl_ctl: Option<KlController>,
     seed: u64,
     step: u64,
@@ -106,6 +110,8 @@ pub struct Learner {
     updates: u64,
     /// Dr. MAS per-agent models: train only these agents' turns (None = every turn).
     agents: Option<Vec<u32>>,
+    /// Sampling temperature of the batches (MD-5): log-probs are taken on logits / T.
+    temperature: f64,
 }
 
 /// Mean, std, min and max of `x` over mask-1 entries.
@@ -133,26 +139,20 @@ fn masked_stats(x: &Tensor, mask: &Tensor) -> (f64, f64, f64, f64) {
 }
 
 impl Learner {
-    /// A fresh learner; critic presets require a value head.
-    pub fn new(
-        model_cfg: &ModelConfig,
-        cfg: LearnerConfig,
-        device: Device,
-        seed: u64,
-    ) -> Result<Self, LearnerError> {
+    /// A fresh learner training `model` (from [`ModelSpec::build`]); critic presets require
+    /// a value head. `seed` orders minibatches (LR-4).
+    pub fn new(model: HfModel, cfg: LearnerConfig, seed: u64) -> Result<Self, LearnerError> {
         cfg.validate()?;
-        model_cfg.validate()?;
         let preset = cfg.resolve();
-        if preset.needs_critic() && !model_cfg.value_head {
+        if preset.needs_critic() && !model.options().value_head {
             return Err(LearnerError::config(
                 "model.value_head",
                 format!("must be true when learner.algo = \"{}\" (the critic is the policy's value head)", cfg.algo.name()),
             ));
         }
-        let model = PolicyModel::new(model_cfg, device, seed)?;
         if let Some(c) = &preset.critic {
             let names: Vec<String> = model
-                .named_variables()
+                .named_parameters()
                 .into_iter()
                 .map(|(n, _)| n)
                 .collect();
@@ -193,6 +193,7 @@ impl Learner {
             sft_steps: 0,
             updates: 0,
             agents: None,
+            temperature: 1.0,
         })
     }
 
@@ -202,8 +203,34 @@ impl Learner {
         self.agents = agents;
     }
 
+    /// Sets the temperature the batches are sampled at (`rollout.temperature`, MD-5); not part
+    /// of the checkpoint: the job sets it from its config.
+    pub fn set_temperature(&mut self, temperature: f64) -> Result<(), LearnerError> {
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(LearnerError::config(
+                "rollout.temperature",
+                format!("must be finite and > 0 for training, got {temperature}"),
+            ));
+        }
+        self.temperature = temperature;
+        Ok(())
+    }
+
+    /// Sets the learning rate of later steps (a collapse-guard rewind lowers it); weights,
+    /// optimizer state and counters are untouched.
+    pub fn set_lr(&mut self, lr: f64) -> Result<(), LearnerError> {
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(LearnerError::config(
+                "learner.lr",
+                format!("must be finite and > 0, got {lr}"),
+            ));
+        }
+        self.cfg.lr = lr;
+        Ok(())
+    }
+
     /// The policy being trained.
-    pub fn model(&self) -> &PolicyModel {
+    pub fn model(&self) -> &HfModel {
         &self.model
     }
 
@@ -218,7 +245,7 @@ impl Learner {
     }
 
     /// The frozen reference policy, once the first update has taken it.
-    pub fn reference(&self) -> Option<&PolicyModel> {
+    pub fn reference(&self) -> Option<&HfModel> {
         self.reference.as_ref()
     }
 
@@ -226,7 +253,7 @@ impl Learner {
     /// policy, replacing the default (the weights at the first update). For a lineage's
     /// reference anchor or ARMOR's reference resets.
     pub fn set_reference(&mut self, safetensors: &[u8]) -> Result<(), LearnerError> {
-        let mut r = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
+        let mut r = self.model.try_clone()?;
         r.load_safetensors(safetensors)?;
         self.reference = Some(r);
         Ok(())
@@ -285,10 +312,8 @@ impl Learner {
     }
 
     /// A frozen copy of the current weights.
-    fn snapshot_model(&self) -> Result<PolicyModel, LearnerError> {
-        let mut copy = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
-        copy.load_safetensors(&self.model.to_safetensors()?)?;
-        Ok(copy)
+    fn snapshot_model(&self) -> Result<HfModel, LearnerError> {
+        self.model.try_clone()
     }
 
     /// Dynamic sampling within the batch: rows of informative groups, or None to keep all.
@@ -331,6 +356,7 @@ impl Learner {
             &self.preset,
             beta,
             self.agents.as_deref(),
+            self.temperature,
         )?;
         let actor = self
             .preset
@@ -397,7 +423,7 @@ impl Learner {
     ) -> Result<StepMetrics, LearnerError> {
         let mut m = StepMetrics::default();
         let trainable = if c.trainable.is_empty() {
-            vec!["value_head".to_string()]
+            vec!["score".to_string()]
         } else {
             c.trainable.clone()
         };
@@ -405,7 +431,7 @@ impl Learner {
         for _ in 0..k {
             self.opt.set_lr(self.cfg.lr * c.lr_ratio);
             self.opt.zero_grad();
-            let (_, values) = self.model.try_forward(tokens)?;
+            let (_, values) = self.model.forward(tokens)?;
             let values = align_values(&values.ok_or_else(|| {
                 LearnerError::config("model.value_head", "must be true for a critic preset")
             })?)?;
@@ -483,7 +509,7 @@ impl Learner {
         };
         self.opt.set_lr(self.cfg.lr);
         self.opt.zero_grad();
-        let (logits, values) = self.model.try_forward(&tokens)?;
+        let (logits, values) = policy_logits(&self.model, &tokens, self.temperature)?;
         let logp = token_logprobs(&logits, &tokens);
         if let Some(delta) = p.seq_mask_delta {
             let (m, frac) = sequence_mask(&logp, &old_logp, &adv, &mask, delta);
@@ -648,7 +674,7 @@ impl Learner {
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
-        let (logits, _) = self.model.try_forward(&tokens)?;
+        let (logits, _) = self.model.forward(&tokens)?;
         let loss = masked_mean(&token_logprobs(&logits, &tokens), &mask).f_neg()?;
         let loss_value = loss.f_double_value(&[])?;
         if !loss_value.is_finite() {
@@ -686,7 +712,7 @@ impl Learner {
             updates: self.updates,
             seed: self.seed,
             config: self.cfg.clone(),
-            model: self.model.config().clone(),
+            model: ModelSpec::identity(&self.model),
             kl_controller: self.kl_ctl,
             kl_beta_bits: self.kl_ctl.map(|c| c.beta().to_bits()),
             agents: self.agents.clone(),
@@ -728,13 +754,13 @@ impl Learner {
                 format!("format {:?}, expected {STATE_FORMAT:?}", state.format),
             ));
         }
-        if &state.model != self.model.config() {
+        let running = ModelSpec::identity(&self.model);
+        if state.model != running {
             return Err(LearnerError::mismatch(
                 "learner.json",
                 format!(
-                    "checkpoint model config {:?} differs from the running {:?}",
-                    state.model,
-                    self.model.config()
+                    "the checkpoint's model {} differs from the running {running}",
+                    state.model
                 ),
             ));
         }
@@ -742,7 +768,7 @@ impl Learner {
         let (moments, opt_steps) = self.opt.decode_state(get("optimizer.safetensors")?)?;
         let reference = match files.iter().find(|(n, _)| n == REFERENCE_FILE) {
             Some((_, bytes)) => {
-                let mut r = PolicyModel::new(self.model.config(), self.model.device(), self.seed)?;
+                let mut r = self.model.try_clone()?;
                 r.load_safetensors(bytes)?;
                 Some(r)
             }

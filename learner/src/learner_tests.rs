@@ -6,17 +6,12 @@ use crate::batch_tensors::{Row, TrainBatch};
 use crate::learner::Learner;
 use crate::learner_config::{Algo, LearnerConfig};
 use crate::logprobs::token_logprobs;
-use crate::model::{ModelConfig, PolicyModel};
+use crate::hf::HfModel;
+use crate::model::test_models;
 
-fn tiny(value_head: bool) -> ModelConfig {
-    ModelConfig {
-        vocab_size: 12,
-        context_len: 16,
-        n_layer: 2,
-        d_model: 32,
-        n_head: 4,
-        value_head,
-    }
+/// A tiny Qwen2-shaped model over 12 ids, initialised from `seed`.
+fn tiny(value_head: bool, seed: u64) -> HfModel {
+    test_models::tiny(12, value_head, seed)
 }
 
 fn cfg(algo: Algo) -> LearnerConfig {
@@ -29,17 +24,17 @@ fn cfg(algo: Algo) -> LearnerConfig {
 }
 
 /// On-policy behaviour log-probs of `model` for each row.
-fn behaviour(model: &PolicyModel, tokens: &[u32]) -> Vec<f32> {
+fn behaviour(model: &HfModel, tokens: &[u32]) -> Vec<f32> {
     let toks: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
     let toks = Tensor::from_slice(&toks).view([1, -1]);
-    let (logits, _) = tch::no_grad(|| model.forward(&toks));
+    let (logits, _) = tch::no_grad(|| model.forward(&toks)).expect("forward");
     Vec::<f32>::try_from(&token_logprobs(&logits, &toks).get(0)).expect("logp")
 }
 
 /// Two groups: in group 7 trajectory 0 (response 3 4) has reward 1 and trajectory 1 (5 6)
 /// reward 0; group 8 is constant. Prompt `1 2`, then the response, then an observation 9 and
 /// one more model token.
-fn rl_batch(model: &PolicyModel) -> TrainBatch {
+fn rl_batch(model: &HfModel) -> TrainBatch {
     let specs: [(&[u32], f32, u64); 4] = [
         (&[1, 2, 3, 4, 9, 10], 1.0, 7),
         (&[1, 2, 5, 6, 9, 11], 0.0, 7),
@@ -64,7 +59,7 @@ fn rl_batch(model: &PolicyModel) -> TrainBatch {
     TrainBatch::from_rows(rows, Device::Cpu).expect("batch")
 }
 
-fn sequence_logp(model: &PolicyModel, tokens: &[u32], from: usize) -> f64 {
+fn sequence_logp(model: &HfModel, tokens: &[u32], from: usize) -> f64 {
     behaviour(model, tokens)[from..]
         .iter()
         .map(|&x| f64::from(x))
@@ -73,7 +68,7 @@ fn sequence_logp(model: &PolicyModel, tokens: &[u32], from: usize) -> f64 {
 
 #[test]
 fn ppo_requires_a_value_head() {
-    let Err(e) = Learner::new(&tiny(false), cfg(Algo::Ppo), Device::Cpu, 0) else {
+    let Err(e) = Learner::new(tiny(false, 0), cfg(Algo::Ppo), 0) else {
         panic!("PPO without a value head")
     };
     assert!(
@@ -85,7 +80,7 @@ fn ppo_requires_a_value_head() {
 #[test]
 fn lr1_grpo_raises_the_rewarded_trajectory() {
     tch::set_num_threads(1);
-    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 3).expect("learner");
+    let mut l = Learner::new(tiny(false, 3), cfg(Algo::Grpo), 3).expect("learner");
     let batch = rl_batch(l.model());
     let good: &[u32] = &[1, 2, 3, 4];
     let bad: &[u32] = &[1, 2, 5, 6];
@@ -125,7 +120,7 @@ fn ppo_step_trains_policy_and_critic() {
         lam: Some(0.95),
         ..cfg(Algo::Ppo)
     };
-    let mut l = Learner::new(&tiny(true), c, Device::Cpu, 4).expect("learner");
+    let mut l = Learner::new(tiny(true, 4), c, 4).expect("learner");
     let batch = rl_batch(l.model());
     let first = l.train_step(&batch).expect("step");
     assert!(first.value_loss > 0.0 && first.entropy > 0.0);
@@ -150,7 +145,7 @@ fn ppo_step_trains_policy_and_critic() {
 #[test]
 fn lr2_non_finite_loss_skips_the_step() {
     tch::set_num_threads(1);
-    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 5).expect("learner");
+    let mut l = Learner::new(tiny(false, 5), cfg(Algo::Grpo), 5).expect("learner");
     let mut batch = rl_batch(l.model());
     batch.final_rewards[0] = f32::NAN;
     let before = l.weights_safetensors().expect("weights");
@@ -167,7 +162,7 @@ fn lr2_non_finite_loss_skips_the_step() {
 #[test]
 fn sft_decreases_loss() {
     tch::set_num_threads(1);
-    let mut l = Learner::new(&tiny(false), cfg(Algo::Grpo), Device::Cpu, 6).expect("learner");
+    let mut l = Learner::new(tiny(false, 6), cfg(Algo::Grpo), 6).expect("learner");
     let seqs = vec![
         (vec![1, 2, 3, 4, 5], vec![0, 0, 1, 1, 1]),
         (vec![1, 7, 8], vec![0, 1, 1]),
@@ -196,7 +191,7 @@ fn lr4_restore_continues_bit_identically() {
         weight_decay: 0.01,
         ..cfg(Algo::Ppo)
     };
-    let mut a = Learner::new(&tiny(true), c.clone(), Device::Cpu, 11).expect("a");
+    let mut a = Learner::new(tiny(true, 11), c.clone(), 11).expect("a");
     let batch = rl_batch(a.model());
     let sft =
         TrainBatch::from_sequences(&[(vec![1, 2, 3], vec![0, 1, 1])], Device::Cpu).expect("sft");
@@ -210,7 +205,7 @@ fn lr4_restore_continues_bit_identically() {
         ["model.safetensors", "optimizer.safetensors", "learner.json"]
     );
 
-    let mut b = Learner::new(&tiny(true), c, Device::Cpu, 999).expect("b");
+    let mut b = Learner::new(tiny(true, 999), c, 999).expect("b");
     b.restore(&files).expect("restore");
     assert_eq!((b.step(), b.sft_steps()), (a.step(), a.sft_steps()));
     for l in [&mut a, &mut b] {
@@ -235,12 +230,9 @@ fn lr4_restore_continues_bit_identically() {
 #[test]
 fn lr5_restore_rejects_other_models_and_changes_nothing() {
     tch::set_num_threads(1);
-    let a = Learner::new(&tiny(true), cfg(Algo::Grpo), Device::Cpu, 1).expect("a");
-    let other = ModelConfig {
-        d_model: 16,
-        ..tiny(true)
-    };
-    let mut b = Learner::new(&other, cfg(Algo::Grpo), Device::Cpu, 2).expect("b");
+    let a = Learner::new(tiny(true, 1), cfg(Algo::Grpo), 1).expect("a");
+    let other = test_models::tiny(13, true, 2);
+    let mut b = Learner::new(other, cfg(Algo::Grpo), 2).expect("b");
     let before = b.weights_safetensors().expect("w");
     let e = b
         .restore(&a.state_files().expect("files"))
@@ -248,7 +240,7 @@ fn lr5_restore_rejects_other_models_and_changes_nothing() {
     assert!(e.to_string().contains("learner.json"), "{e}");
     let mut files = a.state_files().expect("files");
     files.retain(|(n, _)| n != "optimizer.safetensors");
-    let mut c = Learner::new(&tiny(true), cfg(Algo::Grpo), Device::Cpu, 2).expect("c");
+    let mut c = Learner::new(tiny(true, 2), cfg(Algo::Grpo), 2).expect("c");
     let e = c.restore(&files).expect_err("missing file");
     assert!(e.to_string().contains("optimizer.safetensors"), "{e}");
     assert_eq!(before, b.weights_safetensors().expect("w"));
@@ -257,9 +249,9 @@ fn lr5_restore_rejects_other_models_and_changes_nothing() {
 #[test]
 fn ls2_no_gradient_reaches_logits_predicting_mask0_tokens() {
     tch::set_num_threads(1);
-    let model = PolicyModel::new(&tiny(false), Device::Cpu, 2).expect("model");
+    let model = tiny(false, 2);
     let batch = rl_batch(&model);
-    let (logits, _) = model.forward(&batch.tokens);
+    let (logits, _) = model.forward(&batch.tokens).expect("forward");
     let logits = logits.detach().set_requires_grad(true);
     let logp = token_logprobs(&logits, &batch.tokens);
     let adv = Tensor::ones_like(&logp);
@@ -295,7 +287,7 @@ fn preset_learner(p: crate::Preset, seed: u64) -> Learner {
         ..LearnerConfig::for_preset(p)
     };
     let vh = c.resolve().needs_critic();
-    Learner::new(&tiny(vh), c, Device::Cpu, seed).expect("learner")
+    Learner::new(tiny(vh, seed), c, seed).expect("learner")
 }
 
 #[test]
@@ -328,7 +320,7 @@ fn cs1_sao_warmup_trains_only_the_value_head() {
     let batch = rl_batch(l.model());
     let named = |l: &Learner| -> Vec<(String, Vec<f32>)> {
         l.model()
-            .named_variables()
+            .named_parameters()
             .into_iter()
             .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("w")))
             .collect()
@@ -341,7 +333,7 @@ fn cs1_sao_warmup_trains_only_the_value_head() {
         "K = 2 value-only steps per minibatch, no actor step"
     );
     for ((n, a), (_, b)) in before.iter().zip(named(&l)) {
-        assert_eq!(a == &b, !n.starts_with("value_head"), "{n}");
+        assert_eq!(a == &b, !n.starts_with("score"), "{n}");
     }
 }
 
@@ -354,22 +346,17 @@ fn cs1_critic_trainable_groups_are_configurable_and_checked() {
         critic_trainable: Some(trainable.iter().map(|s| s.to_string()).collect()),
         ..LearnerConfig::for_preset(crate::Preset::Sao)
     };
-    let Err(e) = Learner::new(&tiny(true), cfg(&["value_head", "nope"]), Device::Cpu, 5) else {
+    let Err(e) = Learner::new(tiny(true, 5), cfg(&["score", "nope"]), 5) else {
         panic!("an unknown prefix was accepted")
     };
     assert!(e.to_string().contains("critic_trainable"), "{e}");
     // The critic trains the value head and the last block's MLP; attention stays frozen.
-    let mut l = Learner::new(
-        &tiny(true),
-        cfg(&["value_head", "blocks.1.mlp"]),
-        Device::Cpu,
-        5,
-    )
+    let mut l = Learner::new(tiny(true, 5), cfg(&["score", "model.layers.1.mlp"]), 5)
     .expect("learner");
     let batch = rl_batch(l.model());
     let snapshot = |l: &Learner| -> Vec<(String, Vec<f32>)> {
         l.model()
-            .named_variables()
+            .named_parameters()
             .into_iter()
             .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("w")))
             .collect()
@@ -377,7 +364,7 @@ fn cs1_critic_trainable_groups_are_configurable_and_checked() {
     let before = snapshot(&l);
     l.train_step(&batch).expect("warm-up step");
     for ((n, a), (_, b)) in before.iter().zip(snapshot(&l)) {
-        let trained = n.starts_with("value_head") || n.starts_with("blocks.1.mlp");
+        let trained = n.starts_with("score") || n.starts_with("model.layers.1.mlp");
         assert_eq!(a != &b, trained, "{n}");
     }
 }
@@ -450,7 +437,7 @@ fn sorl_reports_turn_ratios_and_sao_reports_the_dis_mask() {
         critic_warmup: Some(0),
         ..LearnerConfig::for_preset(crate::Preset::Sao)
     };
-    let mut s = Learner::new(&tiny(true), c, Device::Cpu, 27).expect("sao");
+    let mut s = Learner::new(tiny(true, 27), c, 27).expect("sao");
     let m = s.train_step(&batch).expect("sao");
     assert_eq!(m.actor_steps, 2.0);
     assert_eq!(
@@ -468,7 +455,7 @@ fn lr1_recompute_ratio_base_ignores_stale_behaviour_logprobs() {
         ratio_base: Some(crate::algo::RatioBase::Recompute),
         ..LearnerConfig::default()
     };
-    let mut l = Learner::new(&tiny(false), c, Device::Cpu, 28).expect("learner");
+    let mut l = Learner::new(tiny(false, 28), c, 28).expect("learner");
     let mut batch = rl_batch(l.model());
     batch.behaviour_logp =
         batch.behaviour_logp.f_sub_scalar(0.5).expect("stale") * &batch.loss_mask;
@@ -489,7 +476,7 @@ fn kl_in_reward_uses_the_adaptive_controller_and_survives_restore() {
         kl_reward_target: Some(1e-3),
         ..LearnerConfig::for_preset(crate::Preset::Ppo)
     };
-    let mut a = Learner::new(&tiny(true), c.clone(), Device::Cpu, 29).expect("learner");
+    let mut a = Learner::new(tiny(true, 29), c.clone(), 29).expect("learner");
     let batch = rl_batch(a.model());
     let first = a.train_step(&batch).expect("1");
     assert_eq!(first.kl_reward_beta, 0.1);
@@ -499,7 +486,7 @@ fn kl_in_reward_uses_the_adaptive_controller_and_survives_restore() {
         "KL below target lowers β: {}",
         second.kl_reward_beta
     );
-    let mut b = Learner::new(&tiny(true), c, Device::Cpu, 30).expect("b");
+    let mut b = Learner::new(tiny(true, 30), c, 30).expect("b");
     b.restore(&a.state_files().expect("files"))
         .expect("restore");
     let (ma, mb) = (
@@ -508,4 +495,54 @@ fn kl_in_reward_uses_the_adaptive_controller_and_survives_restore() {
     );
     assert_eq!(ma.kl_reward_beta, mb.kl_reward_beta);
     assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
+}
+
+/// MD-5 / LR-1: sequences sampled by the KV-cache sampler at temperature T, trained with the
+/// learner set to the same T, start at ratio 1 (no clipping, zero approximate KL).
+#[test]
+fn md5_ppo_ratio_is_one_on_policy_at_any_temperature() {
+    use crate::hf::{GenRequest, Sampler, SamplingParams};
+    tch::set_num_threads(1);
+    for t in [0.7, 1.0] {
+        let mut l = Learner::new(tiny(false, 41), cfg(Algo::Grpo), 41).expect("learner");
+        l.set_temperature(t).expect("temperature");
+        let mut sampler = Sampler::new(l.model(), 4, 32).expect("sampler");
+        let params = SamplingParams {
+            temperature: t,
+            max_new_tokens: 6,
+            ..SamplingParams::default()
+        };
+        let reqs: Vec<GenRequest> = (0..4u64)
+            .map(|i| GenRequest {
+                prompt: vec![1, 3 + i as u32],
+                params: params.clone(),
+                seed: 100 + i,
+            })
+            .collect();
+        let outs = sampler.generate(l.model(), reqs.clone()).expect("sample");
+        let rows = reqs
+            .iter()
+            .zip(&outs)
+            .enumerate()
+            .map(|(i, (r, c))| {
+                let mut tokens = r.prompt.clone();
+                tokens.extend(&c.tokens);
+                let mut mask = vec![0u8; r.prompt.len()];
+                mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
+                let mut logp = vec![0f32; r.prompt.len()];
+                logp.extend(&c.logprobs);
+                Row::new(tokens, mask, logp, (i % 2) as f32, 7)
+            })
+            .collect();
+        let batch = TrainBatch::from_rows(rows, Device::Cpu).expect("batch");
+        let m = l.train_step(&batch).expect("step");
+        assert_eq!(m.clip_frac, 0.0, "T = {t}: ratio 1 on-policy");
+        assert!(m.approx_kl.abs() < 1e-5, "T = {t}: approx kl {}", m.approx_kl);
+        if t != 1.0 {
+            // Control: a learner that ignores the temperature sees an off-policy ratio.
+            let mut plain = Learner::new(tiny(false, 41), cfg(Algo::Grpo), 41).expect("learner");
+            let m = plain.train_step(&batch).expect("step");
+            assert!(m.approx_kl.abs() > 1e-4, "T = {t}: approx kl {}", m.approx_kl);
+        }
+    }
 }

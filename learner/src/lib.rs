@@ -1,11 +1,12 @@
-//! keel's learner: a small decoder-only transformer in tch, the algorithm library (`algo`:
+//! keel's learner: the one model path (`hf`: Llama / Qwen2 / Qwen3 in tch, the built-in tiny
+//! model being a tiny Qwen2 configuration of it, `model`), the algorithm library (`algo`:
 //! losses, advantage estimators, KL, critic schedule and the preset registry) and an AdamW whose
 //! state can be saved and restored exactly.
 //!
 //! Data flow: a stored rollout batch → [`TrainBatch`] (padded tensors) → [`Learner::train_step`]
-//! (advantages, losses, optimizer) → weights as safetensors for generators and checkpoints.
-//! Generators use [`sample_next`] / [`greedy_next`] on a [`PolicyModel`] loaded from those
-//! weights.
+//! (advantages, losses, optimizer) → weights as safetensors under HF names for generators and
+//! checkpoints. Generators sample with the KV-cache [`hf::Sampler`] on an [`hf::HfModel`]
+//! loaded from those weights.
 //!
 //! **Architecture invariant:** the learner never talks to environments or generators; it only
 //! reads batches and produces weights and state files.
@@ -13,7 +14,6 @@
 
 pub mod algo;
 pub mod batch_tensors;
-pub mod causal_lm;
 pub mod error;
 pub mod hf;
 pub mod learner;
@@ -21,7 +21,6 @@ pub mod learner_config;
 pub mod logprobs;
 pub mod model;
 pub mod optimizer;
-pub mod sampler;
 pub mod step_metrics;
 mod targets;
 mod tensor_io;
@@ -34,20 +33,17 @@ pub use algo::gae::{gae, masked_whiten};
 pub use algo::grpo::grpo_advantages;
 pub use algo::presets::{Preset, PresetConfig};
 pub use batch_tensors::{TrainBatch, TurnSpan};
-pub use causal_lm::CausalLm;
 pub use error::LearnerError;
 pub use learner::Learner;
 pub use learner_config::{Algo, LearnerConfig};
 pub use logprobs::{token_entropy, token_logprobs};
-pub use model::{ModelConfig, PolicyModel};
+pub use model::{policy_from_checkpoint, policy_logits, ModelSpec, TinyShape, WeightSource};
 pub use optimizer::{AdamW, AdamWConfig};
-pub use sampler::{greedy_next, sample_next, NextTokenSample};
 pub use step_metrics::StepMetrics;
 
 // Generators and the learner run inside actors on other threads: keep these types `Send`.
 const _: fn() = || {
     fn send<T: Send>() {}
-    send::<PolicyModel>();
     send::<hf::HfModel>();
     send::<Learner>();
     send::<TrainBatch>();

@@ -30,7 +30,7 @@ fn shift_right(x: &Tensor) -> Tensor {
 ///
 /// # Panics
 /// When the shapes disagree or a token id is out of range (libtorch error); callers pass
-/// tensors produced together by `PolicyModel::try_forward`.
+/// tensors produced together by `HfModel::forward`.
 pub fn token_logprobs(logits: &Tensor, tokens: &Tensor) -> Tensor {
     let t = tokens.size()[1];
     let lp = logits

@@ -1,50 +1,58 @@
-//! The policy: a small GPT-style decoder-only transformer with an optional scalar value head.
-//!
-//! Layout: token + learned position embeddings → `n_layer` pre-LayerNorm blocks (causal
-//! multi-head self-attention, then a 4× MLP with exact GELU, each added to the residual stream)
-//! → final LayerNorm → untied LM head (no bias); the value head is a `d_model → 1` linear layer
-//! on the same final hidden state.
+//! keel's one model path: every policy, reference policy, critic and generator model is an
+//! [`HfModel`] (the Llama / Qwen2 / Qwen3 decoder of [`crate::hf`]). This module says where a
+//! model comes from ([`ModelSpec`]: a Hugging Face folder, or the built-in tiny Qwen2-shaped
+//! configuration made from `[model]` keys and the env's vocabulary, [`TinyShape`]) and moves
+//! weights in and out of memory as safetensors under HF names: what the weight board,
+//! checkpoints and exports carry.
 //!
 //! Invariants:
-//! - MD-1 (init): weights ~ N(0, 0.02); the residual output projections (`attn.proj.weight`,
-//!   `mlp.proj.weight`) ~ N(0, 0.02/√(2·n_layer)); biases 0; LayerNorm weight 1, bias 0. Values
-//!   come from a ChaCha8 stream seeded with `seed`, drawn on the CPU in creation order, so the
-//!   same config and seed give bit-identical weights on every device.
-//! - MD-2 (causality): `logits[b, t]` and `values[b, t]` depend only on `tokens[b, ..=t]`, so
-//!   right padding never changes the outputs at real positions.
-//! - MD-3 (alignment): `logits[b, t]` is the distribution of `tokens[b, t+1]`; `values[b, t]` is
-//!   the value of the prefix `tokens[b, ..=t]`. Shifting to "per predicted token" is done by
-//!   `logprobs` and by the learner, never here.
-//! - MD-4 (names): variable names are the VarStore paths (`tok_emb.weight`,
-//!   `blocks.0.attn.qkv.weight`, …); `to_safetensors` writes every variable under its name as
-//!   F32 and `load_safetensors` accepts exactly that set (TI-2).
+//! - MD-1 (tiny = Qwen2): [`TinyShape::hf_config`] is a Qwen2 `config.json` that transformers
+//!   loads; the quickstart's tiny model runs exactly the code a 7B run uses.
+//! - MD-2 (init): a model from a spec with [`WeightSource::Random`] is [`HfModel::random`]
+//!   (HM-3): the same spec and seed give bit-identical weights on every device; a folder spec
+//!   loads the folder's weights (a value head absent from it starts at zero).
+//! - MD-3 (weights): [`HfModel::to_safetensors`] writes every variable under its HF name as F32
+//!   (TI-1); [`HfModel::load_safetensors`] accepts exactly this model's names with matching
+//!   shapes and checks the whole buffer before anything changes (TI-2).
+//! - MD-4 (identity): two models are the same architecture iff their saved `config.json`
+//!   values and heads are equal ([`ModelSpec::identity`]); `learner.json` records it and a
+//!   restore refuses another (LR-5).
+//! - MD-5 (temperature): the learner's log-probs of a sequence sampled at temperature `T` are
+//!   taken on `logits / T` ([`policy_logits`]), as verl does and as the sampler records them
+//!   (SP-1), so the PPO ratio is 1 on-policy at any temperature.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use tch::{nn, Device, Kind, Tensor};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::LearnerError;
+use crate::hf::{HfConfig, HfModel, LoadOptions};
 use crate::tensor_io;
 
-/// Shape of the policy network.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct ModelConfig {
-    /// Number of token ids (ids are `0..vocab_size`).
+/// The built-in tiny model's shape: `[model]` keys plus the env's vocabulary (MD-1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TinyShape {
+    /// Number of token ids (the env's word-level vocabulary).
     pub vocab_size: usize,
-    /// Maximum sequence length (number of learned positions).
+    /// Longest sequence (`max_position_embeddings`).
     pub context_len: usize,
-    /// Number of transformer blocks.
+    /// Decoder layers.
     pub n_layer: usize,
-    /// Width of the residual stream.
+    /// Residual width.
     pub d_model: usize,
-    /// Number of attention heads; must divide `d_model`.
+    /// Attention heads (must divide `d_model`; as many key/value heads).
     pub n_head: usize,
-    /// Whether the model carries a scalar value head (required by PPO).
-    pub value_head: bool,
+    /// `bos_token_id` recorded in config.json.
+    pub bos_token_id: u32,
+    /// `eos_token_id`: the token that ends a turn.
+    pub eos_token_id: u32,
+    /// `pad_token_id`.
+    pub pad_token_id: u32,
 }
 
-impl ModelConfig {
-    /// Checks that every size is positive and that `n_head` divides `d_model`.
+impl TinyShape {
+    /// Checks that every size is positive and that `n_head` divides `d_model` into even heads.
     pub fn validate(&self) -> Result<(), LearnerError> {
         let sizes = [
             ("model.vocab_size", self.vocab_size),
@@ -58,11 +66,11 @@ impl ModelConfig {
                 return Err(LearnerError::config(key, "must be > 0, got 0"));
             }
         }
-        if self.d_model % self.n_head != 0 {
+        if self.d_model % self.n_head != 0 || (self.d_model / self.n_head) % 2 != 0 {
             return Err(LearnerError::config(
                 "model.n_head",
                 format!(
-                    "must divide model.d_model ({}), got {}",
+                    "must divide model.d_model ({}) into heads of even width, got {}",
                     self.d_model, self.n_head
                 ),
             ));
@@ -70,275 +78,199 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Number of scalar parameters, value head included when enabled.
-    pub fn n_params(&self) -> usize {
-        let (v, c, d) = (self.vocab_size, self.context_len, self.d_model);
-        // ln1 2d, qkv 3d²+3d, attn proj d²+d, ln2 2d, mlp fc 4d²+4d, mlp proj 4d²+d.
-        let block = 12 * d * d + 13 * d;
-        let value = if self.value_head { d + 1 } else { 0 };
-        v * d + c * d + self.n_layer * block + 2 * d + v * d + value
+    /// The Qwen2 config.json of this shape (MD-1): SwiGLU MLP of width 4·d, RoPE θ = 10⁴,
+    /// untied LM head.
+    pub fn hf_config(&self) -> Result<HfConfig, LearnerError> {
+        self.validate()?;
+        let v = json!({
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.d_model,
+            "intermediate_size": 4 * self.d_model,
+            "num_hidden_layers": self.n_layer,
+            "num_attention_heads": self.n_head,
+            "num_key_value_heads": self.n_head,
+            "max_position_embeddings": self.context_len,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "hidden_act": "silu",
+            "initializer_range": 0.02,
+            "tie_word_embeddings": false,
+            "use_sliding_window": false,
+            "attention_dropout": 0.0,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "dtype": "float32",
+        });
+        Ok(HfConfig::from_value(v)?)
     }
 }
 
-/// One pre-LayerNorm transformer block's parameters (shallow clones of VarStore variables).
-struct Block {
-    ln1_w: Tensor,
-    ln1_b: Tensor,
-    qkv_w: Tensor,
-    qkv_b: Tensor,
-    attn_proj_w: Tensor,
-    attn_proj_b: Tensor,
-    ln2_w: Tensor,
-    ln2_b: Tensor,
-    fc_w: Tensor,
-    fc_b: Tensor,
-    mlp_proj_w: Tensor,
-    mlp_proj_b: Tensor,
+/// Where a model's first weights come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WeightSource {
+    /// Fresh initialisation seeded by `seed` (MD-2).
+    Random {
+        /// The init seed.
+        seed: u64,
+    },
+    /// The safetensors of a Hugging Face folder.
+    Folder(PathBuf),
 }
 
-/// The policy network; owns its `VarStore`.
-pub struct PolicyModel {
-    cfg: ModelConfig,
-    vs: nn::VarStore,
-    tok_emb: Tensor,
-    pos_emb: Tensor,
-    blocks: Vec<Block>,
-    lnf_w: Tensor,
-    lnf_b: Tensor,
-    lm_head: Tensor,
-    value: Option<(Tensor, Tensor)>,
+/// Everything needed to build a model: architecture, first weights, placement and heads.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    /// The architecture (config.json).
+    pub config: HfConfig,
+    /// The first weights.
+    pub weights: WeightSource,
+    /// CPU or CUDA.
+    pub device: Device,
+    /// Parameter kind (f32 or bf16).
+    pub kind: Kind,
+    /// Whether the model carries the scalar value head (`score`, a critic on the policy trunk).
+    pub value_head: bool,
 }
 
-/// Creates variables in a fixed order from one seeded stream (MD-1).
-struct Initialiser {
-    rng: ChaCha8Rng,
-}
-
-impl Initialiser {
-    fn normal(
-        &mut self,
-        p: &nn::Path,
-        name: &str,
-        shape: &[i64],
-        std: f64,
-    ) -> Result<Tensor, LearnerError> {
-        let n: i64 = shape.iter().product();
-        let mut values = Vec::with_capacity(n as usize);
-        while values.len() < n as usize {
-            // Box–Muller: u1 in (0, 1], u2 in [0, 1).
-            let u1: f64 = 1.0 - self.rng.gen::<f64>();
-            let u2: f64 = self.rng.gen::<f64>();
-            let r = (-2.0 * u1.ln()).sqrt() * std;
-            let theta = 2.0 * std::f64::consts::PI * u2;
-            values.push((r * theta.cos()) as f32);
-            values.push((r * theta.sin()) as f32);
-        }
-        values.truncate(n as usize);
-        let t = Tensor::f_from_slice(&values)?.f_reshape(shape)?;
-        Ok(p.f_var_copy(name, &t)?)
-    }
-
-    fn constant(
-        p: &nn::Path,
-        name: &str,
-        shape: &[i64],
-        value: f64,
-    ) -> Result<Tensor, LearnerError> {
-        let t = Tensor::f_full(shape, value, (Kind::Float, Device::Cpu))?;
-        Ok(p.f_var_copy(name, &t)?)
-    }
-}
-
-impl PolicyModel {
-    /// Builds a model with deterministic explicit initialisation (MD-1).
-    pub fn new(cfg: &ModelConfig, device: Device, seed: u64) -> Result<Self, LearnerError> {
-        cfg.validate()?;
-        let vs = nn::VarStore::new(device);
-        let root = vs.root();
-        let mut init = Initialiser {
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        };
-        let (v, c, d) = (
-            cfg.vocab_size as i64,
-            cfg.context_len as i64,
-            cfg.d_model as i64,
-        );
-        let std = 0.02;
-        let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
-        let tok_emb = init.normal(&root.sub("tok_emb"), "weight", &[v, d], std)?;
-        let pos_emb = init.normal(&root.sub("pos_emb"), "weight", &[c, d], std)?;
-        let mut blocks = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let b = root.sub("blocks").sub(i);
-            let (ln1, attn, ln2, mlp) = (b.sub("ln1"), b.sub("attn"), b.sub("ln2"), b.sub("mlp"));
-            let (qkv, attn_proj) = (attn.sub("qkv"), attn.sub("proj"));
-            let (fc, mlp_proj) = (mlp.sub("fc"), mlp.sub("proj"));
-            blocks.push(Block {
-                ln1_w: Initialiser::constant(&ln1, "weight", &[d], 1.0)?,
-                ln1_b: Initialiser::constant(&ln1, "bias", &[d], 0.0)?,
-                qkv_w: init.normal(&qkv, "weight", &[3 * d, d], std)?,
-                qkv_b: Initialiser::constant(&qkv, "bias", &[3 * d], 0.0)?,
-                attn_proj_w: init.normal(&attn_proj, "weight", &[d, d], resid_std)?,
-                attn_proj_b: Initialiser::constant(&attn_proj, "bias", &[d], 0.0)?,
-                ln2_w: Initialiser::constant(&ln2, "weight", &[d], 1.0)?,
-                ln2_b: Initialiser::constant(&ln2, "bias", &[d], 0.0)?,
-                fc_w: init.normal(&fc, "weight", &[4 * d, d], std)?,
-                fc_b: Initialiser::constant(&fc, "bias", &[4 * d], 0.0)?,
-                mlp_proj_w: init.normal(&mlp_proj, "weight", &[d, 4 * d], resid_std)?,
-                mlp_proj_b: Initialiser::constant(&mlp_proj, "bias", &[d], 0.0)?,
-            });
-        }
-        let lnf = root.sub("ln_f");
-        let lnf_w = Initialiser::constant(&lnf, "weight", &[d], 1.0)?;
-        let lnf_b = Initialiser::constant(&lnf, "bias", &[d], 0.0)?;
-        let lm_head = init.normal(&root.sub("lm_head"), "weight", &[v, d], std)?;
-        let value = if cfg.value_head {
-            let p = root.sub("value_head");
-            Some((
-                init.normal(&p, "weight", &[1, d], std)?,
-                Initialiser::constant(&p, "bias", &[1], 0.0)?,
-            ))
-        } else {
-            None
-        };
-        Ok(PolicyModel {
-            cfg: cfg.clone(),
-            vs,
-            tok_emb,
-            pos_emb,
-            blocks,
-            lnf_w,
-            lnf_b,
-            lm_head,
-            value,
+impl ModelSpec {
+    /// The built-in tiny model, initialised from `seed`, f32.
+    pub fn tiny(
+        shape: &TinyShape,
+        device: Device,
+        seed: u64,
+        value_head: bool,
+    ) -> Result<Self, LearnerError> {
+        Ok(ModelSpec {
+            config: shape.hf_config()?,
+            weights: WeightSource::Random { seed },
+            device,
+            kind: Kind::Float,
+            value_head,
         })
     }
 
-    /// The model's shape.
-    pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+    /// A Hugging Face folder (config.json + safetensors), checked now (HC-1).
+    pub fn folder(
+        dir: &Path,
+        device: Device,
+        kind: Kind,
+        value_head: bool,
+    ) -> Result<Self, LearnerError> {
+        Ok(ModelSpec {
+            config: HfConfig::load(dir)?,
+            weights: WeightSource::Folder(dir.to_path_buf()),
+            device,
+            kind,
+            value_head,
+        })
     }
 
-    /// The device holding the weights.
-    pub fn device(&self) -> Device {
-        self.vs.device()
-    }
-
-    /// The variables (for optimizers and inspection).
-    pub fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-
-    /// Runs the network: `tokens` `[B, T]` i64 → (logits `[B, T, V]`, values `[B, T]` when the
-    /// model has a value head). See MD-2 and MD-3 for what each position means.
-    ///
-    /// # Panics
-    /// When [`PolicyModel::try_forward`] fails (bad shape, dtype or token id, or a libtorch
-    /// error); use that method for input you did not validate yourself.
-    pub fn forward(&self, tokens: &Tensor) -> (Tensor, Option<Tensor>) {
-        match self.try_forward(tokens) {
-            Ok(out) => out,
-            Err(e) => panic!("PolicyModel::forward: {e}"),
+    /// Heads and placement as [`LoadOptions`].
+    pub fn options(&self) -> LoadOptions {
+        LoadOptions {
+            device: self.device,
+            kind: self.kind,
+            lm_head: true,
+            value_head: self.value_head,
         }
     }
 
-    /// Like [`PolicyModel::forward`], but checks `tokens` (2-D, i64, `1 ≤ T ≤ context_len`,
-    /// ids in `0..vocab_size`) and returns errors instead of panicking.
-    pub fn try_forward(&self, tokens: &Tensor) -> Result<(Tensor, Option<Tensor>), LearnerError> {
-        let size = tokens.size();
-        if size.len() != 2 || size[0] == 0 || size[1] == 0 {
-            return Err(LearnerError::input(format!(
-                "tokens must be a non-empty [B, T] tensor, got shape {size:?}"
-            )));
-        }
-        if tokens.kind() != Kind::Int64 {
-            return Err(LearnerError::input(format!(
-                "tokens must be Int64, got {:?}",
-                tokens.kind()
-            )));
-        }
-        if size[1] as usize > self.cfg.context_len {
-            return Err(LearnerError::input(format!(
-                "sequence length {} exceeds model.context_len {}",
-                size[1], self.cfg.context_len
-            )));
-        }
-        let lo = i64::try_from(tokens.f_min()?)?;
-        let hi = i64::try_from(tokens.f_max()?)?;
-        if lo < 0 || hi >= self.cfg.vocab_size as i64 {
-            return Err(LearnerError::input(format!(
-                "token ids must be in 0..{} (model.vocab_size), got range {lo}..={hi}",
-                self.cfg.vocab_size
-            )));
-        }
-        self.forward_checked(tokens.f_to_device(self.device())?, size[0], size[1])
+    /// The model with its first weights (MD-2).
+    pub fn build(&self) -> Result<HfModel, LearnerError> {
+        Ok(match &self.weights {
+            WeightSource::Random { seed } => {
+                HfModel::random(self.config.clone(), self.options(), *seed)?
+            }
+            WeightSource::Folder(dir) => HfModel::load(dir, self.options())?,
+        })
     }
 
-    fn forward_checked(
-        &self,
-        tokens: Tensor,
-        b: i64,
-        t: i64,
-    ) -> Result<(Tensor, Option<Tensor>), LearnerError> {
-        let d = self.cfg.d_model as i64;
-        let nh = self.cfg.n_head as i64;
-        let eps = 1e-5;
-        let pos = Tensor::f_arange(t, (Kind::Int64, self.device()))?;
-        let mut x = Tensor::f_embedding(&self.tok_emb, &tokens, -1, false, false)?
-            .f_add(&Tensor::f_embedding(&self.pos_emb, &pos, -1, false, false)?)?;
-        for blk in &self.blocks {
-            let h = x.f_layer_norm([d], Some(&blk.ln1_w), Some(&blk.ln1_b), eps, true)?;
-            let qkv = h.f_linear(&blk.qkv_w, Some(&blk.qkv_b))?.f_split(d, -1)?;
-            let heads = |x: &Tensor| -> Result<Tensor, LearnerError> {
-                Ok(x.f_reshape([b, t, nh, d / nh])?.f_transpose(1, 2)?)
-            };
-            let (q, k, v) = (heads(&qkv[0])?, heads(&qkv[1])?, heads(&qkv[2])?);
-            let y = Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<Tensor>,
-                0.0,
-                true,
-                None,
-                false,
-            )?
-            .f_transpose(1, 2)?
-            .f_contiguous()?
-            .f_reshape([b, t, d])?;
-            x = x.f_add(&y.f_linear(&blk.attn_proj_w, Some(&blk.attn_proj_b))?)?;
-            let h = x.f_layer_norm([d], Some(&blk.ln2_w), Some(&blk.ln2_b), eps, true)?;
-            let m = h
-                .f_linear(&blk.fc_w, Some(&blk.fc_b))?
-                .f_gelu("none")?
-                .f_linear(&blk.mlp_proj_w, Some(&blk.mlp_proj_b))?;
-            x = x.f_add(&m)?;
-        }
-        let x = x.f_layer_norm([d], Some(&self.lnf_w), Some(&self.lnf_b), eps, true)?;
-        let logits = x.f_linear(&self.lm_head, None::<Tensor>)?;
-        let values = match &self.value {
-            Some((w, bias)) => Some(x.f_linear(w, Some(bias))?.f_squeeze_dim(-1)?),
-            None => None,
-        };
-        Ok((logits, values))
+    /// A model of this architecture with zero weights, to load published weights into.
+    pub fn blank(&self) -> Result<HfModel, LearnerError> {
+        Ok(HfModel::zeros(self.config.clone(), self.options())?)
     }
 
-    /// Variables sorted by name (the order used for files and the optimizer).
-    pub(crate) fn named_variables(&self) -> Vec<(String, Tensor)> {
-        let mut vars: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        vars
+    /// What identifies the architecture (MD-4): the saved config.json and the heads.
+    pub fn identity(model: &HfModel) -> Value {
+        json!({"config": model.saved_config(), "value_head": model.options().value_head})
     }
+}
 
-    /// All variables as an in-memory safetensors buffer, F32, under their VarStore names (MD-4).
+/// The policy (LM head only, CPU f32) stored in a checkpoint: its `learner.json` names the
+/// architecture (MD-4) and `model.safetensors` holds the weights (a value head in the file is
+/// checked, then left out).
+pub fn policy_from_checkpoint(
+    learner_json: &[u8],
+    weights: &[u8],
+) -> Result<HfModel, LearnerError> {
+    let state: Value = serde_json::from_slice(learner_json)?;
+    let model = &state["model"];
+    let config = HfConfig::from_value(model["config"].clone()).map_err(|e| {
+        LearnerError::mismatch("learner.json", format!("model.config is not usable: {e}"))
+    })?;
+    let policy = LoadOptions::policy(Device::Cpu, Kind::Float);
+    let stored = LoadOptions {
+        value_head: model["value_head"].as_bool().unwrap_or(false),
+        ..policy
+    };
+    let mut full = HfModel::zeros(config.clone(), stored)?;
+    full.load_safetensors(weights)?;
+    if !stored.value_head {
+        return Ok(full);
+    }
+    let mut lm = HfModel::zeros(config, policy)?;
+    let by_name: std::collections::HashMap<String, Tensor> =
+        full.named_parameters().into_iter().collect();
+    let values = lm
+        .named_parameters()
+        .iter()
+        .map(|(n, _)| {
+            by_name
+                .get(n)
+                .map(Tensor::detach)
+                .ok_or_else(|| LearnerError::mismatch(n, "missing from the checkpoint's model"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    lm.commit_weights(&values)?;
+    Ok(lm)
+}
+
+/// `(logits / temperature, values)` of `tokens` (MD-5): the division is done in f32, as the
+/// sampler does it (SP-1); at temperature 1 the logits keep the parameter kind. The values are
+/// never scaled.
+pub fn policy_logits(
+    model: &HfModel,
+    tokens: &Tensor,
+    temperature: f64,
+) -> Result<(Tensor, Option<Tensor>), LearnerError> {
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(LearnerError::config(
+            "rollout.temperature",
+            format!("must be finite and > 0, got {temperature}"),
+        ));
+    }
+    let (logits, values) = model.forward(tokens)?;
+    let logits = if temperature == 1.0 {
+        logits
+    } else {
+        logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?
+    };
+    Ok((logits, values))
+}
+
+impl HfModel {
+    /// All variables as an in-memory safetensors buffer, F32, under their HF names (MD-3).
     pub fn to_safetensors(&self) -> Result<Vec<u8>, LearnerError> {
-        tensor_io::encode(&self.named_variables(), None)
+        tensor_io::encode(&self.named_parameters(), None)
     }
 
-    /// Checks a buffer against this model's variables without changing anything.
+    /// Checks a buffer against this model's variables without changing anything (TI-2).
     pub(crate) fn decode_weights(&self, bytes: &[u8]) -> Result<Vec<Tensor>, LearnerError> {
         let expected: Vec<(String, Vec<i64>)> = self
-            .named_variables()
+            .named_parameters()
             .into_iter()
             .map(|(n, t)| (n, t.size()))
             .collect();
@@ -347,16 +279,31 @@ impl PolicyModel {
 
     /// Copies already-checked values (from `decode_weights`) into the variables.
     pub(crate) fn commit_weights(&mut self, values: &[Tensor]) -> Result<(), LearnerError> {
-        let targets: Vec<Tensor> = self.named_variables().into_iter().map(|(_, t)| t).collect();
+        let targets: Vec<Tensor> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
         tensor_io::commit(&targets, values)
     }
 
-    /// Replaces every variable with the buffer's values. The buffer must hold exactly this
-    /// model's names with matching shapes, as F32; otherwise nothing is changed and the error
-    /// names the first offending tensor.
+    /// Replaces every variable with the buffer's values; on any mismatch nothing changes and
+    /// the error names the first offending tensor (MD-3).
     pub fn load_safetensors(&mut self, bytes: &[u8]) -> Result<(), LearnerError> {
         let values = self.decode_weights(bytes)?;
         self.commit_weights(&values)
+    }
+
+    /// An independent copy (same architecture, placement, heads and weights).
+    pub fn try_clone(&self) -> Result<HfModel, LearnerError> {
+        let mut copy = HfModel::zeros(self.config().clone(), self.options())?;
+        let values: Vec<Tensor> = self
+            .named_parameters()
+            .into_iter()
+            .map(|(_, t)| t.detach())
+            .collect();
+        copy.commit_weights(&values)?;
+        Ok(copy)
     }
 }
 
@@ -364,139 +311,119 @@ impl PolicyModel {
 mod tests {
     use super::*;
 
-    fn tiny(value_head: bool) -> ModelConfig {
-        ModelConfig {
+    fn shape() -> TinyShape {
+        TinyShape {
             vocab_size: 11,
             context_len: 16,
             n_layer: 2,
             d_model: 16,
-            n_head: 4,
-            value_head,
+            n_head: 2,
+            bos_token_id: 1,
+            eos_token_id: 2,
+            pad_token_id: 0,
         }
     }
 
-    fn weights(m: &PolicyModel) -> Vec<(String, Vec<f32>)> {
-        m.named_variables()
+    fn weights(m: &HfModel) -> Vec<(String, Vec<f32>)> {
+        m.named_parameters()
             .into_iter()
             .map(|(n, t)| {
-                (
-                    n,
-                    Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32 weights"),
-                )
+                let flat = t.flatten(0, -1);
+                (n, Vec::<f32>::try_from(&flat).expect("f32"))
             })
             .collect()
     }
 
     #[test]
-    fn config_validation_names_the_key() {
-        let mut c = tiny(false);
-        c.n_head = 3;
-        let e = c.validate().expect_err("3 does not divide 16").to_string();
-        assert_eq!(e, "model.n_head must divide model.d_model (16), got 3");
-        c.n_head = 4;
-        c.vocab_size = 0;
-        assert_eq!(
-            c.validate().expect_err("zero vocab").to_string(),
-            "model.vocab_size must be > 0, got 0"
-        );
-    }
-
-    #[test]
-    fn n_params_counts_every_variable() {
-        tch::set_num_threads(1);
-        for vh in [false, true] {
-            let m = PolicyModel::new(&tiny(vh), Device::Cpu, 0).expect("model");
-            let n: usize = m.named_variables().iter().map(|(_, t)| t.numel()).sum();
-            assert_eq!(n, m.config().n_params());
-        }
-    }
-
-    #[test]
-    fn md1_init_is_deterministic_per_seed() {
-        tch::set_num_threads(1);
-        let a = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 7).expect("a"));
-        let b = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 7).expect("b"));
-        let c = weights(&PolicyModel::new(&tiny(true), Device::Cpu, 8).expect("c"));
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        let get = |name: &str| {
-            a.iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .expect(name)
+    fn md1_tiny_shape_is_a_qwen2_config_and_names_bad_keys() {
+        let c = shape().hf_config().expect("config");
+        assert_eq!(c.arch, crate::hf::Arch::Qwen2);
+        assert_eq!((c.vocab_size, c.head_dim, c.eos_token_ids.clone()), (11, 8, vec![2]));
+        let bad = TinyShape {
+            n_head: 3,
+            ..shape()
         };
-        assert!(get("blocks.0.ln1.weight").iter().all(|&x| x == 1.0));
-        assert!(get("blocks.1.mlp.fc.bias").iter().all(|&x| x == 0.0));
-        let std = |v: &[f32]| {
-            let m = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
-            (v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / v.len() as f64).sqrt()
+        let e = bad.hf_config().expect_err("3 heads").to_string();
+        assert!(e.starts_with("model.n_head"), "{e}");
+        let zero = TinyShape {
+            n_layer: 0,
+            ..shape()
         };
-        let s = std(&get("blocks.0.mlp.fc.weight"));
-        assert!((s - 0.02).abs() < 0.002, "fc std {s}");
-        let s = std(&get("blocks.0.mlp.proj.weight"));
-        assert!((s - 0.01).abs() < 0.001, "residual proj std {s}");
+        assert!(zero.validate().expect_err("0").to_string().contains("model.n_layer"));
     }
 
     #[test]
-    fn md2_forward_shapes_and_causality() {
-        tch::set_num_threads(1);
-        let m = PolicyModel::new(&tiny(true), Device::Cpu, 1).expect("model");
-        let toks = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2]).view([2, 6]);
-        let (logits, values) = m.forward(&toks);
-        assert_eq!(logits.size(), vec![2, 6, 11]);
-        assert_eq!(values.expect("value head").size(), vec![2, 6]);
-        let changed = toks.copy();
-        let _ = changed.get(0).get(4).fill_(3);
-        let (logits2, _) = m.forward(&changed);
-        let before = logits.narrow(1, 0, 4);
-        let before2 = logits2.narrow(1, 0, 4);
-        let diff = f64::try_from((before - before2).abs().max()).expect("scalar");
-        assert!(diff < 1e-6, "earlier logits changed by {diff}");
-        let later = f64::try_from((logits.get(0).get(4) - logits2.get(0).get(4)).abs().max())
-            .expect("scalar");
-        assert!(later > 0.0, "the changed position must see its own token");
+    fn md2_random_init_is_deterministic_per_seed() {
+        let a = ModelSpec::tiny(&shape(), Device::Cpu, 3, true).expect("spec");
+        let b = ModelSpec::tiny(&shape(), Device::Cpu, 4, true).expect("spec");
+        let (ma, mb) = (a.build().expect("a"), b.build().expect("b"));
+        assert_eq!(weights(&ma), weights(&a.build().expect("a again")));
+        assert_ne!(weights(&ma), weights(&mb));
+        // The value head starts at zero (HM-3) and is named as transformers names it.
+        assert!(weights(&ma)
+            .iter()
+            .any(|(n, v)| n == "score.weight" && v.iter().all(|&x| x == 0.0)));
     }
 
     #[test]
-    fn forward_rejects_bad_tokens() {
-        tch::set_num_threads(1);
-        let m = PolicyModel::new(&tiny(false), Device::Cpu, 1).expect("model");
-        let e = m
-            .try_forward(&Tensor::from_slice(&[1i64, 11]).view([1, 2]))
-            .expect_err("id 11");
-        assert!(e.to_string().contains("0..11"), "{e}");
-        let long = Tensor::zeros([1, 17], (Kind::Int64, Device::Cpu));
-        assert!(m.try_forward(&long).is_err());
+    fn md3_safetensors_round_trip_clone_and_mismatch() {
+        let spec = ModelSpec::tiny(&shape(), Device::Cpu, 5, false).expect("spec");
+        let m = spec.build().expect("model");
+        let bytes = m.to_safetensors().expect("bytes");
+        let mut blank = spec.blank().expect("blank");
+        blank.load_safetensors(&bytes).expect("load");
+        assert_eq!(weights(&blank), weights(&m));
+        assert_eq!(weights(&m.try_clone().expect("clone")), weights(&m));
+        let other = ModelSpec::tiny(
+            &TinyShape {
+                d_model: 32,
+                ..shape()
+            },
+            Device::Cpu,
+            5,
+            false,
+        )
+        .expect("spec");
+        let mut o = other.blank().expect("other");
+        let before = weights(&o);
+        let e = o.load_safetensors(&bytes).expect_err("shape").to_string();
+        assert!(e.contains("model.embed_tokens.weight") || e.contains("model.layers"), "{e}");
+        assert_eq!(weights(&o), before, "nothing changed");
     }
 
     #[test]
-    fn md4_safetensors_round_trip_and_mismatch() {
-        tch::set_num_threads(1);
-        let a = PolicyModel::new(&tiny(true), Device::Cpu, 3).expect("a");
-        let mut b = PolicyModel::new(&tiny(true), Device::Cpu, 4).expect("b");
-        let bytes = a.to_safetensors().expect("save");
-        b.load_safetensors(&bytes).expect("load");
-        assert_eq!(weights(&a), weights(&b));
-        assert_eq!(b.to_safetensors().expect("save b"), bytes);
-        // A model without the value head lacks two tensors.
-        let mut c = PolicyModel::new(&tiny(false), Device::Cpu, 4).expect("c");
-        let before = weights(&c);
-        let e = c
-            .load_safetensors(&bytes)
-            .expect_err("extra tensors")
-            .to_string();
-        assert!(e.contains("value_head"), "{e}");
-        assert_eq!(before, weights(&c), "a failed load changes nothing");
-        let e = b
-            .load_safetensors(&c.to_safetensors().expect("save c"))
-            .expect_err("missing");
-        assert!(e.to_string().contains("missing"), "{e}");
-        let mut wide = tiny(true);
-        wide.vocab_size = 12;
-        let e = PolicyModel::new(&wide, Device::Cpu, 0)
-            .expect("wide")
-            .load_safetensors(&bytes)
-            .expect_err("shape");
-        assert!(e.to_string().contains("shape"), "{e}");
+    fn md5_temperature_scales_logits_not_values() {
+        let spec = ModelSpec::tiny(&shape(), Device::Cpu, 6, true).expect("spec");
+        let m = spec.build().expect("model");
+        let tokens = Tensor::from_slice(&[1i64, 4, 5, 6]).reshape([1, 4]);
+        let (l1, v1) = policy_logits(&m, &tokens, 1.0).expect("t1");
+        let (l7, v7) = policy_logits(&m, &tokens, 0.7).expect("t0.7");
+        let diff = (l1 / 0.7 - l7).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{diff}");
+        let vd = (v1.expect("v") - v7.expect("v")).abs().max().double_value(&[]);
+        assert_eq!(vd, 0.0);
+    }
+}
+
+/// Tiny models for the crate's unit tests.
+#[cfg(test)]
+pub(crate) mod test_models {
+    use super::*;
+
+    /// A tiny Qwen2-shaped model over `vocab` ids (2 layers, width 32, 4 heads), CPU f32.
+    pub(crate) fn tiny(vocab: usize, value_head: bool, seed: u64) -> HfModel {
+        let shape = TinyShape {
+            vocab_size: vocab,
+            context_len: 32,
+            n_layer: 2,
+            d_model: 32,
+            n_head: 4,
+            bos_token_id: 1,
+            eos_token_id: 2,
+            pad_token_id: 0,
+        };
+        ModelSpec::tiny(&shape, Device::Cpu, seed, value_head)
+            .and_then(|s| s.build())
+            .expect("tiny model")
     }
 }

@@ -32,7 +32,8 @@ use crate::algo::sao::{length_adaptive_lambda, response_spans};
 use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
 use crate::logprobs::token_logprobs;
-use crate::model::PolicyModel;
+use crate::hf::HfModel;
+use crate::model::policy_logits;
 
 /// Everything the mini-batch steps read, on the model's device.
 pub(crate) struct Targets {
@@ -62,9 +63,13 @@ pub(crate) fn align_values(values: &Tensor) -> Result<Tensor, LearnerError> {
     )?)
 }
 
-/// Per-token log-probs of `model` on `tokens`, without gradient (TG-3).
-pub(crate) fn frozen_logp(model: &PolicyModel, tokens: &Tensor) -> Result<Tensor, LearnerError> {
-    let (logits, _) = tch::no_grad(|| model.try_forward(tokens))?;
+/// Per-token log-probs of `model` on `tokens` at `temperature` (MD-5), without gradient (TG-3).
+pub(crate) fn frozen_logp(
+    model: &HfModel,
+    tokens: &Tensor,
+    temperature: f64,
+) -> Result<Tensor, LearnerError> {
+    let (logits, _) = tch::no_grad(|| policy_logits(model, tokens, temperature))?;
     Ok(token_logprobs(&logits, tokens).f_detach()?)
 }
 
@@ -157,12 +162,13 @@ fn agent_turn_mask(
 
 /// Computes the targets of `batch` (module doc); `agent_filter` keeps only those agents' turns.
 pub(crate) fn compute(
-    model: &PolicyModel,
-    reference: Option<&PolicyModel>,
+    model: &HfModel,
+    reference: Option<&HfModel>,
     batch: &TrainBatch,
     p: &PresetConfig,
     kl_beta: f64,
     agent_filter: Option<&[u32]>,
+    temperature: f64,
 ) -> Result<Targets, LearnerError> {
     let dev: Device = model.device();
     let tokens = batch.tokens.f_to_device(dev)?;
@@ -173,10 +179,10 @@ pub(crate) fn compute(
         .f_to_kind(Kind::Float)?;
     let old_logp = match p.ratio_base {
         RatioBase::Behaviour => behaviour_logp.shallow_clone(),
-        RatioBase::Recompute => frozen_logp(model, &tokens)?.f_mul(&mask)?,
+        RatioBase::Recompute => frozen_logp(model, &tokens, temperature)?.f_mul(&mask)?,
     };
     let ref_logp = match reference {
-        Some(r) => Some(frozen_logp(r, &tokens)?.f_mul(&mask)?),
+        Some(r) => Some(frozen_logp(r, &tokens, temperature)?.f_mul(&mask)?),
         None => None,
     };
     if let Some(agents) = agent_filter {
@@ -229,7 +235,7 @@ pub(crate) fn compute(
             )?
         }
         AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
-            let values = tch::no_grad(|| model.try_forward(&tokens))?
+            let values = tch::no_grad(|| model.forward(&tokens))?
                 .1
                 .ok_or_else(|| {
                     LearnerError::config("model.value_head", "must be true for a critic preset")
@@ -296,18 +302,10 @@ mod tests {
     use super::*;
     use crate::algo::presets::Preset;
     use crate::batch_tensors::{Row, RowTurn};
-    use crate::model::ModelConfig;
+    use crate::model::test_models::tiny;
 
-    fn model() -> PolicyModel {
-        let cfg = ModelConfig {
-            vocab_size: 12,
-            context_len: 16,
-            n_layer: 1,
-            d_model: 16,
-            n_head: 2,
-            value_head: false,
-        };
-        PolicyModel::new(&cfg, Device::Cpu, 3).expect("model")
+    fn model() -> HfModel {
+        tiny(12, false, 3)
     }
 
     fn turn(start: usize, end: usize, agent: u32, invalid: bool) -> RowTurn {
@@ -347,9 +345,9 @@ mod tests {
     fn tg2_agent_filter_keeps_only_that_agents_turns() {
         let (m, b) = (model(), two_agent_batch(None));
         let p = Preset::DrMas.config();
-        let tg = compute(&m, None, &b, &p, 0.0, Some(&[1])).expect("targets");
+        let tg = compute(&m, None, &b, &p, 0.0, Some(&[1]), 1.0).expect("targets");
         assert_eq!(row(&tg.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
-        let all = compute(&m, None, &b, &p, 0.0, None).expect("targets");
+        let all = compute(&m, None, &b, &p, 0.0, None, 1.0).expect("targets");
         assert_eq!(row(&all.mask, 0), vec![0., 0., 1., 1., 0., 1.]);
     }
 
@@ -358,7 +356,7 @@ mod tests {
         // Agent 0's records score [1, 0, 0]; agent 1's [1, 0, -0.1] (the invalid penalty).
         let (m, b) = (model(), two_agent_batch(None));
         let p = Preset::DrMas.config();
-        let tg = compute(&m, None, &b, &p, 0.0, None).expect("targets");
+        let tg = compute(&m, None, &b, &p, 0.0, None, 1.0).expect("targets");
         let a0 = drmas_advantages(&[1.0, 0.0, 0.0], &[5, 5, 5], &[0, 0, 0], true, GRPO_EPS);
         let a1 = drmas_advantages(&[1.0, 0.0, -0.1], &[5, 5, 5], &[1, 1, 1], true, GRPO_EPS);
         for i in 0..3 {
@@ -374,9 +372,9 @@ mod tests {
     fn tg2_rtpo_trains_only_the_named_turn() {
         let m = model();
         let p = Preset::Rtpo.config();
-        let second = compute(&m, None, &two_agent_batch(Some(1)), &p, 0.0, None).expect("tg");
+        let second = compute(&m, None, &two_agent_batch(Some(1)), &p, 0.0, None, 1.0).expect("tg");
         assert_eq!(row(&second.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
-        let first = compute(&m, None, &two_agent_batch(Some(0)), &p, 0.0, None).expect("tg");
+        let first = compute(&m, None, &two_agent_batch(Some(0)), &p, 0.0, None, 1.0).expect("tg");
         assert_eq!(row(&first.mask, 0), vec![0., 0., 1., 1., 0., 0.]);
         // Advantages are zero wherever the reduced mask is (TG-1).
         let a = row(&first.advantages, 0);

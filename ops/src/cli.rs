@@ -163,6 +163,17 @@ pub enum CkptCommand {
         #[arg(long, default_value = "runs/quickstart")]
         run_root: String,
     },
+    /// Write a checkpoint's policy as a Hugging Face folder (config.json, safetensors,
+    /// tokenizer) that transformers, vLLM and SGLang load directly.
+    Export {
+        /// Checkpoint id.
+        id: String,
+        /// The new folder to create (must not exist).
+        out: PathBuf,
+        /// Run root: a local directory or s3://bucket/prefix.
+        #[arg(long, default_value = "runs/quickstart")]
+        run_root: String,
+    },
     /// Lineage-aware retention: keep the last N per branch, tagged ones and what they need;
     /// collect the rest and orphan blobs of failed commits.
     Gc {

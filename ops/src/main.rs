@@ -3,6 +3,7 @@
 
 mod algo_cmd;
 mod ckpt;
+mod ckpt_export;
 mod cli;
 mod env_cmd;
 mod explain;
@@ -95,6 +96,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Ckpt {
             command: CkptCommand::Verify { id, run_root },
         } => ckpt::verify(&run_root, &id),
+        Command::Ckpt {
+            command: CkptCommand::Export { id, out, run_root },
+        } => ckpt_export::export(&run_root, &id, &out),
         Command::Ckpt {
             command:
                 CkptCommand::Gc {

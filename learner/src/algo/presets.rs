@@ -363,7 +363,7 @@ impl Preset {
                     steps_per_actor_step: 2,
                     warmup_updates: 10,
                     lr_ratio: 5.0,
-                    trainable: vec!["value_head".into()],
+                    trainable: vec!["score".into()],
                     value_coef: 1.0,
                     value_clip: None,
                 }),

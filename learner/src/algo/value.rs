@@ -13,7 +13,7 @@
 //! ```
 //! During value-only steps only parameters whose names start with one of `trainable` move
 //! (the rest is frozen). keel's critic is the policy's value head on the shared trunk, so the
-//! default is `["value_head"]`: a value-only step must not move the policy.
+//! default is `["score"]`: a value-only step must not move the policy.
 //!
 //! Invariants:
 //! - VL-1: with `clip` None or a clip range no value moved beyond, both forms agree.
@@ -175,7 +175,7 @@ mod tests {
             steps_per_actor_step: 2,
             warmup_updates: 3,
             lr_ratio: 5.0,
-            trainable: vec!["value_head".into()],
+            trainable: vec!["score".into()],
             value_coef: 0.5,
             value_clip: None,
         };
@@ -183,6 +183,6 @@ mod tests {
             (0..5).map(|u| s.actor_step(u)).collect::<Vec<_>>(),
             vec![false, false, false, true, true]
         );
-        assert!(s.is_trainable("value_head.weight") && !s.is_trainable("blocks.0.attn.qkv.weight"));
+        assert!(s.is_trainable("score.weight") && !s.is_trainable("model.layers.0.self_attn.q_proj.weight"));
     }
 }

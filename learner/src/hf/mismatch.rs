@@ -2,16 +2,17 @@
 //! recomputation from its own forward over the final token sequence.
 //!
 //! Invariants:
-//! - LM-1: the learner side is `token_logprobs(logits / T, tokens)` of [`CausalLm::lm_forward`]
+//! - LM-1: the learner side is `token_logprobs(logits / T, tokens)` of [`crate::model::policy_logits`]
 //!   over the whole sequence (the same function the learner's losses use), compared at every
 //!   sampled position; `mean_abs` and `max_abs` are over all sampled tokens of all sequences.
 //! - LM-2: on CPU in f32 the mismatch is float reassociation only (< 1e-4, in practice ~1e-6);
 //!   a larger value means sampler and learner disagree about the model or the tokens.
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::error::HfError;
-use crate::causal_lm::CausalLm;
+use super::model::HfModel;
+use crate::model::policy_logits;
 use crate::logprobs::token_logprobs;
 
 /// One sampled sequence: the full tokens, and the log-probs the sampler reported for
@@ -39,7 +40,7 @@ pub struct LogprobMismatch {
 /// Recomputes the log-probs of `seqs` with `model` at `temperature` (1 for greedy) and
 /// compares (LM-1).
 pub fn logprob_mismatch(
-    model: &dyn CausalLm,
+    model: &HfModel,
     seqs: &[SampledSequence<'_>],
     temperature: f64,
 ) -> Result<LogprobMismatch, HfError> {
@@ -58,10 +59,9 @@ pub fn logprob_mismatch(
         let toks: Vec<i64> = s.tokens.iter().map(|&t| i64::from(t)).collect();
         let toks = Tensor::f_from_slice(&toks)?
             .f_view([1, -1])?
-            .f_to_device(model.lm_device())?;
-        let (logits, _) = model.lm_forward(&toks)?;
+            .f_to_device(model.device())?;
         let t = if temperature > 0.0 { temperature } else { 1.0 };
-        let scaled = logits.f_to_kind(Kind::Float)?.f_div_scalar(t)?;
+        let (scaled, _) = policy_logits(model, &toks, t)?;
         let re = token_logprobs(&scaled, &toks)
             .f_to_device(tch::Device::Cpu)?
             .f_view([-1])?;

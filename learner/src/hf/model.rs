@@ -17,7 +17,7 @@
 //!   critic initialised from a policy predicts 0 everywhere; [`HfModel::random`] draws
 //!   linear and embedding weights ~ N(0, initializer_range) from a ChaCha8 stream seeded with
 //!   `seed` (norms 1, biases 0), independent of tch's global generator.
-//! - HM-4 (alignment): as `PolicyModel` (MD-2, MD-3): `logits[b, t]` predicts `tokens[b, t+1]`
+//! - HM-4 (alignment): `logits[b, t]` predicts `tokens[b, t+1]`
 //!   and depends only on the prefix; with an attention mask, padded keys are never attended.
 //! - HM-5 (precision): parameters live in `LoadOptions::kind` (f32 or bf16) on
 //!   `LoadOptions::device`; attention runs through `scaled_dot_product_attention` with native
@@ -380,6 +380,14 @@ impl HfModel {
         Self::build(cfg, opts, &mut src)
     }
 
+    /// A model of `cfg` with every parameter zero: a target to load weights into.
+    pub fn zeros(cfg: HfConfig, opts: LoadOptions) -> Result<Self, HfError> {
+        let mut src = |_: &str, shape: &[i64], _: Init| -> Result<Tensor, HfError> {
+            Ok(Tensor::f_zeros(shape, (Kind::Float, Device::Cpu))?)
+        };
+        Self::build(cfg, opts, &mut src)
+    }
+
     /// The architecture.
     pub fn config(&self) -> &HfConfig {
         &self.cfg
@@ -526,7 +534,7 @@ impl HfModel {
         }
     }
 
-    /// (logits `[B, T, V]`, values `[B, T]` when there is a value head), as `PolicyModel`.
+    /// (logits `[B, T, V]`, values `[B, T]` when there is a value head).
     pub fn forward(&self, tokens: &Tensor) -> Result<(Tensor, Option<Tensor>), HfError> {
         let h = self.hidden(tokens)?;
         Ok((self.logits(&h)?, self.values(&h)?))

@@ -5,7 +5,6 @@ use serde_json::json;
 use tch::{Device, Kind, Tensor};
 
 use super::*;
-use crate::causal_lm::CausalLm;
 
 fn tiny(model_type: &str, tie: bool) -> HfConfig {
     HfConfig::from_value(json!({
@@ -265,7 +264,7 @@ fn hs2_save_load_round_trip_and_critic_from_policy() {
     let cfg = critic.saved_config();
     assert_eq!(cfg["architectures"], json!(["Qwen3ForTokenClassification"]));
     assert_eq!(
-        back.lm_forward(&toks).expect("fwd").0.size(),
+        back.forward(&toks).expect("fwd").0.size(),
         vec![1, 3, 40]
     );
 }

@@ -18,6 +18,11 @@ use serde_json::Value;
 
 use super::error::HfError;
 
+/// The tokenizer file of a Hugging Face folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// The tokenizer settings (special tokens, chat template) of a Hugging Face folder.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
 /// One chat message.
 #[derive(Clone, Debug, serde::Serialize, PartialEq)]
 pub struct ChatMessage {

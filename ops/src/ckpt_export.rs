@@ -1,0 +1,92 @@
+//! `keel ckpt export CKPT OUT`: a checkpoint's policy as a Hugging Face folder that
+//! `transformers` (`AutoModelForCausalLM`, `AutoTokenizer`), vLLM and SGLang load as it is, with
+//! no merge or conversion step.
+//!
+//! Invariants:
+//! - EX-1: every blob is verified against the manifest (size, CRC32) before anything is written.
+//! - EX-2: the folder holds `config.json` (`*ForCausalLM`, HS-1), the policy's weights under HF
+//!   names (a critic's value head is left out), and the checkpoint's tokenizer files.
+//! - EX-3: nothing is written unless all of it is: the folder is assembled beside `OUT` and
+//!   renamed into place; an existing `OUT` is an error and is left untouched.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+use keel_learner::policy_from_checkpoint;
+use keel_store::RunStore;
+
+/// Exports checkpoint `id` of `run_root` into the new folder `out` (EX-1..3).
+pub fn export(run_root: &str, id: &str, out: &Path) -> Result<()> {
+    if out.exists() {
+        bail!(
+            "{} already exists; choose a new folder (export never overwrites)",
+            out.display()
+        );
+    }
+    let store =
+        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let manifest = rt
+        .block_on(store.checkpoint(id))
+        .with_context(|| format!("no checkpoint {id} in {run_root}"))?;
+    let files = rt
+        .block_on(store.verify_checkpoint(&manifest))
+        .with_context(|| format!("checkpoint {id} failed verification"))?;
+    let file = |name: &str| {
+        files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.as_ref())
+            .with_context(|| format!("checkpoint {id} has no {name}"))
+    };
+    let policy = policy_from_checkpoint(file("learner.json")?, file("model.safetensors")?)
+        .with_context(|| format!("cannot read the policy of checkpoint {id}"))?;
+    let staging = staging_dir(out)?;
+    let written = (|| -> Result<()> {
+        policy
+            .save_pretrained(&staging)
+            .with_context(|| format!("cannot write {}", staging.display()))?;
+        for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+            let path = staging.join(name);
+            std::fs::write(&path, file(name)?)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        std::fs::rename(&staging, out)
+            .with_context(|| format!("cannot move the export into {}", out.display()))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    written?;
+    println!(
+        "exported {id} (step {}, policy version {}) to {}: {} parameters",
+        manifest.step,
+        manifest.policy_version,
+        out.display(),
+        policy.config().n_params()
+    );
+    Ok(())
+}
+
+/// A fresh folder beside `out` to assemble the export in (EX-3).
+fn staging_dir(out: &Path) -> Result<PathBuf> {
+    let name = out
+        .file_name()
+        .with_context(|| format!("{} is not a folder name", out.display()))?
+        .to_string_lossy();
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let staging = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("cannot clear {}", staging.display()))?;
+    }
+    Ok(staging)
+}
