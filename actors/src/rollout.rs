@@ -7,8 +7,9 @@
 //!   reports it, `log_softmax(logits / T)` over the full vocabulary (SP-1, what the learner
 //!   recomputes, MD-5), and every turn records the policy version that sampled it.
 //! - RO-3: sampling is a pure function of (weights, tasks, rng seed): each turn's draw is seeded
-//!   by (rng seed, episode id, turn index) (SA-4), so the same inputs give the same trajectories
-//!   whatever the batch composition, which makes sync-mode runs reproducible across crashes.
+//!   by (rng seed, plan index, turn index) (SA-4) — not by the trajectory id, which carries the
+//!   batch sequence number that a regenerated batch does not keep — so the same inputs give the
+//!   same trajectories, which makes sync-mode runs reproducible across crashes.
 //! - RO-4: episodes that failed in their env (ES-1, ES-2) are excluded from the batch and counted.
 //! - RO-5 (RTPO): with `capture_boundaries` the exact token context and the env snapshot before
 //!   every turn are recorded; a plan with a `start` continues from such a boundary: its context
@@ -471,11 +472,11 @@ pub fn run_episodes(
             let requests = sampling
                 .iter()
                 .map(|&i| {
-                    let ep = &episodes[i];
+                    let t = &episodes[i].traj;
                     GenRequest {
-                        prompt: ep.traj.tokens.clone(),
+                        prompt: t.tokens.clone(),
                         params: params.clone(),
-                        seed: mix_seed(&[spec.rng_seed, ep.id, ep.traj.turns.len() as u64]),
+                        seed: mix_seed(&[spec.rng_seed, i as u64, t.turns.len() as u64]),
                     }
                 })
                 .collect();

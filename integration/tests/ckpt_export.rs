@@ -70,7 +70,7 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
     let text = "task 3 + 4 * 5";
     let ids = tokenizer.encode(text).expect("encode");
     let got = python_check(&out, text, &dir.path().join("py.json"));
-    assert_eq!(got["architecture"], "Qwen2ForCausalLM");
+    assert_eq!(got["architecture"], "LlamaForCausalLM");
     let py_ids: Vec<u32> = serde_json::from_value(got["ids"].clone()).expect("ids");
     assert_eq!(py_ids, ids, "AutoTokenizer encodes as keel does");
     let sp = tokenizer.special();

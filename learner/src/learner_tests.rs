@@ -9,7 +9,7 @@ use crate::logprobs::token_logprobs;
 use crate::hf::HfModel;
 use crate::model::test_models;
 
-/// A tiny Qwen2-shaped model over 12 ids, initialised from `seed`.
+/// A tiny Llama-shaped model over 12 ids, initialised from `seed`.
 fn tiny(value_head: bool, seed: u64) -> HfModel {
     test_models::tiny(12, value_head, seed)
 }

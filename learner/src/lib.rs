@@ -1,5 +1,5 @@
 //! keel's learner: the one model path (`hf`: Llama / Qwen2 / Qwen3 in tch, the built-in tiny
-//! model being a tiny Qwen2 configuration of it, `model`), the algorithm library (`algo`:
+//! model being a tiny Llama configuration of it, `model`), the algorithm library (`algo`:
 //! losses, advantage estimators, KL, critic schedule and the preset registry) and an AdamW whose
 //! state can be saved and restored exactly.
 //!

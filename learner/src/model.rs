@@ -1,13 +1,15 @@
 //! keel's one model path: every policy, reference policy, critic and generator model is an
 //! [`HfModel`] (the Llama / Qwen2 / Qwen3 decoder of [`crate::hf`]). This module says where a
-//! model comes from ([`ModelSpec`]: a Hugging Face folder, or the built-in tiny Qwen2-shaped
-//! configuration made from `[model]` keys and the env's vocabulary, [`TinyShape`]) and moves
+//! model comes from ([`ModelSpec`]: a Hugging Face folder, or the built-in tiny
+//! Llama-shaped configuration made from `[model]` keys and the env's vocabulary, [`TinyShape`]) and moves
 //! weights in and out of memory as safetensors under HF names: what the weight board,
 //! checkpoints and exports carry.
 //!
 //! Invariants:
-//! - MD-1 (tiny = Qwen2): [`TinyShape::hf_config`] is a Qwen2 `config.json` that transformers
-//!   loads; the quickstart's tiny model runs exactly the code a 7B run uses.
+//! - MD-1 (tiny = Llama): [`TinyShape::hf_config`] is a Llama `config.json` that transformers
+//!   loads; the quickstart's tiny model runs exactly the code a 7B run uses. (Llama rather than
+//!   Qwen2: transformers 5 gives a `qwen2` folder its byte-level BPE tokenizer class whatever
+//!   `tokenizer_config.json` says, which would mangle the word-level tokenizer of an export.)
 //! - MD-2 (init): a model from a spec with [`WeightSource::Random`] is [`HfModel::random`]
 //!   (HM-3): the same spec and seed give bit-identical weights on every device; a folder spec
 //!   loads the folder's weights (a value head absent from it starts at zero).
@@ -78,13 +80,13 @@ impl TinyShape {
         Ok(())
     }
 
-    /// The Qwen2 config.json of this shape (MD-1): SwiGLU MLP of width 4·d, RoPE θ = 10⁴,
-    /// untied LM head.
+    /// The Llama config.json of this shape (MD-1): SwiGLU MLP of width 4·d, RoPE θ = 10⁴, no
+    /// biases, untied LM head.
     pub fn hf_config(&self) -> Result<HfConfig, LearnerError> {
         self.validate()?;
         let v = json!({
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
             "vocab_size": self.vocab_size,
             "hidden_size": self.d_model,
             "intermediate_size": 4 * self.d_model,
@@ -97,7 +99,8 @@ impl TinyShape {
             "hidden_act": "silu",
             "initializer_range": 0.02,
             "tie_word_embeddings": false,
-            "use_sliding_window": false,
+            "attention_bias": false,
+            "mlp_bias": false,
             "attention_dropout": 0.0,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
@@ -335,9 +338,9 @@ mod tests {
     }
 
     #[test]
-    fn md1_tiny_shape_is_a_qwen2_config_and_names_bad_keys() {
+    fn md1_tiny_shape_is_a_llama_config_and_names_bad_keys() {
         let c = shape().hf_config().expect("config");
-        assert_eq!(c.arch, crate::hf::Arch::Qwen2);
+        assert_eq!(c.arch, crate::hf::Arch::Llama);
         assert_eq!((c.vocab_size, c.head_dim, c.eos_token_ids.clone()), (11, 8, vec![2]));
         let bad = TinyShape {
             n_head: 3,
@@ -387,7 +390,7 @@ mod tests {
         let mut o = other.blank().expect("other");
         let before = weights(&o);
         let e = o.load_safetensors(&bytes).expect_err("shape").to_string();
-        assert!(e.contains("model.embed_tokens.weight") || e.contains("model.layers"), "{e}");
+        assert!(e.contains("shape [11, 16] in the model file, expected [11, 32]"), "{e}");
         assert_eq!(weights(&o), before, "nothing changed");
     }
 
@@ -410,7 +413,7 @@ mod tests {
 pub(crate) mod test_models {
     use super::*;
 
-    /// A tiny Qwen2-shaped model over `vocab` ids (2 layers, width 32, 4 heads), CPU f32.
+    /// A tiny Llama-shaped model over `vocab` ids (2 layers, width 32, 4 heads), CPU f32.
     pub(crate) fn tiny(vocab: usize, value_head: bool, seed: u64) -> HfModel {
         let shape = TinyShape {
             vocab_size: vocab,
