@@ -174,7 +174,7 @@ impl EnvSection {
     }
 }
 
-/// `[model]`: the built-in decoder-only transformer (vocabulary comes from the env).
+/// `[model]`: the built-in tiny Llama-shaped model (vocabulary comes from the env, MD-1).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
@@ -479,6 +479,15 @@ impl TrainConfig {
                 format!(
                     "must be a multiple of model.n_head ({}), got {}",
                     m.n_head, m.d_model
+                ),
+            ));
+        }
+        if !(m.d_model / m.n_head).is_multiple_of(2) {
+            return Err(range_err(
+                "model.n_head",
+                format!(
+                    "must split model.d_model ({}) into heads of even width (RoPE), got {}",
+                    m.d_model, m.n_head
                 ),
             ));
         }
