@@ -682,7 +682,12 @@ impl TrainConfig {
         device: tch::Device,
     ) -> Result<ModelSpec, keel_learner::LearnerError> {
         let value_head = self.learner.resolve().needs_critic();
-        ModelSpec::tiny(&self.tiny_shape(tokenizer), device, self.run.seed, value_head)
+        ModelSpec::tiny(
+            &self.tiny_shape(tokenizer),
+            device,
+            self.run.seed,
+            value_head,
+        )
     }
 
     /// The staleness bound in force: 0 in sync mode.

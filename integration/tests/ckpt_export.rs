@@ -53,16 +53,31 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         assert!(out.join(f).exists(), "the export has no {f}");
     }
     // EX-3: an existing folder is refused and left as it is.
     let again = keel(&["ckpt", "export", &head.id, out_s, "--run-root", root_s]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
-    let missing = keel(&["ckpt", "export", "nope", &format!("{out_s}-2"), "--run-root", root_s]);
+    let missing = keel(&[
+        "ckpt",
+        "export",
+        "nope",
+        &format!("{out_s}-2"),
+        "--run-root",
+        root_s,
+    ]);
     assert!(!missing.status.success());
-    assert!(!dir.path().join("export-2").exists(), "nothing is written on error");
+    assert!(
+        !dir.path().join("export-2").exists(),
+        "nothing is written on error"
+    );
 
     // transformers: tokenizer ids equal keel's encoding, logits equal keel's forward.
     let cfg = keel_actors::TrainConfig::from_toml(&tiny_config(4, 2, "sync", 0)).expect("cfg");
@@ -88,8 +103,8 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
     )
     .expect("policy");
     let toks: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-    let (logits, _) = tch::no_grad(|| policy.forward(&Tensor::from_slice(&toks).view([1, -1])))
-        .expect("forward");
+    let (logits, _) =
+        tch::no_grad(|| policy.forward(&Tensor::from_slice(&toks).view([1, -1]))).expect("forward");
     let ours = Vec::<Vec<f32>>::try_from(&logits.get(0)).expect("logits");
     let theirs: Vec<Vec<f32>> = serde_json::from_value(got["logits"].clone()).expect("logits");
     let max = ours

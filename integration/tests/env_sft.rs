@@ -49,8 +49,8 @@ fn sft_success(
         pad_token_id: sp.pad,
     };
     let spec = ModelSpec::tiny(&shape, tch::Device::Cpu, 3, false).expect("spec");
-    let mut learner = Learner::new(spec.build().expect("model"), LearnerConfig::default(), 3)
-        .expect("learner");
+    let mut learner =
+        Learner::new(spec.build().expect("model"), LearnerConfig::default(), 3).expect("learner");
     let batch_size = 32;
     for step in 0..steps {
         let start = (step * batch_size) % data.len();

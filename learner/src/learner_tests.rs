@@ -3,10 +3,10 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::batch_tensors::{Row, TrainBatch};
+use crate::hf::HfModel;
 use crate::learner::Learner;
 use crate::learner_config::{Algo, LearnerConfig};
 use crate::logprobs::token_logprobs;
-use crate::hf::HfModel;
 use crate::model::test_models;
 
 /// A tiny Llama-shaped model over 12 ids, initialised from `seed`.
@@ -351,8 +351,8 @@ fn cs1_critic_trainable_groups_are_configurable_and_checked() {
     };
     assert!(e.to_string().contains("critic_trainable"), "{e}");
     // The critic trains the value head and the last block's MLP; attention stays frozen.
-    let mut l = Learner::new(tiny(true, 5), cfg(&["score", "model.layers.1.mlp"]), 5)
-    .expect("learner");
+    let mut l =
+        Learner::new(tiny(true, 5), cfg(&["score", "model.layers.1.mlp"]), 5).expect("learner");
     let batch = rl_batch(l.model());
     let snapshot = |l: &Learner| -> Vec<(String, Vec<f32>)> {
         l.model()
@@ -537,12 +537,20 @@ fn md5_ppo_ratio_is_one_on_policy_at_any_temperature() {
         let batch = TrainBatch::from_rows(rows, Device::Cpu).expect("batch");
         let m = l.train_step(&batch).expect("step");
         assert_eq!(m.clip_frac, 0.0, "T = {t}: ratio 1 on-policy");
-        assert!(m.approx_kl.abs() < 1e-5, "T = {t}: approx kl {}", m.approx_kl);
+        assert!(
+            m.approx_kl.abs() < 1e-5,
+            "T = {t}: approx kl {}",
+            m.approx_kl
+        );
         if t != 1.0 {
             // Control: a learner that ignores the temperature sees an off-policy ratio.
             let mut plain = Learner::new(tiny(false, 41), cfg(Algo::Grpo), 41).expect("learner");
             let m = plain.train_step(&batch).expect("step");
-            assert!(m.approx_kl.abs() > 1e-4, "T = {t}: approx kl {}", m.approx_kl);
+            assert!(
+                m.approx_kl.abs() > 1e-4,
+                "T = {t}: approx kl {}",
+                m.approx_kl
+            );
         }
     }
 }

@@ -341,7 +341,10 @@ mod tests {
     fn md1_tiny_shape_is_a_llama_config_and_names_bad_keys() {
         let c = shape().hf_config().expect("config");
         assert_eq!(c.arch, crate::hf::Arch::Llama);
-        assert_eq!((c.vocab_size, c.head_dim, c.eos_token_ids.clone()), (11, 8, vec![2]));
+        assert_eq!(
+            (c.vocab_size, c.head_dim, c.eos_token_ids.clone()),
+            (11, 8, vec![2])
+        );
         let bad = TinyShape {
             n_head: 3,
             ..shape()
@@ -352,7 +355,11 @@ mod tests {
             n_layer: 0,
             ..shape()
         };
-        assert!(zero.validate().expect_err("0").to_string().contains("model.n_layer"));
+        assert!(zero
+            .validate()
+            .expect_err("0")
+            .to_string()
+            .contains("model.n_layer"));
     }
 
     #[test]
@@ -390,7 +397,10 @@ mod tests {
         let mut o = other.blank().expect("other");
         let before = weights(&o);
         let e = o.load_safetensors(&bytes).expect_err("shape").to_string();
-        assert!(e.contains("shape [11, 16] in the model file, expected [11, 32]"), "{e}");
+        assert!(
+            e.contains("shape [11, 16] in the model file, expected [11, 32]"),
+            "{e}"
+        );
         assert_eq!(weights(&o), before, "nothing changed");
     }
 
@@ -403,7 +413,10 @@ mod tests {
         let (l7, v7) = policy_logits(&m, &tokens, 0.7).expect("t0.7");
         let diff = (l1 / 0.7 - l7).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "{diff}");
-        let vd = (v1.expect("v") - v7.expect("v")).abs().max().double_value(&[]);
+        let vd = (v1.expect("v") - v7.expect("v"))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert_eq!(vd, 0.0);
     }
 }

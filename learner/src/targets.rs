@@ -31,8 +31,8 @@ use crate::algo::rtpo::{branch_turn_mask, sibling_advantages};
 use crate::algo::sao::{length_adaptive_lambda, response_spans};
 use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
-use crate::logprobs::token_logprobs;
 use crate::hf::HfModel;
+use crate::logprobs::token_logprobs;
 use crate::model::policy_logits;
 
 /// Everything the mini-batch steps read, on the model's device.
@@ -235,11 +235,9 @@ pub(crate) fn compute(
             )?
         }
         AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
-            let values = tch::no_grad(|| model.forward(&tokens))?
-                .1
-                .ok_or_else(|| {
-                    LearnerError::config("model.value_head", "must be true for a critic preset")
-                })?;
+            let values = tch::no_grad(|| model.forward(&tokens))?.1.ok_or_else(|| {
+                LearnerError::config("model.value_head", "must be true for a critic preset")
+            })?;
             let values = align_values(&values.f_detach()?)?;
             let t = mask.size()[1];
             let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;

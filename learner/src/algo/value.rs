@@ -183,6 +183,9 @@ mod tests {
             (0..5).map(|u| s.actor_step(u)).collect::<Vec<_>>(),
             vec![false, false, false, true, true]
         );
-        assert!(s.is_trainable("score.weight") && !s.is_trainable("model.layers.0.self_attn.q_proj.weight"));
+        assert!(
+            s.is_trainable("score.weight")
+                && !s.is_trainable("model.layers.0.self_attn.q_proj.weight")
+        );
     }
 }

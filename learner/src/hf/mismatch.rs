@@ -12,8 +12,8 @@ use tch::Tensor;
 
 use super::error::HfError;
 use super::model::HfModel;
-use crate::model::policy_logits;
 use crate::logprobs::token_logprobs;
+use crate::model::policy_logits;
 
 /// One sampled sequence: the full tokens, and the log-probs the sampler reported for
 /// `tokens[start..start + logprobs.len()]`.

@@ -263,10 +263,7 @@ fn hs2_save_load_round_trip_and_critic_from_policy() {
     assert!(critic.logits(&h).is_err());
     let cfg = critic.saved_config();
     assert_eq!(cfg["architectures"], json!(["Qwen3ForTokenClassification"]));
-    assert_eq!(
-        back.forward(&toks).expect("fwd").0.size(),
-        vec![1, 3, 40]
-    );
+    assert_eq!(back.forward(&toks).expect("fwd").0.size(), vec![1, 3, 40]);
 }
 
 #[test]
