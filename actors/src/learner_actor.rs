@@ -19,7 +19,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use keel_learner::{Learner, LearnerConfig, ModelSpec, StepMetrics, TrainBatch, WeightSource};
+use keel_learner::{Learner, LearnerConfig, ModelSpec, StepMetrics, TrainBatch};
 use keel_store::{BatchKey, RunStore};
 
 use crate::error::ActorError;
@@ -259,14 +259,7 @@ impl Handler<InitLearner> for LearnerActor {
         for (k, m) in msg.agent_models.into_iter().enumerate() {
             // Each model starts from its own seed (different init), then SFT as the main one.
             let seed = crate::seeds::mix_seed(&[msg.seed, 0xa6e7, k as u64 + 1]);
-            let spec = match &msg.model.weights {
-                WeightSource::Random { .. } => ModelSpec {
-                    weights: WeightSource::Random { seed },
-                    ..msg.model.clone()
-                },
-                WeightSource::Folder(_) => msg.model.clone(),
-            };
-            let mut l = Learner::new(spec.build()?, m.cfg, seed)?;
+            let mut l = Learner::new(msg.model.reseeded(seed).build()?, m.cfg, seed)?;
             l.set_temperature(msg.temperature)?;
             l.set_agent_filter(Some(m.agents.clone()));
             self.filters.push(Some(m.agents));

@@ -311,11 +311,6 @@ impl Learner {
         Ok(())
     }
 
-    /// A frozen copy of the current weights.
-    fn snapshot_model(&self) -> Result<HfModel, LearnerError> {
-        self.model.try_clone()
-    }
-
     /// Dynamic sampling within the batch: rows of informative groups, or None to keep all.
     fn filtered_rows(&self, batch: &TrainBatch) -> (Option<Vec<usize>>, usize, usize) {
         let metric: Vec<f64> = batch.final_rewards.iter().map(|&r| f64::from(r)).collect();
@@ -346,7 +341,7 @@ impl Learner {
         };
         let train = filtered.as_ref().unwrap_or(batch);
         if self.preset.needs_reference() && self.reference.is_none() {
-            self.reference = Some(self.snapshot_model()?);
+            self.reference = Some(self.model.try_clone()?);
         }
         let beta = self.kl_ctl.map(|c| c.beta()).unwrap_or(0.0);
         let tg = compute(

@@ -171,6 +171,19 @@ impl ModelSpec {
         })
     }
 
+    /// The same model initialised from `seed` instead (a folder's weights are kept): Dr. MAS
+    /// agent models start from their own seeds.
+    pub fn reseeded(&self, seed: u64) -> ModelSpec {
+        let weights = match &self.weights {
+            WeightSource::Random { .. } => WeightSource::Random { seed },
+            folder @ WeightSource::Folder(_) => folder.clone(),
+        };
+        ModelSpec {
+            weights,
+            ..self.clone()
+        }
+    }
+
     /// Heads and placement as [`LoadOptions`].
     pub fn options(&self) -> LoadOptions {
         LoadOptions {
