@@ -673,6 +673,32 @@ impl TrainConfig {
         }
     }
 
+    /// The built-in model's tokenizer files: the env's word-level vocabulary as
+    /// `tokenizer.json` + `tokenizer_config.json` (with keel's chat template, TK-5).
+    pub fn tokenizer_files(&self, tokenizer: &keel_envs::Tokenizer) -> Vec<(String, Vec<u8>)> {
+        use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+        vec![
+            (
+                TOKENIZER_FILE.to_string(),
+                tokenizer.hf_tokenizer_json().into_bytes(),
+            ),
+            (
+                TOKENIZER_CONFIG_FILE.to_string(),
+                tokenizer
+                    .hf_tokenizer_config_json(self.model.context_len)
+                    .into_bytes(),
+            ),
+        ]
+    }
+
+    /// The chat codec every role renders episodes with (CC-1..4), over the tokenizer files.
+    pub fn chat_codec(
+        &self,
+        tokenizer: &keel_envs::Tokenizer,
+    ) -> Result<keel_learner::hf::ChatCodec, keel_learner::hf::HfError> {
+        codec_from_files(&self.tokenizer_files(tokenizer))
+    }
+
     /// The model every role builds (policy, reference, generators): the tiny model over
     /// `tokenizer`'s vocabulary, initialised from the run seed, with a value head when the
     /// preset needs a critic.
@@ -703,6 +729,27 @@ impl TrainConfig {
         let text = serde_json::to_string(self).unwrap_or_default();
         format!("{:08x}", crc32fast::hash(text.as_bytes()))
     }
+}
+
+/// A chat codec from `tokenizer.json` + `tokenizer_config.json` contents (a checkpoint's
+/// files, or the built-in model's).
+pub fn codec_from_files(
+    files: &[(String, Vec<u8>)],
+) -> Result<keel_learner::hf::ChatCodec, keel_learner::hf::HfError> {
+    use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+    use keel_learner::hf::{ChatCodec, HfError, HfTokenizer};
+    let text = |name: &str| -> Result<&str, HfError> {
+        let bytes = files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, b)| b.as_slice())
+            .ok_or_else(|| HfError::Tokenizer(format!("{name} is missing")))?;
+        std::str::from_utf8(bytes).map_err(|e| HfError::Tokenizer(format!("{name}: {e}")))
+    };
+    ChatCodec::new(HfTokenizer::from_json(
+        text(TOKENIZER_FILE)?,
+        text(TOKENIZER_CONFIG_FILE)?,
+    )?)
 }
 
 #[cfg(test)]

@@ -28,9 +28,8 @@ use std::sync::Arc;
 
 use actix::{Actor, Addr, Handler, Message, SyncContext};
 use keel_envs::scaffold::{Bank, GroupRecord};
-use keel_envs::Tokenizer;
 use keel_learner::algo::presets::DynamicSampling;
-use keel_learner::hf::HfModel;
+use keel_learner::hf::{ChatCodec, HfModel};
 use keel_learner::ModelSpec;
 use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
 
@@ -57,8 +56,8 @@ pub struct GeneratorSetup {
     pub env_name: String,
     /// The model (architecture, placement, heads); weights come from the board.
     pub model: ModelSpec,
-    /// Tokenizer of the env.
-    pub tokenizer: Arc<Tokenizer>,
+    /// Renders episodes into tokens and sampled turns into actions (CC-1..4).
+    pub codec: Arc<ChatCodec>,
     /// Env shards to step episodes on.
     pub shards: Vec<Addr<EnvShard>>,
     /// Where batches go.
@@ -364,7 +363,7 @@ impl Generator {
         let start = std::time::Instant::now();
         let policies = self.policies()?;
         let (mut batch, mut stats, extras) =
-            run_episodes(&policies, &setup.tokenizer, &setup.shards, &spec)?;
+            run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
         let mut task_types = extras.task_types.clone();
         let mut tries = 1;
         let dynamic = setup
@@ -386,7 +385,7 @@ impl Generator {
                 spec.rng_seed = mix_seed(&[setup.seed, 7, first_task, version, tries as u64]);
                 spec.first_id = msg.batch_seq * 1_000_000 + tries as u64 * 10_000;
                 let (again, more, more_extras) =
-                    run_episodes(&policies, &setup.tokenizer, &setup.shards, &spec)?;
+                    run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
                 stats.add(&more);
                 tries += 1;
                 let fixed = uninformative_groups(&again, anchors > 0);
@@ -430,7 +429,7 @@ impl Generator {
             });
         }
         let groups = if train && msg.scaffold.is_some() {
-            group_records(&batch, &task_types, &setup.tokenizer)
+            group_records(&batch, &task_types, &setup.codec)?
         } else {
             Vec::new()
         };
@@ -567,7 +566,11 @@ fn filter_anchors(batch: &mut RolloutBatch) {
 }
 
 /// PATS evidence: each group's episodes as decoded actions and observations.
-fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -> Vec<GroupRecord> {
+fn group_records(
+    batch: &RolloutBatch,
+    task_types: &[String],
+    codec: &ChatCodec,
+) -> Result<Vec<GroupRecord>, ActorError> {
     let mut groups: Vec<GroupRecord> = Vec::new();
     for (t, ty) in batch.trajectories.iter().zip(task_types) {
         let spans: Vec<(usize, usize, bool)> = t
@@ -575,7 +578,7 @@ fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -
             .iter()
             .map(|u| (u.start as usize, u.end as usize, u.invalid_action))
             .collect();
-        let episode = crate::pats_seed::episode_record(&t.tokens, &spans, t.final_reward, tok);
+        let episode = crate::pats_seed::episode_record(&t.tokens, &spans, t.final_reward, codec)?;
         match groups.iter_mut().find(|g| g.task_id == t.task_id) {
             Some(g) => g.episodes.push(episode),
             None => groups.push(GroupRecord {
@@ -585,7 +588,7 @@ fn group_records(batch: &RolloutBatch, task_types: &[String], tok: &Tokenizer) -
             }),
         }
     }
-    groups
+    Ok(groups)
 }
 
 impl Actor for Generator {

@@ -25,12 +25,12 @@ use std::sync::{Arc, Mutex};
 use actix::{Addr, Supervisor, SyncArbiter};
 use bytes::Bytes;
 use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split};
-use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
 
 use crate::config::TrainConfig;
 use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
+use crate::demo_tokens::{render_demonstration, SftSequence};
 use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
@@ -242,6 +242,8 @@ async fn run_in_system(
     // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
     let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
     let model_spec = cfg.model_spec(&tokenizer, device)?;
+    let tokenizer_files = cfg.tokenizer_files(&tokenizer);
+    let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
     let factory: EnvFactory = match options.env_factory {
         Some(f) => f,
         None => {
@@ -280,18 +282,7 @@ async fn run_in_system(
                 .collect(),
             seed: cfg.run.seed,
             temperature: cfg.rollout.temperature,
-            tokenizer_files: vec![
-                (
-                    TOKENIZER_FILE.to_string(),
-                    tokenizer.hf_tokenizer_json().into_bytes(),
-                ),
-                (
-                    TOKENIZER_CONFIG_FILE.to_string(),
-                    tokenizer
-                        .hf_tokenizer_config_json(cfg.model.context_len)
-                        .into_bytes(),
-                ),
-            ],
+            tokenizer_files,
             faults: cfg.faults.clone(),
         },
     )
@@ -306,7 +297,7 @@ async fn run_in_system(
                 seed: cfg.run.seed,
                 env_name: cfg.env.name.clone(),
                 model: model_spec.clone(),
-                tokenizer: tokenizer.clone(),
+                codec: codec.clone(),
                 shards: shards.clone(),
                 store: store.clone(),
                 io: io.clone(),
@@ -369,7 +360,7 @@ async fn run_in_system(
             (version, frontier, Some(manifest.id), reference)
         }
         None => {
-            let demos = make_demos(&cfg, &tokenizer)?;
+            let demos = make_demos(&cfg, &tokenizer, &codec)?;
             let mut data = DataPosition::default();
             let demos: Demos = match cfg.learner.algo {
                 keel_learner::Algo::Pats => {
@@ -377,12 +368,8 @@ async fn run_in_system(
                     // the seed bank, so every life of the run starts RL from it.
                     let mut pats =
                         pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?;
-                    let demos = crate::pats_seed::seed_scaffold(
-                        &cfg,
-                        &tokenizer,
-                        demos,
-                        &mut pats.controller,
-                    )?;
+                    let demos =
+                        crate::pats_seed::seed_scaffold(&cfg, &codec, demos, &mut pats.controller)?;
                     let version = pats.controller.bank().version();
                     let key = store.state_key(&format!(
                         "pats/scaffold-{version:06}-{}.json",
@@ -403,10 +390,7 @@ async fn run_in_system(
                     method_state = data.method_state.clone();
                     demos
                 }
-                _ => demos
-                    .into_iter()
-                    .map(|(_, d)| (d.tokens, d.loss_mask))
-                    .collect(),
+                _ => demos.into_iter().map(|(_, _, bare)| bare).collect(),
             };
             let sft = ask(
                 &learner,
@@ -602,13 +586,14 @@ async fn run_in_system(
 }
 
 /// SFT demonstrations: `(tokens, loss mask)` each.
-type Demos = Vec<(Vec<u32>, Vec<u8>)>;
+type Demos = Vec<SftSequence>;
 
-/// The SFT demonstrations that fit the context, with their task seeds.
+/// The SFT demonstrations that fit the context: task seed, text, tokens (DT-1).
 fn make_demos(
     cfg: &TrainConfig,
     tokenizer: &keel_envs::Tokenizer,
-) -> Result<Vec<(u64, keel_envs::Demonstration)>, ActorError> {
+    codec: &keel_learner::hf::ChatCodec,
+) -> Result<Vec<(u64, keel_envs::Demonstration, SftSequence)>, ActorError> {
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
@@ -619,11 +604,13 @@ fn make_demos(
     let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
     // A demonstration longer than the model's context cannot be trained on: leave it out.
     let total = demos.len();
-    let fit: Vec<(u64, keel_envs::Demonstration)> = seeds
-        .into_iter()
-        .zip(demos)
-        .filter(|(_, d)| d.tokens.len() <= cfg.model.context_len)
-        .collect();
+    let mut fit = Vec::with_capacity(total);
+    for (seed, d) in seeds.into_iter().zip(demos) {
+        let rendered = render_demonstration(codec, &d, "")?;
+        if rendered.0.len() <= cfg.model.context_len {
+            fit.push((seed, d, rendered));
+        }
+    }
     if fit.len() < total {
         tracing::warn!(
             kept = fit.len(),

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod config_keys;
 pub mod controller;
+pub mod demo_tokens;
 pub mod env_shard;
 pub mod error;
 pub mod events;

@@ -2,18 +2,17 @@
 //! and the per-env SFT warm-start checks.
 //!
 //! Invariants:
-//! - MP-1 The token sequence is kept exactly as sampled and extended with rendered observations,
-//!   in the layout of `keel_envs::demo` (RO-1): history is never re-tokenised.
+//! - MP-1 The token sequence is kept exactly as sampled and extended with observations rendered
+//!   by the chat codec, as in training (RO-1): history is never re-tokenised.
 //! - MP-2 Decoding is greedy, so an evaluation is a pure function of (weights, env, seeds).
 //! - MP-3 An episode that would outgrow the model's context gets an empty (invalid) action,
 //!   so it runs out its turns instead of failing.
 //! - MP-4 With agent models (Dr. MAS), each turn is taken by the model of the agent the env says
 //!   acts next; agents no agent model lists use the main model, as in training (LA-4).
 
-use keel_envs::demo::{render_observation, render_prompt};
 use keel_envs::evaluate::Transcript;
-use keel_envs::{Env, Tokenizer};
-use keel_learner::hf::{GenRequest, HfModel, Sampler, SamplingParams};
+use keel_envs::Env;
+use keel_learner::hf::{ChatCodec, GenRequest, HfModel, Sampler, SamplingParams};
 use keel_learner::policy_from_checkpoint;
 
 use crate::error::ActorError;
@@ -24,7 +23,7 @@ pub struct ModelPolicy {
     model: HfModel,
     agent_models: Vec<(Vec<u32>, HfModel)>,
     sampler: Sampler,
-    tokenizer: Tokenizer,
+    codec: ChatCodec,
     max_turn_tokens: usize,
     tokens: Vec<u32>,
 }
@@ -42,17 +41,17 @@ fn load_model(
 }
 
 impl ModelPolicy {
-    /// Wraps a model whose vocabulary is `tokenizer`'s.
+    /// Wraps a model whose tokens `codec` renders (its checkpoint's tokenizer).
     pub fn new(
         model: HfModel,
-        tokenizer: Tokenizer,
+        codec: ChatCodec,
         max_turn_tokens: usize,
     ) -> Result<Self, ActorError> {
-        if model.config().vocab_size != tokenizer.vocab_size() {
+        if codec.vocab_size() > model.config().vocab_size {
             return Err(ActorError::Resume(format!(
-                "the model has {} token ids but the env's tokenizer {}: it was trained on another env",
-                model.config().vocab_size,
-                tokenizer.vocab_size()
+                "the tokenizer has {} token ids but the model only {}",
+                codec.vocab_size(),
+                model.config().vocab_size
             )));
         }
         let sampler = Sampler::new(&model, 1, model.config().max_position_embeddings)?;
@@ -60,21 +59,22 @@ impl ModelPolicy {
             model,
             agent_models: Vec::new(),
             sampler,
-            tokenizer,
+            codec,
             max_turn_tokens,
             tokens: Vec::new(),
         })
     }
 
-    /// Loads `model.safetensors` with the shape recorded in a checkpoint's `learner.json`.
+    /// Loads `model.safetensors` with the shape recorded in a checkpoint's `learner.json`,
+    /// rendered by the codec of the checkpoint's tokenizer files.
     pub fn from_checkpoint_files(
         learner_json: &[u8],
         weights: &[u8],
-        tokenizer: Tokenizer,
+        codec: ChatCodec,
         max_turn_tokens: usize,
     ) -> Result<Self, ActorError> {
         let (_, model) = load_model(learner_json, weights)?;
-        Self::new(model, tokenizer, max_turn_tokens)
+        Self::new(model, codec, max_turn_tokens)
     }
 
     /// Adds a Dr. MAS agent model from its checkpoint files (`agent-model-<k>.learner.json`,
@@ -100,12 +100,9 @@ impl ModelPolicy {
     /// The next action for the episode so far (MP-1..MP-3).
     pub fn act(&mut self, env: &dyn Env, transcript: &Transcript) -> Result<String, ActorError> {
         match transcript.turns.last() {
-            None => self.tokens = render_prompt(&self.tokenizer, &transcript.prompt)?,
-            Some((_, obs)) => self
-                .tokens
-                .extend(render_observation(&self.tokenizer, obs)?),
+            None => self.tokens = self.codec.prompt(&transcript.prompt)?,
+            Some((_, obs)) => self.tokens.extend(self.codec.observation(obs)?),
         }
-        let sp = self.tokenizer.special();
         let start = self.tokens.len();
         if start + self.max_turn_tokens + 8 > self.model.config().max_position_embeddings {
             return Ok(String::new());
@@ -121,7 +118,7 @@ impl ModelPolicy {
             params: SamplingParams {
                 temperature: 0.0,
                 max_new_tokens: self.max_turn_tokens,
-                stop_token_ids: vec![sp.eot],
+                stop_token_ids: vec![self.codec.end_of_turn()],
                 ..SamplingParams::default()
             },
             seed: 0,
@@ -130,6 +127,6 @@ impl ModelPolicy {
         if let Some(c) = completion.first() {
             self.tokens.extend(&c.tokens);
         }
-        Ok(self.tokenizer.decode_action(&self.tokens[start..]))
+        Ok(self.codec.action_text(&self.tokens[start..])?)
     }
 }

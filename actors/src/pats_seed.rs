@@ -9,95 +9,91 @@
 //! (never scaffolded) stays in distribution.
 //!
 //! Invariants:
-//! - PS-1: a scaffolded demonstration is the plain one with the rendered scaffold's tokens put
-//!   right after `<bos>` with loss mask 0 — exactly what `render_prompt(scaffold + " " + prompt)`
-//!   gives a generator (RO-6); the action tokens and their mask are unchanged.
-//! - PS-2: demonstrations of even index stay bare.
+//! - PS-1: a scaffolded demonstration is the plain one with its prompt rendered after the
+//!   scaffold (`scaffold + " " + prompt`, DT-2), exactly what a generator renders (RO-6); its
+//!   actions and observations are unchanged.
+//! - PS-2: demonstrations of even index stay bare; one that would outgrow the context with its
+//!   scaffold stays bare too.
 
 use keel_envs::scaffold::{EpisodeRecord, GroupRecord, ScaffoldController, TurnRecord};
-use keel_envs::{build_env, Demonstration, Tokenizer};
+use keel_envs::{build_env, Demonstration};
+use keel_learner::hf::ChatCodec;
 
 use crate::config::TrainConfig;
+use crate::demo_tokens::{render_demonstration, SftSequence};
 use crate::error::ActorError;
-
-/// One SFT sequence: `(tokens, loss mask)`.
-pub type SftSequence = (Vec<u32>, Vec<u8>);
 
 /// `(start, end, invalid)` of one model turn inside a token stream.
 pub type TurnSpanRef = (usize, usize, bool);
 
-/// An episode as PATS evidence: each turn's decoded action and the observation after it.
+/// A sampled episode as PATS evidence: each turn's decoded action and the observation after it
+/// (the observation tokens decoded with special tokens dropped).
 pub fn episode_record(
     tokens: &[u32],
     turns: &[TurnSpanRef],
     reward: f32,
-    tok: &Tokenizer,
-) -> EpisodeRecord {
+    codec: &ChatCodec,
+) -> Result<EpisodeRecord, ActorError> {
     let turns = turns
         .iter()
         .enumerate()
         .map(|(k, &(start, end, invalid))| {
             let next = turns.get(k + 1).map_or(tokens.len(), |n| n.0);
-            let observation = tok
-                .decode(&tokens[end.min(next)..next])
-                .replace("<agent>", "")
+            let observation = codec
+                .tokenizer()
+                .decode(&tokens[end.min(next)..next], true)?
                 .trim()
                 .to_string();
-            TurnRecord {
-                action: tok.decode_action(&tokens[start..end]),
+            Ok(TurnRecord {
+                action: codec.action_text(&tokens[start..end])?,
                 observation,
                 invalid,
-            }
+            })
         })
-        .collect();
-    EpisodeRecord {
+        .collect::<Result<Vec<_>, ActorError>>()?;
+    Ok(EpisodeRecord {
         reward,
         success: reward >= 1.0,
         turns,
+    })
+}
+
+/// A demonstration as PATS evidence (its text as it is).
+fn demo_record(d: &Demonstration) -> EpisodeRecord {
+    EpisodeRecord {
+        reward: if d.success { 1.0 } else { 0.0 },
+        success: d.success,
+        turns: d
+            .turns
+            .iter()
+            .map(|t| TurnRecord {
+                action: t.action.clone(),
+                observation: t.observation.clone().unwrap_or_default(),
+                invalid: false,
+            })
+            .collect(),
     }
 }
 
-/// The maximal runs of mask-1 tokens: a demonstration's turns.
-fn mask_turns(mask: &[u8]) -> Vec<TurnSpanRef> {
-    let mut out = Vec::new();
-    let mut start = None;
-    for (t, &m) in mask.iter().chain(std::iter::once(&0)).enumerate() {
-        match (m == 1, start) {
-            (true, None) => start = Some(t),
-            (false, Some(s)) => {
-                out.push((s, t, false));
-                start = None;
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-/// Reviews the seed bank from `demos` (`(task seed, demonstration)`) with `controller` at step
-/// 0 and scaffolds every other demonstration (PS-1, PS-2); answers the SFT sequences.
+/// Reviews the seed bank from `demos` (`(task seed, demonstration, bare rendering)`) with
+/// `controller` at step 0 and scaffolds every other demonstration (PS-1, PS-2); answers the
+/// SFT sequences.
 pub fn seed_scaffold(
     cfg: &TrainConfig,
-    tok: &Tokenizer,
-    demos: Vec<(u64, Demonstration)>,
+    codec: &ChatCodec,
+    demos: Vec<(u64, Demonstration, SftSequence)>,
     controller: &mut ScaffoldController,
 ) -> Result<Vec<SftSequence>, ActorError> {
     let mut env = build_env(&cfg.env.env_config())?;
     let mut types = Vec::with_capacity(demos.len());
     let mut groups = Vec::with_capacity(demos.len());
-    for (i, (seed, d)) in demos.iter().enumerate() {
+    for (i, (seed, d, _)) in demos.iter().enumerate() {
         env.reset(*seed);
         let task_type = env.task_type();
-        let reward = if d.success { 1.0 } else { 0.0 };
         groups.push(GroupRecord {
             task_id: i as u64,
             task_type: task_type.clone(),
-            episodes: vec![episode_record(
-                &d.tokens,
-                &mask_turns(&d.loss_mask),
-                reward,
-                tok,
-            )],
+            episodes: vec![demo_record(d)],
         });
         types.push(task_type);
     }
@@ -105,24 +101,18 @@ pub fn seed_scaffold(
         .observe_step(0, &groups)
         .map_err(|e| ActorError::Internal(format!("PATS seed review: {e}")))?;
     let mut out = Vec::with_capacity(demos.len());
-    for (i, ((_, d), task_type)) in demos.into_iter().zip(types).enumerate() {
+    for (i, ((_, d, bare), task_type)) in demos.into_iter().zip(types).enumerate() {
         let scaffold = controller.render(&task_type);
         if i % 2 == 0 || scaffold.text.is_empty() {
-            out.push((d.tokens, d.loss_mask));
+            out.push(bare);
             continue;
         }
-        let extra = tok.encode(&scaffold.text)?;
-        let mut tokens = Vec::with_capacity(d.tokens.len() + extra.len());
-        tokens.push(d.tokens[0]);
-        tokens.extend_from_slice(&extra);
-        tokens.extend_from_slice(&d.tokens[1..]);
-        let mut mask = vec![0u8; extra.len() + 1];
-        mask.extend_from_slice(&d.loss_mask[1..]);
-        if tokens.len() <= cfg.model.context_len {
-            out.push((tokens, mask));
+        let scaffolded = render_demonstration(codec, &d, &scaffold.text)?;
+        out.push(if scaffolded.0.len() <= cfg.model.context_len {
+            scaffolded
         } else {
-            out.push((d.tokens, d.loss_mask));
-        }
+            bare
+        });
     }
     Ok(out)
 }
@@ -130,7 +120,6 @@ pub fn seed_scaffold(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keel_envs::demo::render_prompt;
     use keel_envs::scaffold::ScaffoldConfig;
     use keel_envs::{demonstrations, make_env, task_seed, tokenizer_for, Split};
 
@@ -145,17 +134,24 @@ mod tests {
         let seeds: Vec<u64> = (0..40)
             .map(|i| task_seed(Split::Train, 10_000 + i))
             .collect();
+        let codec = cfg.chat_codec(&tok).expect("codec");
         let demos = demonstrations(env.as_mut(), &tok, &seeds, 0.3, 7).expect("demos");
-        let plain: Vec<(Vec<u32>, Vec<u8>)> = demos
+        let plain: Vec<SftSequence> = demos
             .iter()
-            .map(|d| (d.tokens.clone(), d.loss_mask.clone()))
+            .map(|d| render_demonstration(&codec, d, "").expect("render"))
             .collect();
         let mut c = ScaffoldController::with_rule_reviewer(ScaffoldConfig::default(), tok.clone())
             .expect("controller");
         let out = seed_scaffold(
             &cfg,
-            &tok,
-            seeds.iter().copied().zip(demos).collect(),
+            &codec,
+            seeds
+                .iter()
+                .copied()
+                .zip(demos)
+                .zip(plain.clone())
+                .map(|((s, d), p)| (s, d, p))
+                .collect(),
             &mut c,
         )
         .expect("seeded");
@@ -173,7 +169,7 @@ mod tests {
             env.reset(seeds[i]);
             let text = c.render(&env.task_type()).text;
             let prompt = env.reset(seeds[i]);
-            let rendered = render_prompt(&tok, &format!("{text} {prompt}")).expect("render");
+            let rendered = codec.prompt(&format!("{text} {prompt}")).expect("render");
             assert_eq!(
                 &t[..rendered.len()],
                 rendered.as_slice(),

@@ -1,8 +1,9 @@
 //! Multi-turn episode sampling: the generator's inner loop, token-in / token-out.
 //!
 //! Invariants:
-//! - RO-1: a trajectory's tokens are exactly the tokens sampled plus the observation tokens
-//!   appended by the env; history is never re-tokenised (the layout of `keel_envs::demo`).
+//! - RO-1: a trajectory's tokens are exactly the first prompt, the tokens sampled and the
+//!   observation tokens, all rendered by the chat codec (CC-1..3, the layout SFT demonstrations
+//!   use too, DT-1); history is never re-tokenised.
 //! - RO-2: every sampled token has its behaviour log-prob recorded as the KV-cache sampler
 //!   reports it, `log_softmax(logits / T)` over the full vocabulary (SP-1, what the learner
 //!   recomputes, MD-5), and every turn records the policy version that sampled it.
@@ -14,8 +15,9 @@
 //! - RO-5 (RTPO): with `capture_boundaries` the exact token context and the env snapshot before
 //!   every turn are recorded; a plan with a `start` continues from such a boundary: its context
 //!   tokens are kept with mask 0, and its first sampled turn is the trajectory's `trained_turn`.
-//! - RO-6 (PATS): a reset prompt is `scaffold + prompt` when a renderer is set; the tokens hold
-//!   the exact rendered prompt and the trajectory records the scaffold version (0 = none).
+//! - RO-6 (PATS): a reset prompt is `scaffold + " " + prompt` when a renderer is set (DT-2);
+//!   the tokens hold the exact rendered prompt and the trajectory records the scaffold version
+//!   (0 = none).
 //! - RO-7: each turn records the agent that produced it and the env's anchor key of the state it
 //!   answered (EN-8); each turn is sampled by the model of its agent (`Policies`), anchor episodes
 //!   by the reference model.
@@ -23,11 +25,10 @@
 use actix::Addr;
 use futures::executor::block_on;
 
-use keel_envs::demo::{render_observation, render_prompt};
-use keel_envs::Tokenizer;
-use keel_learner::hf::{GenRequest, HfModel, Sampler, SamplingParams};
+use keel_learner::hf::{ChatCodec, GenRequest, HfModel, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Source, Trajectory, Turn};
 
+use crate::demo_tokens::scaffolded_prompt;
 use crate::env_shard::{
     CloseEpisodes, EnvShard, EpisodeError, ResetEpisodes, RestoreEpisodes, SnapshotEpisodes,
     StepEpisodes,
@@ -303,14 +304,13 @@ where
 /// Samples every planned episode against the env shards (module doc, RO-1..RO-6).
 pub fn run_episodes(
     policies: &Policies<'_>,
-    tokenizer: &Tokenizer,
+    codec: &ChatCodec,
     shards: &[Addr<EnvShard>],
     spec: &RolloutSpec,
 ) -> Result<(RolloutBatch, RolloutStats, RolloutExtras), ActorError> {
     if shards.is_empty() {
         return Err(ActorError::Internal("no env shards".into()));
     }
-    let sp = tokenizer.special();
     let mut samplers: Vec<Option<Sampler>> = Vec::new();
     let mut stats = RolloutStats::default();
     let mut episodes: Vec<Episode> = spec
@@ -367,15 +367,10 @@ pub fn run_episodes(
                     Some(render) => render(&start.task_type),
                     None => (String::new(), 0),
                 };
-                let text = if scaffold.is_empty() {
-                    start.prompt.clone()
-                } else {
-                    format!("{scaffold} {}", start.prompt)
-                };
-                let ids = render_prompt(tokenizer, &text)?;
+                let ids = codec.prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
                 stats.prompt_tokens += ids.len();
                 if !scaffold.is_empty() {
-                    stats.scaffold_tokens += tokenizer.encode(&scaffold)?.len();
+                    stats.scaffold_tokens += codec.count(&scaffold)?;
                     ep.traj.scaffold_version = version;
                 }
                 push_context(&mut ep.traj, &ids);
@@ -466,7 +461,7 @@ pub fn run_episodes(
             let params = SamplingParams {
                 temperature: if spec.greedy { 0.0 } else { spec.temperature },
                 max_new_tokens: spec.max_turn_tokens,
-                stop_token_ids: vec![sp.eot],
+                stop_token_ids: vec![codec.end_of_turn()],
                 ..SamplingParams::default()
             };
             let requests = sampling
@@ -489,17 +484,21 @@ pub fn run_episodes(
                 t.behaviour_logprobs.extend(c.logprobs);
             }
         }
-        // Send the actions to the shards, one message per shard.
-        let start_of: std::collections::HashMap<usize, usize> =
-            active.iter().copied().zip(starts.iter().copied()).collect();
+        // Send the actions to the shards, one message per shard. A turn that does not decode
+        // is an empty (invalid) action, never an error.
+        let actions: std::collections::HashMap<usize, String> = active
+            .iter()
+            .zip(&starts)
+            .map(|(&i, &start)| {
+                let ids = &episodes[i].traj.tokens[start..];
+                (i, codec.action_text(ids).unwrap_or_default())
+            })
+            .collect();
         let steps = per_shard(
             shards,
             &episodes,
             &active,
-            |i| {
-                let action = tokenizer.decode_action(&episodes[i].traj.tokens[start_of[&i]..]);
-                (episodes[i].id, action)
-            },
+            |i| (episodes[i].id, actions.get(&i).cloned().unwrap_or_default()),
             StepEpisodes,
         )?;
         let mut outcomes: Vec<Option<Result<keel_envs::StepOutcome, EpisodeError>>> =
@@ -530,7 +529,7 @@ pub fn run_episodes(
                         ep.traj.final_reward = outcome.reward;
                         ep.success = outcome.reward >= 1.0;
                     } else {
-                        let ids = render_observation(tokenizer, &outcome.observation)?;
+                        let ids = codec.observation(&outcome.observation)?;
                         push_context(&mut ep.traj, &ids);
                     }
                 }

@@ -1,13 +1,10 @@
-//! Oracle demonstrations for the SFT warm start, in keel's trajectory token layout.
+//! Oracle demonstrations for the SFT warm start, as text episodes.
 //!
-//! The layout — THE trajectory layout used everywhere in keel (the generator renders its
-//! rollouts with [`render_prompt`] and [`render_observation`], so both agree):
-//!
-//! ```text
-//! [<bos>] + enc(prompt) + [<agent>]                                  mask 0
-//! per turn:  enc(action) + [<eot>]                                   mask 1
-//!            enc(observation) + [<agent>]   unless the episode is done, mask 0
-//! ```
+//! A demonstration is the env's prompt and, per turn, the action taken and the observation the
+//! env answered (none after the last turn). The runtime renders it into model tokens with the
+//! same chat codec its generators use (`keel_learner::hf::ChatCodec`): the prompt with the
+//! chat template, each action as its tokens plus the end-of-turn token (trained), each
+//! observation as the template's next user turn (not trained).
 //!
 //! With probability `noise`, a turn's oracle action is replaced by a plausible mistake: one
 //! integer word of it shifted by a nonzero amount (±1..=5 for a `calc` operand, ±1..=3 for an
@@ -17,8 +14,8 @@
 //! environment answers the mistake for real and the oracle continues from there.
 //!
 //! Invariants:
-//! - DM-1 `tokens.len() == loss_mask.len()`; mask 1 marks exactly the action tokens and their
-//!   `<eot>`; the trajectory ends with an `<eot>` (episodes always end on an agent turn).
+//! - DM-1 Every turn but the last has an observation; the last has none (episodes always end
+//!   on an agent turn).
 //! - DM-2 Demonstrations are a pure function of (environment config, task seeds, noise,
 //!   rng seed); the `i`-th uses its own random stream `i`, so it does not depend on the others.
 //! - DM-3 With `noise = 0` every demonstration is the oracle's and succeeds.
@@ -35,34 +32,28 @@ use crate::tokenizer::Tokenizer;
 /// Share of mistakes that are invalid actions rather than shifted numbers.
 const INVALID_SHARE: f64 = 0.1;
 
-/// One demonstrated episode.
+/// One demonstrated turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DemoTurn {
+    /// The action taken.
+    pub action: String,
+    /// The env's answer; `None` after the last turn (DM-1).
+    pub observation: Option<String>,
+}
+
+/// One demonstrated episode (text; the runtime renders it into tokens).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Demonstration {
-    /// The trajectory in the module's layout.
-    pub tokens: Vec<u32>,
-    /// 1 on action tokens (and their `<eot>`), 0 elsewhere.
-    pub loss_mask: Vec<u8>,
+    /// The env's first prompt.
+    pub prompt: String,
+    /// The turns in order.
+    pub turns: Vec<DemoTurn>,
     /// Whether the episode was solved.
     pub success: bool,
 }
 
-/// `[<bos>] + enc(prompt) + [<agent>]`: the start of every trajectory.
-pub fn render_prompt(tokenizer: &Tokenizer, prompt: &str) -> Result<Vec<u32>, EnvError> {
-    let special = tokenizer.special();
-    let mut ids = vec![special.bos];
-    ids.extend(tokenizer.encode(prompt)?);
-    ids.push(special.agent);
-    Ok(ids)
-}
-
-/// `enc(observation) + [<agent>]`: what follows an agent turn that did not end the episode.
-pub fn render_observation(tokenizer: &Tokenizer, observation: &str) -> Result<Vec<u32>, EnvError> {
-    let mut ids = tokenizer.encode(observation)?;
-    ids.push(tokenizer.special().agent);
-    Ok(ids)
-}
-
-/// One demonstration per task seed (DM-1..DM-4); `noise` is the per-turn mistake probability.
+/// One demonstration per task seed (DM-1..DM-4); `noise` is the per-turn mistake probability;
+/// `tokenizer` is the env's vocabulary, which mistakes stay inside.
 pub fn demonstrations(
     env: &mut dyn Env,
     tokenizer: &Tokenizer,
@@ -91,8 +82,8 @@ fn demonstrate(
     noise: f64,
     rng: &mut ChaCha8Rng,
 ) -> Result<Demonstration, EnvError> {
-    let mut tokens = render_prompt(tokenizer, &env.reset(task_seed))?;
-    let mut loss_mask = vec![0u8; tokens.len()];
+    let prompt = env.reset(task_seed);
+    let mut turns = Vec::new();
     // An env honouring EN-3 is done within max_turns; the bound guards against one that isn't.
     for _ in 0..env.max_turns() {
         let oracle = env.oracle_action();
@@ -101,21 +92,19 @@ fn demonstrate(
         } else {
             oracle
         };
-        let mut action_ids = tokenizer.encode(&action)?;
-        action_ids.push(tokenizer.special().eot);
-        loss_mask.extend(std::iter::repeat_n(1, action_ids.len()));
-        tokens.extend(action_ids);
         let out = env.step(&action);
-        if out.done {
+        let done = out.done;
+        turns.push(DemoTurn {
+            action,
+            observation: (!done).then_some(out.observation),
+        });
+        if done {
             break;
         }
-        let obs_ids = render_observation(tokenizer, &out.observation)?;
-        loss_mask.extend(std::iter::repeat_n(0, obs_ids.len()));
-        tokens.extend(obs_ids);
     }
     Ok(Demonstration {
-        tokens,
-        loss_mask,
+        prompt,
+        turns,
         success: env.success(),
     })
 }
@@ -186,35 +175,24 @@ mod tests {
         (0..n).map(|i| task_seed(Split::Train, i)).collect()
     }
 
-    /// Checks DM-1 and that the tokens follow the layout, replaying the env; returns turns.
-    fn check_layout(tok: &Tokenizer, env: &mut CalcEnv, seed: u64, d: &Demonstration) -> usize {
-        let s = tok.special();
-        assert_eq!(d.tokens.len(), d.loss_mask.len());
-        let prompt = render_prompt(tok, &env.reset(seed)).unwrap();
-        assert_eq!(&d.tokens[..prompt.len()], &prompt[..]);
-        assert!(d.loss_mask[..prompt.len()].iter().all(|&m| m == 0));
-        let mut pos = prompt.len();
-        let mut turns = 0;
-        loop {
-            let end = pos + d.tokens[pos..].iter().position(|&t| t == s.eot).unwrap();
-            assert!(d.loss_mask[pos..=end].iter().all(|&m| m == 1));
-            let out = env.step(&tok.decode_action(&d.tokens[pos..=end]));
-            turns += 1;
-            pos = end + 1;
-            if out.done {
-                assert_eq!(pos, d.tokens.len(), "tokens after the final turn");
-                assert_eq!(env.success(), d.success);
-                return turns;
-            }
-            let obs = render_observation(tok, &out.observation).unwrap();
-            assert_eq!(&d.tokens[pos..pos + obs.len()], &obs[..]);
-            assert!(d.loss_mask[pos..pos + obs.len()].iter().all(|&m| m == 0));
-            pos += obs.len();
+    /// Checks DM-1 and DM-4 by replaying the demonstration in the env; returns its turns.
+    fn check_replay(env: &mut CalcEnv, seed: u64, d: &Demonstration) -> usize {
+        assert_eq!(env.reset(seed), d.prompt);
+        for (k, turn) in d.turns.iter().enumerate() {
+            let out = env.step(&turn.action);
+            let last = k + 1 == d.turns.len();
+            assert_eq!(out.done, last, "turn {k}");
+            assert_eq!(
+                turn.observation.as_deref(),
+                (!last).then_some(&out.observation[..])
+            );
         }
+        assert_eq!(env.success(), d.success);
+        d.turns.len()
     }
 
     #[test]
-    fn dm3_noiseless_demonstrations_succeed_and_follow_the_layout() {
+    fn dm3_noiseless_demonstrations_succeed_and_replay() {
         let tok = Tokenizer::calc();
         for n_ops in 1..=4 {
             let mut env = CalcEnv::new(CalcConfig { n_ops });
@@ -223,14 +201,13 @@ mod tests {
             assert_eq!(demos.len(), seeds.len());
             for (d, &seed) in demos.iter().zip(&seeds) {
                 assert!(d.success);
-                assert_eq!(check_layout(&tok, &mut env, seed, d), n_ops + 1);
-                assert_eq!(d.tokens[0], tok.special().bos);
+                assert_eq!(check_replay(&mut env, seed, d), n_ops + 1);
             }
         }
     }
 
     #[test]
-    fn noisy_demonstrations_sometimes_fail_and_follow_the_layout() {
+    fn noisy_demonstrations_sometimes_fail_and_replay() {
         let tok = Tokenizer::calc();
         let mut env = CalcEnv::new(CalcConfig { n_ops: 2 });
         let seeds = seeds(300);
@@ -238,7 +215,7 @@ mod tests {
         let solved = demos.iter().filter(|d| d.success).count();
         assert!(solved > 60 && solved < 270, "solved {solved}/300");
         for (d, &seed) in demos.iter().zip(&seeds) {
-            check_layout(&tok, &mut env, seed, d);
+            check_replay(&mut env, seed, d);
         }
         let all_noise = demonstrations(&mut env, &tok, &seeds, 1.0, 2).unwrap();
         assert!(all_noise.iter().all(|d| !d.success));

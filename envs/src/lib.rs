@@ -12,7 +12,7 @@
 //! - [`split`]: disjoint train and held-out eval task seeds.
 //! - [`tokenizer`]: the word-level tokenizer over an env's declared vocabulary, and its Hugging
 //!   Face export (`tokenizer.json`, `tokenizer_config.json`).
-//! - [`demo`]: oracle demonstrations in keel's trajectory token layout.
+//! - [`demo`]: oracle demonstrations as text episodes (rendered into tokens by the runtime's chat codec).
 //! - [`scaffold`]: PATS, the training-only scaffold bank of skills and mistakes.
 //! - [`bm25`], [`lexicon`]: the ranking function and the procedural word lists.
 //!
@@ -45,7 +45,7 @@ pub mod tokenizer;
 mod suite_tests;
 
 pub use calc::{CalcConfig, CalcEnv};
-pub use demo::{demonstrations, Demonstration};
+pub use demo::{demonstrations, DemoTurn, Demonstration};
 pub use env::{Env, StepOutcome};
 pub use error::EnvError;
 pub use external::{ExternalConfig, ExternalEnv};

@@ -270,7 +270,7 @@ fn en8_anchor_keys_group_identical_states() {
 }
 
 #[test]
-fn demonstrations_follow_the_layout_for_every_env() {
+fn demonstrations_stay_in_the_vocabulary_and_end_on_a_turn_for_every_env() {
     for cfg in all_configs().into_iter().filter(|c| c.difficulty == 2) {
         let mut e = env(&cfg);
         let tok = Tokenizer::for_env(e.as_ref());
@@ -281,8 +281,20 @@ fn demonstrations_follow_the_layout_for_every_env() {
         let ok = noisy.iter().filter(|d| d.success).count();
         assert!(ok < 100, "{}: noise 0.5 never failed", cfg.name);
         for d in &noisy {
-            assert_eq!(d.tokens.len(), d.loss_mask.len());
-            assert_eq!(d.tokens.last(), Some(&tok.special().eot));
+            let (last, earlier) = d.turns.split_last().expect("at least one turn");
+            assert!(last.observation.is_none(), "{}: DM-1", cfg.name);
+            assert!(
+                earlier.iter().all(|t| t.observation.is_some()),
+                "{}",
+                cfg.name
+            );
+            tok.encode(&d.prompt).expect("prompt in the vocabulary");
+            for t in &d.turns {
+                tok.encode(&t.action).expect("action in the vocabulary");
+                if let Some(o) = &t.observation {
+                    tok.encode(o).expect("observation in the vocabulary");
+                }
+            }
         }
     }
 }

@@ -19,8 +19,8 @@
 //!   spaces; `encode` splits on any whitespace.
 //! - TK-3 `encode` fails with `EnvError::UnknownWord` on the first word outside the vocabulary;
 //!   `decode` never fails (ids out of range decode as `<unk>`).
-//! - TK-4 `decode_action` stops at the first `<eot>` and drops special tokens, so a generated
-//!   turn decodes to exactly the action text the environment receives.
+//! - TK-4 (retired: sampled turns are decoded by the runtime's chat codec, CC-3, over the
+//!   exported tokenizer of TK-5).
 //! - TK-5 The exported Hugging Face tokenizer ([`Tokenizer::hf_tokenizer_json`], see
 //!   [`hf_export`]) encodes every text of whitespace-separated vocabulary words to exactly the
 //!   ids of `encode`; a word outside the vocabulary (holding no special token) fails there too.
@@ -122,19 +122,6 @@ impl Tokenizer {
         words.join(" ")
     }
 
-    /// The action text of a generated turn: decodes up to (excluding) the first `<eot>`,
-    /// dropping special tokens (TK-4).
-    pub fn decode_action(&self, ids: &[u32]) -> String {
-        let eot = self.special().eot;
-        let words: Vec<&str> = ids
-            .iter()
-            .take_while(|&&id| id != eot)
-            .filter(|&&id| id as usize >= SPECIAL_WORDS.len())
-            .map(|&id| self.word(id))
-            .collect();
-        words.join(" ")
-    }
-
     /// The id of one word, if it is in the vocabulary.
     pub fn token(&self, word: &str) -> Option<u32> {
         self.ids.get(word).copied()
@@ -223,19 +210,5 @@ mod tests {
             Err(EnvError::UnknownWord { .. })
         ));
         assert_eq!(t.decode(&[4, 99_999]), "task <unk>");
-    }
-
-    #[test]
-    fn tk4_decode_action_stops_at_eot() {
-        let t = Tokenizer::calc();
-        let s = t.special();
-        let mut ids = vec![s.bos];
-        ids.extend(t.encode("answer 12").unwrap());
-        ids.push(s.pad);
-        ids.push(s.eot);
-        ids.extend(t.encode("result 3").unwrap());
-        assert_eq!(t.decode_action(&ids), "answer 12");
-        assert_eq!(t.decode_action(&[s.eot]), "");
-        assert_eq!(t.decode_action(&[]), "");
     }
 }

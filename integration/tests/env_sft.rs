@@ -6,6 +6,7 @@
 //! seconds and run by default; the others take about a minute each on 2 cores and are marked
 //! `#[ignore]` (run them with `cargo test -p keel-integration --test env_sft -- --ignored`).
 
+use keel_actors::demo_tokens::render_demonstration;
 use keel_actors::model_policy::ModelPolicy;
 use keel_envs::evaluate::{evaluate, Transcript};
 use keel_envs::{demonstrations, make_env, task_seed, Env, Split, Tokenizer};
@@ -27,11 +28,16 @@ fn sft_success(
     let seeds: Vec<u64> = (0..demos as u64)
         .map(|i| task_seed(Split::Train, (1 << 32) + i))
         .collect();
+    let codec = || {
+        keel_actors::TrainConfig::default()
+            .chat_codec(&tok)
+            .expect("codec")
+    };
     let data: Vec<(Vec<u32>, Vec<u8>)> = demonstrations(env.as_mut(), &tok, &seeds, 0.15, 7)
         .expect("demos")
-        .into_iter()
-        .filter(|d| d.tokens.len() <= CONTEXT)
-        .map(|d| (d.tokens, d.loss_mask))
+        .iter()
+        .map(|d| render_demonstration(&codec(), d, "").expect("render"))
+        .filter(|(tokens, _)| tokens.len() <= CONTEXT)
         .collect();
     assert!(
         data.len() > demos / 2,
@@ -63,7 +69,7 @@ fn sft_success(
     let weights = learner.model().to_safetensors().expect("weights");
     let mut policy_model = spec.blank().expect("model");
     policy_model.load_safetensors(&weights).expect("load");
-    let mut policy = ModelPolicy::new(policy_model, tok, max_turn_tokens).expect("policy");
+    let mut policy = ModelPolicy::new(policy_model, codec(), max_turn_tokens).expect("policy");
     let mut act = |e: &dyn Env, t: &Transcript| policy.act(e, t).expect("act");
     let report = evaluate(env.as_mut(), 40, &mut act);
     println!(

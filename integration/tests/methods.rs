@@ -717,7 +717,7 @@ fn eval_has_no_scaffold(
             seed: 11,
             env_name: "calc".into(),
             model,
-            tokenizer,
+            codec: Arc::new(cfg.chat_codec(&tokenizer).expect("codec")),
             shards: vec![shard],
             store: store.clone(),
             io: handle.clone(),

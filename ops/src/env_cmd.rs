@@ -6,9 +6,11 @@ use std::io::{BufRead, Write};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
+use keel_actors::config::codec_from_files;
 use keel_actors::model_policy::ModelPolicy;
 use keel_envs::evaluate::{evaluate, oracle_policy, random_policy, Transcript};
-use keel_envs::{build_env, task_seed, Env, EnvConfig, ExternalConfig, Split, Tokenizer, ENVS};
+use keel_envs::{build_env, task_seed, Env, EnvConfig, ExternalConfig, Split, ENVS};
+use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 use keel_store::RunStore;
 
 /// `keel env ...`.
@@ -158,12 +160,7 @@ fn eval(args: EvalArgs) -> Result<()> {
             &mut random_policy(args.rng_seed),
         ),
         id => {
-            let mut policy = load_checkpoint_policy(
-                &args.run_root,
-                id,
-                Tokenizer::for_env(env.as_ref()),
-                args.max_turn_tokens,
-            )?;
+            let mut policy = load_checkpoint_policy(&args.run_root, id, args.max_turn_tokens)?;
             let mut failure = None;
             let mut act = |e: &dyn Env, t: &Transcript| {
                 policy.act(e, t).unwrap_or_else(|err| {
@@ -194,12 +191,7 @@ fn eval(args: EvalArgs) -> Result<()> {
     Ok(())
 }
 
-fn load_checkpoint_policy(
-    run_root: &str,
-    id: &str,
-    tokenizer: Tokenizer,
-    max_turn_tokens: usize,
-) -> Result<ModelPolicy> {
+fn load_checkpoint_policy(run_root: &str, id: &str, max_turn_tokens: usize) -> Result<ModelPolicy> {
     let store =
         RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -214,8 +206,16 @@ fn load_checkpoint_policy(
     };
     let json = rt.block_on(store.read_checkpoint_file(&manifest, "learner.json"))?;
     let weights = rt.block_on(store.read_checkpoint_file(&manifest, "model.safetensors"))?;
-    let mut policy =
-        ModelPolicy::from_checkpoint_files(&json, &weights, tokenizer, max_turn_tokens)?;
+    let mut tokenizer_files = Vec::new();
+    for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
+        let bytes = rt
+            .block_on(store.read_checkpoint_file(&manifest, name))
+            .with_context(|| format!("checkpoint {} has no {name}", manifest.id))?;
+        tokenizer_files.push((name.to_string(), bytes.to_vec()));
+    }
+    let codec = codec_from_files(&tokenizer_files)
+        .with_context(|| format!("the tokenizer of checkpoint {}", manifest.id))?;
+    let mut policy = ModelPolicy::from_checkpoint_files(&json, &weights, codec, max_turn_tokens)?;
     // Dr. MAS agent models (LA-4): `agent-model-<k>.learner.json` + `.model.safetensors`.
     for f in manifest
         .files

@@ -10,6 +10,7 @@
 //! `model` (the decoder and heads), `checkpoint` (saving), `kv_cache`, `sampling` (token
 //! choice), `sampler` (the engine), `tokenizer` (tokenizer.json + chat template), `mismatch`.
 
+pub mod chat_codec;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -22,6 +23,7 @@ pub(crate) mod sampling;
 pub mod tokenizer;
 pub mod weights;
 
+pub use chat_codec::ChatCodec;
 pub use config::{Arch, HfConfig, RopeScaling};
 pub use error::HfError;
 pub use mismatch::{logprob_mismatch, LogprobMismatch, SampledSequence};

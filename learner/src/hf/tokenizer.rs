@@ -65,10 +65,10 @@ fn tok_err(what: &str, e: impl std::fmt::Display) -> HfError {
 impl HfTokenizer {
     /// Loads `dir/tokenizer.json`, `dir/tokenizer_config.json` and the chat template (HT-1).
     pub fn load(dir: &Path) -> Result<Self, HfError> {
-        let path = dir.join("tokenizer.json");
+        let path = dir.join(TOKENIZER_FILE);
         let tok = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| tok_err(&path.display().to_string(), e))?;
-        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
         let cfg: Value = if cfg_path.exists() {
             let text = std::fs::read_to_string(&cfg_path).map_err(|e| HfError::io(&cfg_path, e))?;
             serde_json::from_str(&text).map_err(|source| HfError::Json {
@@ -82,23 +82,50 @@ impl HfTokenizer {
         let template = if jinja.exists() {
             Some(std::fs::read_to_string(&jinja).map_err(|e| HfError::io(&jinja, e))?)
         } else {
-            match cfg.get("chat_template") {
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(Value::Array(list)) => list
-                    .iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                    .and_then(|t| t.get("template"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                _ => None,
-            }
+            None
         };
-        Ok(HfTokenizer {
+        Ok(Self::assemble(tok, &cfg, template))
+    }
+
+    /// A tokenizer from the contents of `tokenizer.json` and `tokenizer_config.json` (the
+    /// files a checkpoint carries; the chat template is the config's, HT-1).
+    pub fn from_json(tokenizer_json: &str, config_json: &str) -> Result<Self, HfError> {
+        let tok: tokenizers::Tokenizer = tokenizer_json
+            .parse()
+            .map_err(|e| tok_err(TOKENIZER_FILE, e))?;
+        let cfg: Value =
+            serde_json::from_str(config_json).map_err(|e| tok_err(TOKENIZER_CONFIG_FILE, e))?;
+        Ok(Self::assemble(tok, &cfg, None))
+    }
+
+    /// The chat template is `jinja` when given, else the config's (HT-1).
+    fn assemble(tok: tokenizers::Tokenizer, cfg: &Value, jinja: Option<String>) -> Self {
+        let template = jinja.or_else(|| match cfg.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            _ => None,
+        });
+        HfTokenizer {
             tok,
             template,
-            bos_token: special(&cfg, "bos_token"),
-            eos_token: special(&cfg, "eos_token"),
-        })
+            bos_token: special(cfg, "bos_token"),
+            eos_token: special(cfg, "eos_token"),
+        }
+    }
+
+    /// Whether a chat template was found.
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Number of token ids (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.tok.get_vocab_size(true)
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor.
