@@ -174,10 +174,13 @@ impl EnvSection {
     }
 }
 
-/// `[model]`: the built-in tiny Llama-shaped model (vocabulary comes from the env, MD-1).
+/// `[model]`: a Hugging Face model folder (`path`), or the built-in tiny Llama-shaped model
+/// (vocabulary from the env, MD-1).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSection {
+    /// A Hugging Face model folder to train; empty = the built-in tiny model.
+    pub path: String,
     /// Longest token sequence (prompt + all turns).
     pub context_len: usize,
     /// Transformer blocks.
@@ -191,6 +194,7 @@ pub struct ModelSection {
 impl Default for ModelSection {
     fn default() -> Self {
         Self {
+            path: String::new(),
             context_len: 64,
             n_layer: 2,
             d_model: 64,
@@ -482,6 +486,12 @@ impl TrainConfig {
                 ),
             ));
         }
+        if m.path.starts_with("s3://") {
+            return Err(range_err(
+                "model.path",
+                "s3:// model folders are not supported yet: sync the folder to local disk and pass that path".to_string(),
+            ));
+        }
         if !(m.d_model / m.n_head).is_multiple_of(2) {
             return Err(range_err(
                 "model.n_head",
@@ -673,11 +683,18 @@ impl TrainConfig {
         }
     }
 
-    /// The built-in model's tokenizer files: the env's word-level vocabulary as
-    /// `tokenizer.json` + `tokenizer_config.json` (with keel's chat template, TK-5).
-    pub fn tokenizer_files(&self, tokenizer: &keel_envs::Tokenizer) -> Vec<(String, Vec<u8>)> {
-        use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
-        vec![
+    /// The tokenizer files every checkpoint carries: the model folder's (`model.path`), or the
+    /// env's word-level vocabulary as `tokenizer.json` + `tokenizer_config.json` with keel's
+    /// chat template (TK-5) for the built-in model.
+    pub fn tokenizer_files(
+        &self,
+        tokenizer: &keel_envs::Tokenizer,
+    ) -> Result<Vec<(String, Vec<u8>)>, keel_learner::hf::HfError> {
+        use keel_learner::hf::tokenizer::{folder_files, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+        if !self.model.path.is_empty() {
+            return folder_files(std::path::Path::new(&self.model.path));
+        }
+        Ok(vec![
             (
                 TOKENIZER_FILE.to_string(),
                 tokenizer.hf_tokenizer_json().into_bytes(),
@@ -688,7 +705,7 @@ impl TrainConfig {
                     .hf_tokenizer_config_json(self.model.context_len)
                     .into_bytes(),
             ),
-        ]
+        ])
     }
 
     /// The chat codec every role renders episodes with (CC-1..4), over the tokenizer files.
@@ -696,24 +713,37 @@ impl TrainConfig {
         &self,
         tokenizer: &keel_envs::Tokenizer,
     ) -> Result<keel_learner::hf::ChatCodec, keel_learner::hf::HfError> {
-        codec_from_files(&self.tokenizer_files(tokenizer))
+        codec_from_files(&self.tokenizer_files(tokenizer)?)
     }
 
-    /// The model every role builds (policy, reference, generators): the tiny model over
-    /// `tokenizer`'s vocabulary, initialised from the run seed, with a value head when the
-    /// preset needs a critic.
+    /// The model every role builds (policy, reference, generators): the folder of
+    /// `model.path`, else the tiny model over `tokenizer`'s vocabulary initialised from the run
+    /// seed; with a value head when the preset needs a critic. A folder must hold
+    /// `model.context_len` positions.
     pub fn model_spec(
         &self,
         tokenizer: &keel_envs::Tokenizer,
         device: tch::Device,
     ) -> Result<ModelSpec, keel_learner::LearnerError> {
         let value_head = self.learner.resolve().needs_critic();
-        ModelSpec::tiny(
-            &self.tiny_shape(tokenizer),
-            device,
-            self.run.seed,
-            value_head,
-        )
+        if self.model.path.is_empty() {
+            let shape = self.tiny_shape(tokenizer);
+            return ModelSpec::tiny(&shape, device, self.run.seed, value_head);
+        }
+        let dir = std::path::Path::new(&self.model.path);
+        let spec = ModelSpec::folder(dir, device, tch::Kind::Float, value_head)?;
+        let positions = spec.config.max_position_embeddings;
+        if self.model.context_len > positions {
+            return Err(keel_learner::LearnerError::InvalidConfig {
+                key: "model.context_len".into(),
+                reason: format!(
+                    "{} exceeds the {positions} positions of {}",
+                    self.model.context_len,
+                    dir.display()
+                ),
+            });
+        }
+        Ok(spec)
     }
 
     /// The staleness bound in force: 0 in sync mode.

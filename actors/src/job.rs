@@ -242,7 +242,7 @@ async fn run_in_system(
     // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
     let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
     let model_spec = cfg.model_spec(&tokenizer, device)?;
-    let tokenizer_files = cfg.tokenizer_files(&tokenizer);
+    let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
     let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
     let factory: EnvFactory = match options.env_factory {
         Some(f) => f,

@@ -42,7 +42,10 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config(4, 2, "sync", 0)).expect("config");
     run_train(&config, &root, &[]);
-    let head = head_lineage(&root).pop().expect("a checkpoint");
+    let head = head_lineage(&root)
+        .into_iter()
+        .next()
+        .expect("a checkpoint");
     let out = dir.path().join("export");
     let root_s = root.to_str().expect("utf8");
     let out_s = out.to_str().expect("utf8");

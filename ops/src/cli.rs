@@ -81,6 +81,10 @@ pub struct TrainArgs {
     /// Override env.name (an env of `keel env list`).
     #[arg(long)]
     pub env: Option<String>,
+    /// Train this Hugging Face model folder (config.json, safetensors, tokenizer with a chat
+    /// template) instead of the built-in tiny model: sets model.path.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
     /// Override run.steps.
     #[arg(long)]
     pub steps: Option<u64>,

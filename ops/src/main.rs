@@ -191,6 +191,9 @@ fn train(args: cli::TrainArgs) -> Result<()> {
     if let Some(env) = &args.env {
         cfg.env.name = env.clone();
     }
+    if let Some(dir) = &args.model {
+        cfg.model.path = dir.to_string_lossy().into_owned();
+    }
     if let Some(steps) = args.steps {
         cfg.run.steps = steps;
     }

@@ -19,12 +19,12 @@ pub enum HfError {
     #[error(transparent)]
     Learner(#[from] LearnerError),
     /// A file of the model folder could not be read or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message; not a separate source, so error chains say it once).
+        error: std::io::Error,
     },
     /// A JSON file (config.json, the shard index, tokenizer_config.json) is malformed.
     #[error("{}: {source}", path.display())]
@@ -77,7 +77,7 @@ impl HfError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         HfError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

@@ -23,6 +23,43 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// The tokenizer settings (special tokens, chat template) of a Hugging Face folder.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
+/// The tokenizer files of model folder `dir` as a checkpoint carries them: `tokenizer.json`
+/// and `tokenizer_config.json`, with `chat_template.jinja` (when present) folded into the
+/// config's `chat_template` so that the pair is self-contained (HT-1).
+pub fn folder_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, HfError> {
+    let read = |name: &str| -> Result<Option<Vec<u8>>, HfError> {
+        let path = dir.join(name);
+        match std::fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(HfError::io(&path, e)),
+        }
+    };
+    let tokenizer = read(TOKENIZER_FILE)?
+        .ok_or_else(|| HfError::Tokenizer(format!("{} has no {TOKENIZER_FILE}", dir.display())))?;
+    let mut cfg: Value = match read(TOKENIZER_CONFIG_FILE)? {
+        Some(b) => serde_json::from_slice(&b).map_err(|source| HfError::Json {
+            path: dir.join(TOKENIZER_CONFIG_FILE),
+            source,
+        })?,
+        None => Value::Object(Default::default()),
+    };
+    if let Some(jinja) = read("chat_template.jinja")? {
+        let text = String::from_utf8(jinja)
+            .map_err(|e| HfError::Tokenizer(format!("chat_template.jinja: {e}")))?;
+        if let Value::Object(map) = &mut cfg {
+            map.insert("chat_template".into(), Value::String(text));
+        }
+    }
+    Ok(vec![
+        (TOKENIZER_FILE.to_string(), tokenizer),
+        (
+            TOKENIZER_CONFIG_FILE.to_string(),
+            cfg.to_string().into_bytes(),
+        ),
+    ])
+}
+
 /// One chat message.
 #[derive(Clone, Debug, serde::Serialize, PartialEq)]
 pub struct ChatMessage {

@@ -1,0 +1,274 @@
+//! `keel train --model DIR` on a real Hugging Face folder: a tiny random Qwen2 model made by
+//! transformers (byte-level BPE tokenizer, ChatML template, tied embeddings) runs the SFT warm
+//! start and RL steps on `calc`, checkpoints, resumes bit-identically after a SIGKILL, and its
+//! export loads back in transformers with keel's logits. Episodes are rendered by the chat
+//! codec exactly as transformers renders the same conversation (CC-1..3). Bad folders are
+//! refused with an error naming the file or key, and nothing is written.
+//! Needs python3 with torch and transformers (scripts/setup.sh installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use keel_integration::{checkpoint_file, checkpoints, keel_bin};
+
+/// The newest checkpoint of a local run root, if any.
+fn newest(root: &Path) -> Option<keel_store::CheckpointManifest> {
+    if !root.exists() {
+        return None;
+    }
+    checkpoints(root).into_iter().max_by_key(|m| m.step)
+}
+
+fn python(args: &[&std::ffi::OsStr]) {
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&py)
+        .args(args)
+        .output()
+        .expect("python3 must be on PATH (scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{py} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The tiny random Qwen2 folder (made by transformers, learner/tests/python).
+fn tiny_qwen2(dir: &Path) -> PathBuf {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python/make_tiny_models.py");
+    let out = dir.join("models");
+    python(&[script.as_os_str(), out.as_os_str()]);
+    out.join("qwen2")
+}
+
+const CONFIG: &str = r#"
+[run]
+name = "hf"
+seed = 5
+steps = 6
+mode = "sync"
+checkpoint_every = 2
+device = "cpu"
+threads = 1
+
+[env]
+name = "calc"
+difficulty = 1
+
+[model]
+context_len = 256
+
+[sft]
+steps = 8
+batch_size = 8
+demos = 32
+
+[rollout]
+tasks_per_batch = 4
+group_size = 4
+max_turn_tokens = 12
+eval_tasks = 8
+
+[metrics]
+enabled = false
+
+[guard]
+enabled = false
+
+[learner]
+algo = "grpo"
+"#;
+
+fn train(config: &Path, model: &Path, root: &Path) -> std::process::Child {
+    Command::new(keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(config)
+        .arg("--model")
+        .arg(model)
+        .arg("--run-root")
+        .arg(root)
+        .arg("--summary-json")
+        .arg(root.with_extension("json"))
+        .env("KEEL_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start keel train")
+}
+
+fn finish(child: std::process::Child) -> String {
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "keel train failed:\n{err}");
+    err
+}
+
+#[test]
+fn a_hugging_face_folder_trains_resumes_and_exports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let config = dir.path().join("hf.toml");
+    std::fs::write(&config, CONFIG).expect("config");
+
+    // Uninterrupted run.
+    let clean = dir.path().join("clean");
+    finish(train(&config, &model, &clean));
+    let head = newest(&clean).expect("a checkpoint");
+    assert_eq!(head.step, 6);
+    let learner: serde_json::Value =
+        serde_json::from_slice(&checkpoint_file(&clean, &head, "learner.json")).expect("json");
+    assert_eq!(learner["model"]["config"]["model_type"], "qwen2");
+
+    // Killed after its step-2 checkpoint, then resumed: bit-identical weights.
+    let killed = dir.path().join("killed");
+    let mut child = train(&config, &model, &killed);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while newest(&killed).is_none_or(|m| m.step < 2) {
+        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "finished before the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    finish(train(&config, &model, &killed));
+    let resumed = newest(&killed).expect("head");
+    assert_eq!(resumed.step, 6);
+    assert!(
+        checkpoint_file(&killed, &resumed, "model.safetensors")
+            == checkpoint_file(&clean, &head, "model.safetensors"),
+        "the resumed run's weights differ from the uninterrupted run's"
+    );
+
+    // The export loads in transformers with keel's logits (tied embeddings, BPE tokenizer).
+    let out = dir.path().join("export");
+    let st = Command::new(keel_bin())
+        .args(["ckpt", "export", &head.id])
+        .arg(&out)
+        .arg("--run-root")
+        .arg(&clean)
+        .output()
+        .expect("export");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let inputs = dir.path().join("inputs.safetensors");
+    let ids = tch::Tensor::from_slice(&[3i64, 17, 42, 99, 5, 250, 8, 1]).view([1, 8]);
+    tch::Tensor::write_safetensors(&[("input_ids", &ids)], &inputs).expect("inputs");
+    let logits_out = dir.path().join("logits.safetensors");
+    let check =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python/check_saved.py");
+    python(&[
+        check.as_os_str(),
+        inputs.as_os_str(),
+        logits_out.as_os_str(),
+        out.as_os_str(),
+    ]);
+    let theirs = tch::Tensor::read_safetensors(&logits_out).expect("logits");
+    let policy = keel_learner::policy_from_checkpoint(
+        &checkpoint_file(&clean, &head, "learner.json"),
+        &checkpoint_file(&clean, &head, "model.safetensors"),
+    )
+    .expect("policy");
+    let (ours, _) = tch::no_grad(|| policy.forward(&ids)).expect("forward");
+    let diff = (ours - &theirs[0].1).abs().max().double_value(&[]);
+    assert!(diff < 1e-4, "logits differ by {diff}");
+}
+
+#[test]
+fn episodes_render_as_transformers_renders_the_conversation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let files = keel_learner::hf::tokenizer::folder_files(&model).expect("files");
+    let codec = keel_actors::config::codec_from_files(&files).expect("codec");
+    let (prompt, action, obs) = ("task 3 + 4 * 5", "calc 3 + 4", "result 7");
+    let out = dir.path().join("chat.json");
+    python(&[
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/python/chat_ids.py")
+            .as_os_str(),
+        model.as_os_str(),
+        prompt.as_ref(),
+        action.as_ref(),
+        obs.as_ref(),
+        out.as_os_str(),
+    ]);
+    let want: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("json")).expect("json");
+    let first = codec.prompt(prompt).expect("prompt");
+    let want_first: Vec<u32> = serde_json::from_value(want["prompt"].clone()).expect("ids");
+    assert_eq!(first, want_first, "CC-1: the first prompt");
+    let mut episode = first;
+    episode.extend(codec.action(action).expect("action"));
+    episode.extend(codec.observation(obs).expect("observation"));
+    let want_episode: Vec<u32> = serde_json::from_value(want["episode"].clone()).expect("ids");
+    assert_eq!(
+        episode, want_episode,
+        "CC-2/3: turn by turn = the whole conversation"
+    );
+    let sampled = codec.action(action).expect("action");
+    assert_eq!(codec.action_text(&sampled).expect("text"), action);
+}
+
+#[test]
+fn bad_model_folders_are_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let config = dir.path().join("hf.toml");
+    std::fs::write(&config, CONFIG).expect("config");
+    let copy = |name: &str, edit: &dyn Fn(&Path)| -> PathBuf {
+        let to = dir.path().join(name);
+        std::fs::create_dir_all(&to).expect("dir");
+        for f in std::fs::read_dir(&model).expect("ls") {
+            let f = f.expect("entry").path();
+            std::fs::copy(&f, to.join(f.file_name().expect("name"))).expect("copy");
+        }
+        edit(&to);
+        to
+    };
+    let no_config = copy("no-config", &|d| {
+        std::fs::remove_file(d.join("config.json")).expect("rm")
+    });
+    let gpt2 = copy("gpt2", &|d| {
+        let p = d.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("json");
+        v["model_type"] = "gpt2".into();
+        std::fs::write(&p, v.to_string()).expect("write");
+    });
+    let no_template = copy("no-template", &|d| {
+        std::fs::remove_file(d.join("chat_template.jinja")).ok();
+        let p = d.join("tokenizer_config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&p).expect("read")).expect("json");
+        if let Some(m) = v.as_object_mut() {
+            m.remove("chat_template");
+        }
+        std::fs::write(&p, v.to_string()).expect("write");
+    });
+    for (folder, says) in [
+        (&no_config, "config.json"),
+        (&gpt2, "model_type"),
+        (&no_template, "chat template"),
+    ] {
+        let root = dir
+            .path()
+            .join(format!("run-{}", folder.display().to_string().len()));
+        let out = train(&config, folder, &root)
+            .wait_with_output()
+            .expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{} was accepted", folder.display());
+        assert!(err.contains(says), "{}: {err}", folder.display());
+        assert!(
+            newest(&root).is_none(),
+            "{}: a checkpoint was written",
+            folder.display()
+        );
+    }
+}
