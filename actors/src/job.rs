@@ -282,6 +282,7 @@ async fn run_in_system(
                 .collect(),
             seed: cfg.run.seed,
             temperature: cfg.rollout.temperature,
+            lr_horizon: cfg.run.steps,
             tokenizer_files,
             faults: cfg.faults.clone(),
         },

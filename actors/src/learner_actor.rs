@@ -50,6 +50,8 @@ pub struct InitLearner {
     pub seed: u64,
     /// Sampling temperature of the batches (MD-5).
     pub temperature: f64,
+    /// Updates in the run (`run.steps`): the horizon of the learning-rate schedule (LS-1).
+    pub lr_horizon: u64,
     /// Files every checkpoint carries beside the learner state, so that an export is a
     /// complete Hugging Face folder: `tokenizer.json`, `tokenizer_config.json`.
     pub tokenizer_files: Vec<(String, Vec<u8>)>,
@@ -242,6 +244,7 @@ impl Handler<InitLearner> for LearnerActor {
         self.filters.clear();
         let mut main = Learner::new(msg.model.build()?, msg.cfg, msg.seed)?;
         main.set_temperature(msg.temperature)?;
+        main.set_lr_horizon(msg.lr_horizon);
         if !msg.agent_models.is_empty() {
             // Model 0 serves every agent not listed by another model.
             let listed: Vec<u32> = msg
@@ -261,6 +264,7 @@ impl Handler<InitLearner> for LearnerActor {
             let seed = crate::seeds::mix_seed(&[msg.seed, 0xa6e7, k as u64 + 1]);
             let mut l = Learner::new(msg.model.reseeded(seed).build()?, m.cfg, seed)?;
             l.set_temperature(msg.temperature)?;
+            l.set_lr_horizon(msg.lr_horizon);
             l.set_agent_filter(Some(m.agents.clone()));
             self.filters.push(Some(m.agents));
             self.learners.push(l);

@@ -64,6 +64,7 @@ use crate::error::LearnerError;
 use crate::hf::HfModel;
 use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
+use crate::lr_schedule::LrPlan;
 use crate::model::{policy_logits, ModelSpec};
 use crate::optimizer::{AdamW, AdamWConfig};
 use crate::step_metrics::StepMetrics;
@@ -112,6 +113,8 @@ pub struct Learner {
     agents: Option<Vec<u32>>,
     /// Sampling temperature of the batches (MD-5): log-probs are taken on logits / T.
     temperature: f64,
+    /// Updates in the run: the horizon of a cosine learning-rate schedule (LS-1).
+    lr_horizon: u64,
 }
 
 /// Mean, std, min and max of `x` over mask-1 entries.
@@ -194,6 +197,7 @@ impl Learner {
             updates: 0,
             agents: None,
             temperature: 1.0,
+            lr_horizon: 0,
         })
     }
 
@@ -214,6 +218,23 @@ impl Learner {
         }
         self.temperature = temperature;
         Ok(())
+    }
+
+    /// Sets the number of updates of the run, the horizon of a cosine schedule (LS-1); not
+    /// part of the checkpoint: the job sets it from `run.steps`.
+    pub fn set_lr_horizon(&mut self, updates: u64) {
+        self.lr_horizon = updates;
+    }
+
+    /// The learning rate of the current update: `lr` × the schedule's factor (LS-1, LS-2).
+    pub fn current_lr(&self) -> f64 {
+        let plan = LrPlan {
+            schedule: self.cfg.lr_schedule,
+            warmup: self.cfg.lr_warmup_steps,
+            min_ratio: self.cfg.lr_min_ratio,
+            total: self.lr_horizon,
+        };
+        self.cfg.lr * plan.factor(self.updates)
     }
 
     /// Sets the learning rate of later steps (a collapse-guard rewind lowers it); weights,
@@ -424,7 +445,7 @@ impl Learner {
         };
         let den = AggDenominators::of(mask, self.preset.loss_scale_factor);
         for _ in 0..k {
-            self.opt.set_lr(self.cfg.lr * c.lr_ratio);
+            self.opt.set_lr(self.current_lr() * c.lr_ratio);
             self.opt.zero_grad();
             let (_, values) = self.model.forward(tokens)?;
             let values = align_values(&values.ok_or_else(|| {
@@ -502,7 +523,7 @@ impl Learner {
             Some(r) => Some(pick(r)?),
             None => None,
         };
-        self.opt.set_lr(self.cfg.lr);
+        self.opt.set_lr(self.current_lr());
         self.opt.zero_grad();
         let (logits, values) = policy_logits(&self.model, &tokens, self.temperature)?;
         let logp = token_logprobs(&logits, &tokens);

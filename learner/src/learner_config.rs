@@ -20,6 +20,7 @@ use crate::algo::presets::{
     DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase,
 };
 use crate::error::LearnerError;
+use crate::lr_schedule::LrSchedule;
 
 /// The walking skeleton's name for the objective; now the preset registry.
 pub type Algo = Preset;
@@ -36,6 +37,12 @@ pub struct LearnerConfig {
     pub weight_decay: f64,
     /// Global gradient-norm clip, > 0.
     pub max_grad_norm: f64,
+    /// Learning-rate warm-up in updates (LS-1); 0 = none.
+    pub lr_warmup_steps: u64,
+    /// Learning-rate shape after the warm-up: constant or cosine (LS-1).
+    pub lr_schedule: LrSchedule,
+    /// Cosine floor as a fraction of `lr`, in [0, 1].
+    pub lr_min_ratio: f64,
     /// Passes over each batch, ≥ 1.
     pub epochs: usize,
     /// Optimizer steps per pass (trajectories split evenly), ≥ 1.
@@ -124,6 +131,9 @@ impl Default for LearnerConfig {
             lr: 1e-3,
             weight_decay: 0.0,
             max_grad_norm: 1.0,
+            lr_warmup_steps: 0,
+            lr_schedule: LrSchedule::Constant,
+            lr_min_ratio: 0.0,
             epochs: 1,
             minibatches: 2,
             clip_low: None,
@@ -321,6 +331,14 @@ impl LearnerConfig {
             true,
             inf,
             true,
+        )?;
+        in_range(
+            "learner.lr_min_ratio",
+            self.lr_min_ratio,
+            0.0,
+            false,
+            1.0,
+            false,
         )?;
         if self.epochs == 0 {
             return Err(LearnerError::config(

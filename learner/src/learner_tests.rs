@@ -554,3 +554,28 @@ fn md5_ppo_ratio_is_one_on_policy_at_any_temperature() {
         }
     }
 }
+
+/// LS-1 in the learner: with a 2-update warm-up the first update runs at lr 0 (weights
+/// unchanged, as the references' schedulers do), the second at lr/2, then lr.
+#[test]
+fn ls1_warmup_starts_at_zero_and_reaches_the_base_rate() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig {
+        lr_warmup_steps: 2,
+        ..cfg(Algo::Grpo)
+    };
+    let mut l = Learner::new(tiny(false, 43), c, 43).expect("learner");
+    l.set_lr_horizon(10);
+    let batch = rl_batch(l.model());
+    let before = l.weights_safetensors().expect("w");
+    assert_eq!(l.current_lr(), 0.0);
+    l.train_step(&batch).expect("update 0");
+    assert!(
+        l.weights_safetensors().expect("w") == before,
+        "lr 0 moves nothing"
+    );
+    assert!((l.current_lr() - 1.5e-3).abs() < 1e-15);
+    l.train_step(&batch).expect("update 1");
+    assert!(l.weights_safetensors().expect("w") != before);
+    assert!((l.current_lr() - 3e-3).abs() < 1e-15);
+}

@@ -19,6 +19,7 @@ pub mod hf;
 pub mod learner;
 pub mod learner_config;
 pub mod logprobs;
+pub mod lr_schedule;
 pub mod model;
 pub mod optimizer;
 pub mod step_metrics;
