@@ -486,12 +486,6 @@ impl TrainConfig {
                 ),
             ));
         }
-        if m.path.starts_with("s3://") {
-            return Err(range_err(
-                "model.path",
-                "s3:// model folders are not supported yet: sync the folder to local disk and pass that path".to_string(),
-            ));
-        }
         if !(m.d_model / m.n_head).is_multiple_of(2) {
             return Err(range_err(
                 "model.n_head",
@@ -691,8 +685,8 @@ impl TrainConfig {
         tokenizer: &keel_envs::Tokenizer,
     ) -> Result<Vec<(String, Vec<u8>)>, keel_learner::hf::HfError> {
         use keel_learner::hf::tokenizer::{folder_files, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
-        if !self.model.path.is_empty() {
-            return folder_files(std::path::Path::new(&self.model.path));
+        if let Some(dir) = self.model_dir() {
+            return folder_files(&dir);
         }
         Ok(vec![
             (
@@ -716,6 +710,34 @@ impl TrainConfig {
         codec_from_files(&self.tokenizer_files(tokenizer)?)
     }
 
+    /// The local folder of `model.path`: the path itself, or for `s3://…` its cache folder
+    /// under `$KEEL_MODEL_CACHE` (default `~/.cache/keel/models`), which the job syncs first
+    /// (MC-1..3); `None` for the built-in model.
+    pub fn model_dir(&self) -> Option<std::path::PathBuf> {
+        let path = &self.model.path;
+        if path.is_empty() {
+            return None;
+        }
+        let Some(rest) = path.strip_prefix("s3://") else {
+            return Some(std::path::PathBuf::from(path));
+        };
+        let root = std::env::var_os("KEEL_MODEL_CACHE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+                std::path::Path::new(&home).join(".cache/keel/models")
+            });
+        let name: String = rest
+            .trim_end_matches('/')
+            .chars()
+            .map(|c| match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
+                _ => '_',
+            })
+            .collect();
+        Some(root.join(format!("s3_{name}")))
+    }
+
     /// The model every role builds (policy, reference, generators): the folder of
     /// `model.path`, else the tiny model over `tokenizer`'s vocabulary initialised from the run
     /// seed; with a value head when the preset needs a critic. A folder must hold
@@ -726,12 +748,11 @@ impl TrainConfig {
         device: tch::Device,
     ) -> Result<ModelSpec, keel_learner::LearnerError> {
         let value_head = self.learner.resolve().needs_critic();
-        if self.model.path.is_empty() {
+        let Some(dir) = self.model_dir() else {
             let shape = self.tiny_shape(tokenizer);
             return ModelSpec::tiny(&shape, device, self.run.seed, value_head);
-        }
-        let dir = std::path::Path::new(&self.model.path);
-        let spec = ModelSpec::folder(dir, device, tch::Kind::Float, value_head)?;
+        };
+        let spec = ModelSpec::folder(&dir, device, tch::Kind::Float, value_head)?;
         let positions = spec.config.max_position_embeddings;
         if self.model.context_len > positions {
             return Err(keel_learner::LearnerError::InvalidConfig {

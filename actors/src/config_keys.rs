@@ -48,7 +48,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("env.latency_ms", "> 0", "Latency median (lognormal) or minimum (pareto), milliseconds."),
     k("env.latency_shape", "> 0", "Lognormal sigma or Pareto tail index alpha."),
     k("env.latency_cap_ms", "> 0", "Longest simulated delay, milliseconds."),
-    k("model.path", "a Hugging Face model folder, or empty", "The model to train (config.json, safetensors, tokenizer.json with a chat template; `keel train --model DIR`); empty trains the built-in tiny Llama-shaped model over the env's vocabulary (model.n_layer, d_model, n_head)."),
+    k("model.path", "a Hugging Face model folder (local or s3://), or empty", "The model to train (config.json, safetensors, tokenizer.json with a chat template; `keel train --model DIR`); an s3:// folder is synced into $KEEL_MODEL_CACHE (default ~/.cache/keel/models) with checksums first; empty trains the built-in tiny Llama-shaped model over the env's vocabulary (model.n_layer, d_model, n_head)."),
     k("model.context_len", ">= 16 and >= the env's horizon", "Longest token sequence (prompt + all turns): the tiny Llama model's max_position_embeddings."),
     k("model.n_layer", ">= 1", "Decoder layers of the built-in tiny Llama-shaped model."),
     k("model.d_model", ">= 8, a multiple of model.n_head", "Hidden size (the SwiGLU MLP is 4x as wide)."),

@@ -241,6 +241,7 @@ async fn run_in_system(
     let env_cfg = cfg.env.env_config();
     // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
     let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
+    sync_model(&cfg, &io).await?;
     let model_spec = cfg.model_spec(&tokenizer, device)?;
     let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
     let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
@@ -631,6 +632,27 @@ fn make_demos(
         .into());
     }
     Ok(fit)
+}
+
+/// Syncs an `s3://` model folder into its local cache (MC-1..3) before anything loads it.
+async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<(), ActorError> {
+    let (true, Some(dir)) = (cfg.model.path.starts_with("s3://"), cfg.model_dir()) else {
+        return Ok(());
+    };
+    let source = RunStore::open(&cfg.model.path)?;
+    let into = dir.clone();
+    let report = spawn_io(io, async move {
+        keel_store::sync_model_folder(&source, &into).await
+    })
+    .await?;
+    tracing::info!(
+        model = %cfg.model.path,
+        cache = %dir.display(),
+        downloaded = report.downloaded.len(),
+        cached = report.cached.len(),
+        "model folder synced"
+    );
+    Ok(())
 }
 
 /// Where the job starts: this branch's newest verifiable checkpoint (JB-1, JB-4), else the

@@ -272,3 +272,66 @@ fn bad_model_folders_are_refused_and_nothing_is_written() {
         );
     }
 }
+
+/// `--model s3://…`: the folder is synced into the local cache once (MC-1..3), reused by the
+/// next run, and downloaded again when a cached file is damaged.
+#[test]
+fn an_s3_model_folder_is_synced_into_the_cache_and_verified() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let url = keel_integration::s3_root("hf-model");
+    let store = keel_store::RunStore::open(&url).expect("s3");
+    let rt = keel_integration::test_rt();
+    for f in std::fs::read_dir(&model).expect("ls") {
+        let f = f.expect("entry").path();
+        let name = f.file_name().expect("name").to_string_lossy().into_owned();
+        let bytes = std::fs::read(&f).expect("read");
+        rt.block_on(store.put_object(&name, bytes.into()))
+            .expect("upload");
+    }
+    let config = dir.path().join("hf.toml");
+    std::fs::write(&config, CONFIG.replace("steps = 6", "steps = 2")).expect("config");
+    let cache = dir.path().join("cache");
+    let run = |name: &str| -> String {
+        let root = dir.path().join(name);
+        let out = Command::new(keel_bin())
+            .args(["train", "--log-json", "--no-progress", "--config"])
+            .arg(&config)
+            .args(["--model", &url, "--run-root"])
+            .arg(&root)
+            .env("KEEL_MODEL_CACHE", &cache)
+            .env("KEEL_LOG", "warn,keel=info")
+            .output()
+            .expect("keel train");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "keel train --model {url} failed:\n{err}"
+        );
+        assert_eq!(newest(&root).expect("checkpoint").step, 2);
+        err
+    };
+    let synced = |log: &str| -> (u64, u64) {
+        let event: serde_json::Value = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["fields"]["message"] == "model folder synced")
+            .expect("a sync event");
+        let f = &event["fields"];
+        (
+            f["downloaded"].as_u64().expect("downloaded"),
+            f["cached"].as_u64().expect("cached"),
+        )
+    };
+    let files = std::fs::read_dir(&model).expect("ls").count() as u64;
+    assert_eq!(synced(&run("first")), (files, 0));
+    assert_eq!(synced(&run("second")), (0, files));
+    let cached_dir = std::fs::read_dir(&cache)
+        .expect("cache")
+        .next()
+        .expect("one folder")
+        .expect("entry")
+        .path();
+    std::fs::write(cached_dir.join("model.safetensors"), b"damaged").expect("damage");
+    assert_eq!(synced(&run("third")), (1, files - 1));
+}

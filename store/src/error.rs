@@ -189,6 +189,15 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// A local model cache file could not be read or written.
+    #[error("model cache {path}: {reason}")]
+    ModelCache {
+        /// The cache file or folder.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+
     /// JSON (de)serialization failed.
     #[error("JSON error: {0}")]
     Json(#[from] serde_json::Error),

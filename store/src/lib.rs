@@ -32,6 +32,7 @@ pub mod frame;
 pub mod gc;
 mod key;
 pub mod lineage;
+pub mod model_sync;
 pub mod quarantine;
 pub mod root;
 #[cfg(test)]
@@ -50,4 +51,5 @@ pub use error::StoreError;
 pub use gc::GcPlan;
 pub use key::{validate_name, validate_rel_key};
 pub use lineage::COLLECTED_TAG;
+pub use model_sync::{sync_model_folder, SyncReport};
 pub use root::{BatchKey, RunStore, DEFAULT_BRANCH};
