@@ -573,3 +573,18 @@ pub fn seed_bank_version(root: &std::path::Path) -> u64 {
         serde_json::from_str(&sft.data.method_state["pats"]).expect("pats pointer");
     pointer["version"].as_u64().expect("version")
 }
+
+/// Runs `python3` (or `$PYTHON`) with `args` and asserts it succeeded; the reference scripts
+/// need torch and transformers (scripts/setup.sh installs them).
+pub fn python(args: &[&std::ffi::OsStr]) {
+    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&py)
+        .args(args)
+        .output()
+        .expect("python3 must be on PATH (scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{py} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

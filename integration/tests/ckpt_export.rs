@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use keel_integration::{checkpoint_file, head_lineage, keel_bin, run_train, tiny_config};
+use keel_integration::{checkpoint_file, head_lineage, keel_bin, python, run_train, tiny_config};
 use tch::Tensor;
 
 fn keel(args: &[&str]) -> std::process::Output {
@@ -18,19 +18,12 @@ fn keel(args: &[&str]) -> std::process::Output {
 
 fn python_check(folder: &Path, text: &str, out: &Path) -> serde_json::Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_export.py");
-    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let run = Command::new(&py)
-        .arg(&script)
-        .arg(folder)
-        .arg(text)
-        .arg(out)
-        .output()
-        .expect("python3 must be on PATH (scripts/setup.sh)");
-    assert!(
-        run.status.success(),
-        "transformers could not load the export:\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    python(&[
+        script.as_os_str(),
+        folder.as_os_str(),
+        text.as_ref(),
+        out.as_os_str(),
+    ]);
     serde_json::from_slice(&std::fs::read(out).expect("result")).expect("json")
 }
 

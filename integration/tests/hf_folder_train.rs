@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{checkpoint_file, checkpoints, keel_bin};
+use keel_integration::{checkpoint_file, checkpoints, keel_bin, python};
 
 /// The newest checkpoint of a local run root, if any.
 fn newest(root: &Path) -> Option<keel_store::CheckpointManifest> {
@@ -18,19 +18,6 @@ fn newest(root: &Path) -> Option<keel_store::CheckpointManifest> {
         return None;
     }
     checkpoints(root).into_iter().max_by_key(|m| m.step)
-}
-
-fn python(args: &[&std::ffi::OsStr]) {
-    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&py)
-        .args(args)
-        .output()
-        .expect("python3 must be on PATH (scripts/setup.sh)");
-    assert!(
-        out.status.success(),
-        "{py} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The tiny random Qwen2 folder (made by transformers, learner/tests/python).
