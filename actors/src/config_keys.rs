@@ -69,6 +69,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("learner.lr", "(0, 1]", "AdamW learning rate."),
     k("learner.weight_decay", "[0, 1]", "AdamW decoupled weight decay."),
     k("learner.max_grad_norm", "> 0", "Global gradient-norm clip."),
+    k("learner.max_tokens_per_microbatch", ">= 0", "Most padded tokens (rows x length) in one forward/backward of an actor update; gradients accumulate over such micro-batches under the mini-batch's global denominators, then one optimizer step. 0 = the whole mini-batch at once. Not with seq_mask_delta."),
     k("learner.lr_warmup_steps", ">= 0", "Learning-rate warm-up in updates: update u < W runs at lr * u / W (0 at the first, as verl and transformers)."),
     k("learner.lr_schedule", "constant | cosine", "Learning rate after the warm-up: constant, or half a cosine down to lr_min_ratio * lr at run.steps."),
     k("learner.lr_min_ratio", "[0, 1]", "Floor of the cosine schedule as a fraction of learner.lr."),

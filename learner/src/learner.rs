@@ -35,6 +35,11 @@
 //!   weights to never stopping (same device, same thread count).
 //! - LR-5 (config on restore): `restore` requires the checkpoint's model config to equal the
 //!   running one; the running `LearnerConfig` is kept (the checkpoint's copy is informational).
+//! - MB-1 (micro-batches): with `max_tokens_per_microbatch > 0` an actor update runs its
+//!   mini-batch in row chunks of at most that many padded tokens, each forward + backward
+//!   under the mini-batch's global denominators, then one clip and optimizer step: the same
+//!   update as one pass (up to float reassociation). Value-only critic steps still run the
+//!   whole mini-batch at once.
 //! - LR-6 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 
@@ -139,6 +144,27 @@ fn masked_stats(x: &Tensor, mask: &Tensor) -> (f64, f64, f64, f64) {
             v.max().double_value(&[]),
         )
     })
+}
+
+/// One mini-batch's metrics from its micro-batches' (MB-1): losses add up (each is already
+/// over the mini-batch's denominators); rates and means are token-weighted; extremes fold.
+fn combine_micro(parts: Vec<StepMetrics>) -> StepMetrics {
+    let total: f64 = parts.iter().map(|m| m.tokens as f64).sum::<f64>().max(1.0);
+    let mut out = StepMetrics::default();
+    for (k, mut m) in parts.into_iter().enumerate() {
+        let w = m.tokens as f64 / total;
+        out.fold_extremes(&m, k == 0);
+        let sums = (m.loss, m.pg_loss, m.value_loss, m.kl_loss);
+        for (acc, x) in out.averaged().into_iter().zip(m.averaged()) {
+            *acc += *x * w;
+        }
+        out.loss += sums.0 * (1.0 - w);
+        out.pg_loss += sums.1 * (1.0 - w);
+        out.value_loss += sums.2 * (1.0 - w);
+        out.kl_loss += sums.3 * (1.0 - w);
+        out.tokens += m.tokens;
+    }
+    out
 }
 
 impl Learner {
@@ -493,6 +519,105 @@ impl Learner {
         actor: bool,
     ) -> Result<StepMetrics, LearnerError> {
         let p = self.preset.clone();
+        let mut out = StepMetrics::default();
+        if let (Some((v, r)), Some(c)) = (&tg.critic, &p.critic) {
+            let k = if actor {
+                c.steps_per_actor_step
+            } else {
+                c.steps_per_actor_step.max(1)
+            };
+            if k > 0 {
+                let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
+                let pick = |t: &Tensor| t.f_index_select(0, &idx);
+                let (tokens, mask) = (pick(&tg.tokens)?, pick(&tg.mask)?);
+                out = self.critic_steps(c, &tokens, &mask, &pick(v)?, &pick(r)?, k)?;
+            }
+        }
+        if !actor {
+            return Ok(out);
+        }
+        // MB-1: micro-batches of at most `max_tokens_per_microbatch` padded tokens accumulate
+        // gradients under the mini-batch's global denominators, then one optimizer step.
+        let micro = self.micro_batches(rows, tg.tokens.size()[1]);
+        let global = if micro.len() > 1 {
+            Some(self.minibatch_denominators(tg, rows)?)
+        } else {
+            None
+        };
+        self.opt.set_lr(self.current_lr());
+        self.opt.zero_grad();
+        let mut parts = Vec::with_capacity(micro.len());
+        for m in &micro {
+            match self.actor_micro_backward(tg, m, global.as_ref()) {
+                Ok(part) => parts.push(part),
+                Err(e) => {
+                    self.opt.zero_grad();
+                    return Err(e);
+                }
+            }
+        }
+        let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
+        if !grad_norm.is_finite() {
+            self.opt.zero_grad();
+            return Err(LearnerError::NonFinite {
+                what: "gradient norm".into(),
+            });
+        }
+        self.opt.step();
+        let mut actor_out = combine_micro(parts);
+        actor_out.critic_steps = out.critic_steps;
+        if out.critic_steps > 0.0 && actor_out.value_loss == 0.0 {
+            actor_out.value_loss = out.value_loss;
+            actor_out.explained_var = out.explained_var;
+        }
+        actor_out.grad_norm = grad_norm;
+        actor_out.actor_steps = 1.0;
+        self.step += 1;
+        Ok(actor_out)
+    }
+
+    /// Row chunks of `rows` holding at most `learner.max_tokens_per_microbatch` padded tokens
+    /// (`t` per row) each; one chunk when the budget is 0 (MB-1).
+    fn micro_batches(&self, rows: &[i64], t: i64) -> Vec<Vec<i64>> {
+        let budget = self.cfg.max_tokens_per_microbatch;
+        if budget == 0 {
+            return vec![rows.to_vec()];
+        }
+        let per = (budget / t.max(1) as usize).max(1);
+        rows.chunks(per).map(<[i64]>::to_vec).collect()
+    }
+
+    /// The policy and value denominators of the whole mini-batch `rows` (AG-1, MB-1).
+    fn minibatch_denominators(
+        &self,
+        tg: &Targets,
+        rows: &[i64],
+    ) -> Result<(AggDenominators, AggDenominators), LearnerError> {
+        let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
+        let mask = tg.mask.f_index_select(0, &idx)?;
+        let rec_mask = if self.preset.turn_records {
+            let ids = tg.turn_ids.f_index_select(0, &idx)?;
+            turn_records(&mask, &mask, &ids, tg.max_turns).1
+        } else {
+            mask.shallow_clone()
+        };
+        let lsf = self.preset.loss_scale_factor;
+        Ok((
+            AggDenominators::of(&rec_mask, lsf),
+            AggDenominators::of(&mask, lsf),
+        ))
+    }
+
+    /// Forward, loss and backward of the actor on `rows` (one micro-batch); gradients
+    /// accumulate. `global` = the mini-batch's (policy, value) denominators, or None to take
+    /// them from these rows (a single micro-batch).
+    fn actor_micro_backward(
+        &mut self,
+        tg: &Targets,
+        rows: &[i64],
+        global: Option<&(AggDenominators, AggDenominators)>,
+    ) -> Result<StepMetrics, LearnerError> {
+        let p = self.preset.clone();
         let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
         let pick = |t: &Tensor| t.f_index_select(0, &idx);
         let (tokens, mut mask, old_logp, adv) = (
@@ -506,25 +631,10 @@ impl Learner {
             _ => None,
         };
         let mut out = StepMetrics::default();
-        if let Some((old_v, returns, c)) = &critic {
-            let k = if actor {
-                c.steps_per_actor_step
-            } else {
-                c.steps_per_actor_step.max(1)
-            };
-            if k > 0 {
-                out = self.critic_steps(c, &tokens, &mask, old_v, returns, k)?;
-            }
-        }
-        if !actor {
-            return Ok(out);
-        }
         let ref_logp = match &tg.ref_logp {
             Some(r) => Some(pick(r)?),
             None => None,
         };
-        self.opt.set_lr(self.current_lr());
-        self.opt.zero_grad();
         let (logits, values) = policy_logits(&self.model, &tokens, self.temperature)?;
         let logp = token_logprobs(&logits, &tokens);
         if let Some(delta) = p.seq_mask_delta {
@@ -614,8 +724,10 @@ impl Learner {
             Some(ids) => turn_records(x, &mask, ids, tg.max_turns),
             None => (x.shallow_clone(), mask.shallow_clone()),
         };
-        let (_, rec_mask) = records(&mask);
-        let den = AggDenominators::of(&rec_mask, p.loss_scale_factor);
+        let den = match global {
+            Some((den, _)) => *den,
+            None => AggDenominators::of(&records(&mask).1, p.loss_scale_factor),
+        };
         let agg_rec = |x: &Tensor| {
             let (xs, ms) = records(x);
             agg_loss(&xs, &ms, agg, &den)
@@ -639,7 +751,10 @@ impl Learner {
         if let (Some((old_v, returns, c)), Some(values)) = (&critic, values) {
             if c.steps_per_actor_step == 0 {
                 let v = align_values(&values)?;
-                let vden = AggDenominators::of(&mask, p.loss_scale_factor);
+                let vden = match global {
+                    Some((_, vden)) => *vden,
+                    None => AggDenominators::of(&mask, p.loss_scale_factor),
+                };
                 let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &vden);
                 out.value_loss = vl.f_double_value(&[])?;
                 out.explained_var = explained_variance(&v, returns, &mask);
@@ -652,11 +767,10 @@ impl Learner {
                 what: "loss".into(),
             });
         }
-        out.grad_norm = self.backward_and_step(&loss)?;
+        loss.f_backward()?;
         out.loss = loss_value;
         out.pg_loss = pg.f_double_value(&[])?;
-        out.actor_steps = 1.0;
-        self.step += 1;
+        out.tokens = f64::try_from(mask.f_sum(Kind::Double)?)? as usize;
         Ok(out)
     }
 

@@ -43,6 +43,9 @@ pub struct LearnerConfig {
     pub lr_schedule: LrSchedule,
     /// Cosine floor as a fraction of `lr`, in [0, 1].
     pub lr_min_ratio: f64,
+    /// Most padded tokens (rows × length) in one forward/backward of an update; the
+    /// mini-batch's gradients accumulate over such micro-batches (MB-1). 0 = one pass.
+    pub max_tokens_per_microbatch: usize,
     /// Passes over each batch, ≥ 1.
     pub epochs: usize,
     /// Optimizer steps per pass (trajectories split evenly), ≥ 1.
@@ -134,6 +137,7 @@ impl Default for LearnerConfig {
             lr_warmup_steps: 0,
             lr_schedule: LrSchedule::Constant,
             lr_min_ratio: 0.0,
+            max_tokens_per_microbatch: 0,
             epochs: 1,
             minibatches: 2,
             clip_low: None,
@@ -340,6 +344,12 @@ impl LearnerConfig {
             1.0,
             false,
         )?;
+        if self.max_tokens_per_microbatch > 0 && self.seq_mask_delta.is_some() {
+            return Err(LearnerError::config(
+                "learner.max_tokens_per_microbatch",
+                "cannot be combined with learner.seq_mask_delta yet (its mask, and so the mini-batch's denominators, depend on every row's log-probs)",
+            ));
+        }
         if self.epochs == 0 {
             return Err(LearnerError::config(
                 "learner.epochs",
