@@ -63,6 +63,7 @@ port = $PORT
 [learner]
 algo = "grpo"
 minibatches = 2
+max_tokens_per_microbatch = 8192
 TOML
     ( while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; done ) > "$WORK/mem.txt" &
     MEM_PID=$!
