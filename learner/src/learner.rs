@@ -206,7 +206,7 @@ impl Learner {
                 beta1: 0.9,
                 beta2: 0.999,
                 eps: 1e-8,
-                weight_decay: cfg.weight_decay,
+                weight_decay: preset.weight_decay,
             },
         );
         let kl_ctl = preset.kl_reward.map(|k| k.controller);

@@ -33,8 +33,10 @@ pub struct LearnerConfig {
     pub algo: Preset,
     /// AdamW learning rate, in (0, 1].
     pub lr: f64,
-    /// AdamW decoupled weight decay, in [0, 1] (matrices and embeddings only).
-    pub weight_decay: f64,
+    /// Override: AdamW decoupled weight decay, in [0, 1] (matrices and embeddings only; the
+    /// preset's default is verl's 0.01, DAPO's recipes 0.1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
     /// Global gradient-norm clip, > 0.
     pub max_grad_norm: f64,
     /// Learning-rate warm-up in updates (LS-1); 0 = none.
@@ -132,7 +134,7 @@ impl Default for LearnerConfig {
         LearnerConfig {
             algo: Preset::Grpo,
             lr: 1e-3,
-            weight_decay: 0.0,
+            weight_decay: None,
             max_grad_norm: 1.0,
             lr_warmup_steps: 0,
             lr_schedule: LrSchedule::Constant,
@@ -209,6 +211,9 @@ impl LearnerConfig {
     /// The preset's components and hyper-parameters with the overrides applied (LC-2).
     pub fn resolve(&self) -> PresetConfig {
         let mut p = self.algo.config();
+        if let Some(v) = self.weight_decay {
+            p.weight_decay = v;
+        }
         if let Some(v) = self.clip_low {
             p.clip.low = v;
         }
@@ -321,14 +326,6 @@ impl LearnerConfig {
         let inf = f64::INFINITY;
         in_range("learner.lr", self.lr, 0.0, true, 1.0, false)?;
         in_range(
-            "learner.weight_decay",
-            self.weight_decay,
-            0.0,
-            false,
-            1.0,
-            false,
-        )?;
-        in_range(
             "learner.max_grad_norm",
             self.max_grad_norm,
             0.0,
@@ -363,6 +360,14 @@ impl LearnerConfig {
             ));
         }
         let p = self.resolve();
+        in_range(
+            "learner.weight_decay",
+            p.weight_decay,
+            0.0,
+            false,
+            1.0,
+            false,
+        )?;
         in_range("learner.clip_low", p.clip.low, 0.0, true, 1.0, true)?;
         in_range("learner.clip_high", p.clip.high, 0.0, true, 10.0, false)?;
         if let Some(c) = p.clip.dual {

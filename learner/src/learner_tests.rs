@@ -188,7 +188,7 @@ fn lr4_restore_continues_bit_identically() {
     let c = LearnerConfig {
         epochs: 2,
         minibatches: 3,
-        weight_decay: 0.01,
+        weight_decay: Some(0.01),
         ..cfg(Algo::Ppo)
     };
     let mut a = Learner::new(tiny(true, 11), c.clone(), 11).expect("a");

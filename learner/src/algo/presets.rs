@@ -13,7 +13,7 @@
 //! | grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | — |
 //! | dr_grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (no std) | seq-mean-token-sum-norm | — |
 //! | gspo | GSPO ε 3e-3/4e-3 | GRPO (std) | seq-mean-token-mean | — |
-//! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping |
+//! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping, weight decay 0.1 |
 //! | sampo | GSPO ratio per turn, ε 3e-3/4e-3 | GiGPO ω=1 γ=0.95 | seq-mean-token-mean | k3 KL 0.01, entropy 0.001, invalid −0.1, filter (3 tries, cold start 15) |
 //! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | critic K=2, warm-up 10, lr ×5 |
 //! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10, π_old recomputed | GRPO (std) | token-mean | reference policy, anchor rollouts, dynamic sampling (10 passes) |
@@ -22,6 +22,8 @@
 //! | rtpo | PPO clip 0.2/0.2 on the branched turn | sibling GRPO | token-mean | — |
 //! | dr_mas | PPO clip 0.2/0.2, dual c=3 | GRPO per (group, agent) | token-mean | invalid −0.1 |
 //! | pats | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | scaffold (runtime, not in the learner) |
+//!
+//! Every preset's AdamW weight decay is verl's 0.01 unless its row says otherwise.
 //!
 //! Invariants:
 //! - PR-1: every preset's name round-trips through serde and [`Preset::from_name`]; `ALL` lists
@@ -208,6 +210,8 @@ pub struct PresetConfig {
     pub overlong: Option<Overlong>,
     /// Penalty per invalid action (subtracted from the record's score).
     pub invalid_action_penalty: f64,
+    /// AdamW decoupled weight decay (verl's actor and critic default 0.01; DAPO's recipes 0.1).
+    pub weight_decay: f64,
     /// Layout P (spec §0.1): every turn is a record, so "seq" aggregation averages over turns.
     #[serde(default)]
     pub turn_records: bool,
@@ -272,6 +276,7 @@ fn base() -> PresetConfig {
         dynamic_sampling: None,
         overlong: None,
         invalid_action_penalty: 0.0,
+        weight_decay: 0.01,
         turn_records: false,
         runtime_notes: String::new(),
     }
@@ -338,6 +343,7 @@ impl Preset {
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(3.0) },
                 dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
                 overlong: Some(Overlong { max_len: 20480, buffer: 4096, factor: 1.0 }),
+                weight_decay: 0.1,
                 runtime_notes: "the generator re-rolls groups whose rewards are all equal (same task, fresh sampling seed) up to max_tries; the learner then drops the groups still uniform".into(),
                 ..base()
             },
@@ -483,5 +489,24 @@ mod tests {
         for p in Preset::ALL {
             assert!(p.describe().starts_with(&p.name()));
         }
+    }
+
+    #[test]
+    fn weight_decay_is_per_preset_and_overridable() {
+        for p in Preset::ALL {
+            let want = if p == Preset::Dapo { 0.1 } else { 0.01 };
+            assert_eq!(p.config().weight_decay, want, "{p:?}");
+        }
+        let cfg = crate::LearnerConfig {
+            weight_decay: Some(0.0),
+            ..crate::LearnerConfig::for_preset(Preset::Dapo)
+        };
+        assert_eq!(cfg.resolve().weight_decay, 0.0);
+        let bad = crate::LearnerConfig {
+            weight_decay: Some(2.0),
+            ..crate::LearnerConfig::default()
+        };
+        let e = bad.validate().expect_err("2.0").to_string();
+        assert!(e.contains("learner.weight_decay"), "{e}");
     }
 }
