@@ -181,6 +181,12 @@ impl EnvSection {
 pub struct ModelSection {
     /// A Hugging Face model folder to train; empty = the built-in tiny model.
     pub path: String,
+    /// Parameter kind: `float32`, or `bfloat16` (bf16 weights and activations, f32 master
+    /// weights and optimizer state).
+    pub dtype: String,
+    /// Folder of the separate critic's first weights (its trunk; a `score` head in it is kept,
+    /// else it starts at zero); empty = a copy of the policy at the first update.
+    pub critic_path: String,
     /// Longest token sequence (prompt + all turns).
     pub context_len: usize,
     /// Transformer blocks.
@@ -195,6 +201,8 @@ impl Default for ModelSection {
     fn default() -> Self {
         Self {
             path: String::new(),
+            dtype: "float32".into(),
+            critic_path: String::new(),
             context_len: 64,
             n_layer: 2,
             d_model: 64,
@@ -591,6 +599,24 @@ impl TrainConfig {
                 "must be sync when learner.algo = \"rtpo\" (siblings are continued with the current weights)".into(),
             ));
         }
+        self.model_kind()?;
+        if !self.model.critic_path.is_empty() {
+            let resolved = self.learner.resolve();
+            if !resolved.needs_critic() || resolved.policy_value_head() {
+                return Err(range_err(
+                    "model.critic_path",
+                    format!(
+                        "needs a separate critic, but learner.algo = {:?} has {} critic",
+                        algo.name(),
+                        if resolved.needs_critic() {
+                            "a shared (set learner.critic_model = \"separate\")"
+                        } else {
+                            "no"
+                        }
+                    ),
+                ));
+            }
+        }
         if algo == Algo::Armor {
             check_at_least(
                 "armor.anchor_episodes",
@@ -714,28 +740,39 @@ impl TrainConfig {
     /// under `$KEEL_MODEL_CACHE` (default `~/.cache/keel/models`), which the job syncs first
     /// (MC-1..3); `None` for the built-in model.
     pub fn model_dir(&self) -> Option<std::path::PathBuf> {
-        let path = &self.model.path;
-        if path.is_empty() {
-            return None;
+        local_model_dir(&self.model.path)
+    }
+
+    /// The local folder of `model.critic_path`, like [`TrainConfig::model_dir`]; `None` when
+    /// the critic starts from the policy.
+    pub fn critic_dir(&self) -> Option<std::path::PathBuf> {
+        local_model_dir(&self.model.critic_path)
+    }
+
+    /// The parameter kind of `model.dtype`.
+    pub fn model_kind(&self) -> Result<tch::Kind, ConfigError> {
+        match self.model.dtype.as_str() {
+            "float32" | "f32" => Ok(tch::Kind::Float),
+            "bfloat16" | "bf16" => Ok(tch::Kind::BFloat16),
+            other => Err(range_err(
+                "model.dtype",
+                format!("must be float32 or bfloat16, got {other:?}"),
+            )),
         }
-        let Some(rest) = path.strip_prefix("s3://") else {
-            return Some(std::path::PathBuf::from(path));
+    }
+
+    /// The separate critic's first weights (`model.critic_path`), or None to copy the policy.
+    pub fn critic_spec(
+        &self,
+        device: tch::Device,
+    ) -> Result<Option<ModelSpec>, keel_learner::LearnerError> {
+        let Some(dir) = self.critic_dir() else {
+            return Ok(None);
         };
-        let root = std::env::var_os("KEEL_MODEL_CACHE")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
-                std::path::Path::new(&home).join(".cache/keel/models")
-            });
-        let name: String = rest
-            .trim_end_matches('/')
-            .chars()
-            .map(|c| match c {
-                'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
-                _ => '_',
-            })
-            .collect();
-        Some(root.join(format!("s3_{name}")))
+        let kind = self
+            .model_kind()
+            .map_err(|e| config_error("model.dtype", e))?;
+        Ok(Some(ModelSpec::folder(&dir, device, kind, true)?))
     }
 
     /// The model every role builds (policy, reference, generators): the folder of
@@ -747,12 +784,16 @@ impl TrainConfig {
         tokenizer: &keel_envs::Tokenizer,
         device: tch::Device,
     ) -> Result<ModelSpec, keel_learner::LearnerError> {
-        let value_head = self.learner.resolve().needs_critic();
+        let value_head = self.learner.resolve().policy_value_head();
+        let kind = self
+            .model_kind()
+            .map_err(|e| config_error("model.dtype", e))?;
         let Some(dir) = self.model_dir() else {
             let shape = self.tiny_shape(tokenizer);
-            return ModelSpec::tiny(&shape, device, self.run.seed, value_head);
+            let spec = ModelSpec::tiny(&shape, device, self.run.seed, value_head)?;
+            return Ok(ModelSpec { kind, ..spec });
         };
-        let spec = ModelSpec::folder(&dir, device, tch::Kind::Float, value_head)?;
+        let spec = ModelSpec::folder(&dir, device, kind, value_head)?;
         let positions = spec.config.max_position_embeddings;
         if self.model.context_len > positions {
             return Err(keel_learner::LearnerError::InvalidConfig {
@@ -780,6 +821,43 @@ impl TrainConfig {
         let text = serde_json::to_string(self).unwrap_or_default();
         format!("{:08x}", crc32fast::hash(text.as_bytes()))
     }
+}
+
+/// A config error as the learner's error type (the key and reason are kept).
+fn config_error(key: &str, e: ConfigError) -> keel_learner::LearnerError {
+    keel_learner::LearnerError::InvalidConfig {
+        key: key.into(),
+        reason: match e {
+            ConfigError::OutOfRange { reason, .. } => reason,
+            other => other.to_string(),
+        },
+    }
+}
+
+/// The local folder of a model path: the path itself, or for `s3://…` its cache folder under
+/// `$KEEL_MODEL_CACHE` (default `~/.cache/keel/models`); `None` for an empty path.
+fn local_model_dir(path: &str) -> Option<std::path::PathBuf> {
+    if path.is_empty() {
+        return None;
+    }
+    let Some(rest) = path.strip_prefix("s3://") else {
+        return Some(std::path::PathBuf::from(path));
+    };
+    let root = std::env::var_os("KEEL_MODEL_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| ".".into());
+            std::path::Path::new(&home).join(".cache/keel/models")
+        });
+    let name: String = rest
+        .trim_end_matches('/')
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
+            _ => '_',
+        })
+        .collect();
+    Some(root.join(format!("s3_{name}")))
 }
 
 /// A chat codec from `tokenizer.json` + `tokenizer_config.json` contents (a checkpoint's

@@ -272,6 +272,7 @@ async fn run_in_system(
         &learner,
         InitLearner {
             model: model_spec.clone(),
+            critic: cfg.critic_spec(device)?,
             cfg: cfg.learner.clone(),
             agent_models: cfg
                 .agent_models
@@ -634,19 +635,34 @@ fn make_demos(
     Ok(fit)
 }
 
-/// Syncs an `s3://` model folder into its local cache (MC-1..3) before anything loads it.
+/// Syncs the `s3://` model folders (policy, critic) into their local caches (MC-1..3) before
+/// anything loads them.
 async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<(), ActorError> {
-    let (true, Some(dir)) = (cfg.model.path.starts_with("s3://"), cfg.model_dir()) else {
-        return Ok(());
-    };
-    let source = RunStore::open(&cfg.model.path)?;
+    for (path, dir) in [
+        (&cfg.model.path, cfg.model_dir()),
+        (&cfg.model.critic_path, cfg.critic_dir()),
+    ] {
+        if let (true, Some(dir)) = (path.starts_with("s3://"), dir) {
+            sync_folder(path, dir, io).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Syncs one `s3://` folder `path` into `dir` (MC-1..3).
+async fn sync_folder(
+    path: &str,
+    dir: std::path::PathBuf,
+    io: &tokio::runtime::Handle,
+) -> Result<(), ActorError> {
+    let source = RunStore::open(path)?;
     let into = dir.clone();
     let report = spawn_io(io, async move {
         keel_store::sync_model_folder(&source, &into).await
     })
     .await?;
     tracing::info!(
-        model = %cfg.model.path,
+        model = %path,
         cache = %dir.display(),
         downloaded = report.downloaded.len(),
         cached = report.cached.len(),

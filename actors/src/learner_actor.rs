@@ -42,6 +42,8 @@ pub struct AgentModel {
 pub struct InitLearner {
     /// The model (architecture, first weights, placement, heads).
     pub model: ModelSpec,
+    /// The separate critic's first weights (`model.critic_path`); None = copy the policy.
+    pub critic: Option<ModelSpec>,
     /// Optimisation settings.
     pub cfg: LearnerConfig,
     /// Dr. MAS: separate models per agent group; empty = one shared model for every agent.
@@ -243,6 +245,9 @@ impl Handler<InitLearner> for LearnerActor {
         self.learners.clear();
         self.filters.clear();
         let mut main = Learner::new(msg.model.build()?, msg.cfg, msg.seed)?;
+        if let Some(critic) = &msg.critic {
+            main.set_critic_model(critic.build_critic()?)?;
+        }
         main.set_temperature(msg.temperature)?;
         main.set_lr_horizon(msg.lr_horizon);
         if !msg.agent_models.is_empty() {

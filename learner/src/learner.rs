@@ -40,6 +40,11 @@
 //!   under the mini-batch's global denominators, then one clip and optimizer step: the same
 //!   update as one pass (up to float reassociation). Value-only critic steps still run the
 //!   whole mini-batch at once.
+//! - CR-1 (separate critic): with `CriticModel::Separate` the values, value targets and
+//!   value-only steps use the separate critic (the job's `set_critic_model`, else a copy of the
+//!   policy's trunk taken at the first update, VM-1) and its own AdamW at `lr × lr_ratio`; the
+//!   policy's loss never contains a value term and its optimizer never sees the critic. The
+//!   critic's weights and optimizer are part of `state_files` once it exists (VM-3).
 //! - LR-6 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 
@@ -63,17 +68,18 @@ use crate::algo::reinforce::reinforce_loss;
 use crate::algo::sao::dis_loss;
 use crate::algo::seq_mask::sequence_mask;
 use crate::algo::sorl::turn_level_loss;
-use crate::algo::value::{explained_variance, value_loss, CriticSchedule};
+use crate::algo::value::{explained_variance, value_loss, CriticModel, CriticSchedule};
 use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
-use crate::hf::HfModel;
+use crate::hf::{HfModel, TrainPass};
 use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
 use crate::lr_schedule::LrPlan;
-use crate::model::{policy_logits, ModelSpec};
+use crate::model::{scale_logits, ModelSpec};
 use crate::optimizer::{AdamW, AdamWConfig};
 use crate::step_metrics::StepMetrics;
 use crate::targets::{align_values, compute, Targets};
+use crate::value_model::{ValueModel, CRITIC_FILE, CRITIC_OPTIMIZER_FILE};
 
 /// The counters and configs stored in `learner.json`.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -96,6 +102,9 @@ struct LearnerState {
     /// running job's config decides (LR-5).
     #[serde(default)]
     agents: Option<Vec<u32>>,
+    /// The separate critic's architecture (MD-4), once it exists.
+    #[serde(default)]
+    critic: Option<serde_json::Value>,
 }
 
 const STATE_FORMAT: &str = "keel.learner.v2";
@@ -120,6 +129,17 @@ pub struct Learner {
     temperature: f64,
     /// Updates in the run: the horizon of a cosine learning-rate schedule (LS-1).
     lr_horizon: u64,
+    /// The separate critic (CR-1): set by the job, or made from the policy at the first update.
+    critic: Option<ValueModel>,
+}
+
+/// The bytes of the learner checkpoint file `name`.
+fn state_file<'a>(files: &'a [(String, Vec<u8>)], name: &str) -> Result<&'a [u8], LearnerError> {
+    files
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, b)| b.as_slice())
+        .ok_or_else(|| LearnerError::mismatch(name, "missing from the learner checkpoint"))
 }
 
 /// Mean, std, min and max of `x` over mask-1 entries.
@@ -173,17 +193,19 @@ impl Learner {
     pub fn new(model: HfModel, cfg: LearnerConfig, seed: u64) -> Result<Self, LearnerError> {
         cfg.validate()?;
         let preset = cfg.resolve();
-        if preset.needs_critic() && !model.options().value_head {
+        if preset.policy_value_head() && !model.options().value_head {
             return Err(LearnerError::config(
                 "model.value_head",
-                format!("must be true when learner.algo = \"{}\" (the critic is the policy's value head)", cfg.algo.name()),
+                format!("must be true when learner.algo = \"{}\" with a shared critic (the critic is the policy's value head)", cfg.algo.name()),
             ));
         }
         if let Some(c) = &preset.critic {
+            // A separate critic has the policy's trunk names plus the value head.
             let names: Vec<String> = model
                 .named_parameters()
                 .into_iter()
                 .map(|(n, _)| n)
+                .chain(["score.weight".to_string(), "score.bias".to_string()])
                 .collect();
             if let Some(p) = c
                 .trainable
@@ -201,13 +223,7 @@ impl Learner {
         }
         let opt = AdamW::new(
             model.var_store(),
-            AdamWConfig {
-                lr: cfg.lr,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: preset.weight_decay,
-            },
+            AdamWConfig::torch_default(cfg.lr, preset.weight_decay),
         );
         let kl_ctl = preset.kl_reward.map(|k| k.controller);
         Ok(Learner {
@@ -224,7 +240,58 @@ impl Learner {
             agents: None,
             temperature: 1.0,
             lr_horizon: 0,
+            critic: None,
         })
+    }
+
+    /// The separate critic's optimizer settings: AdamW at the preset's weight decay.
+    fn critic_adamw(&self) -> AdamWConfig {
+        AdamWConfig::torch_default(self.cfg.lr, self.preset.weight_decay)
+    }
+
+    /// Whether the resolved preset trains a separate value model.
+    fn separate_critic(&self) -> bool {
+        self.preset
+            .critic
+            .as_ref()
+            .is_some_and(|c| c.model == CriticModel::Separate)
+    }
+
+    /// Installs `model` (value head, no LM head; e.g. loaded from `--critic DIR`) as the
+    /// separate critic, with a fresh optimizer (CR-1). Only for presets whose critic is
+    /// separate.
+    pub fn set_critic_model(&mut self, model: HfModel) -> Result<(), LearnerError> {
+        if !self.separate_critic() {
+            return Err(LearnerError::config(
+                "model.critic_path",
+                format!(
+                    "needs a separate critic, but learner.algo = \"{}\" has {}",
+                    self.cfg.algo.name(),
+                    if self.preset.needs_critic() {
+                        "a shared one (set learner.critic_model = \"separate\")"
+                    } else {
+                        "no critic"
+                    }
+                ),
+            ));
+        }
+        self.critic = Some(ValueModel::new(model, &self.model, self.critic_adamw())?);
+        Ok(())
+    }
+
+    /// The separate critic's model, once it exists (CR-1).
+    pub fn critic_model(&self) -> Option<&HfModel> {
+        self.critic.as_ref().map(|c| &c.model)
+    }
+
+    /// The model whose value head gives the critic's values: the separate critic, the policy
+    /// itself for a shared one, None without a critic.
+    fn value_source(&self) -> Option<&HfModel> {
+        match (&self.critic, &self.preset.critic) {
+            (Some(c), _) => Some(&c.model),
+            (None, Some(_)) => Some(&self.model),
+            (None, None) => None,
+        }
     }
 
     /// Restricts training to the turns of `agents` (a per-agent model of Dr. MAS); `None`
@@ -390,9 +457,13 @@ impl Learner {
         if self.preset.needs_reference() && self.reference.is_none() {
             self.reference = Some(self.model.try_clone()?);
         }
+        if self.separate_critic() && self.critic.is_none() {
+            self.critic = Some(ValueModel::from_policy(&self.model, self.critic_adamw())?);
+        }
         let beta = self.kl_ctl.map(|c| c.beta()).unwrap_or(0.0);
         let tg = compute(
             &self.model,
+            self.value_source(),
             self.reference.as_ref(),
             train,
             &self.preset,
@@ -453,7 +524,8 @@ impl Learner {
         Ok(sum)
     }
 
-    /// Value-only optimizer steps on the critic's trainable groups (critic schedule).
+    /// Value-only optimizer steps on the critic's trainable groups (critic schedule): on the
+    /// separate critic with its own optimizer, or on the policy's value head.
     fn critic_steps(
         &mut self,
         c: &CriticSchedule,
@@ -464,44 +536,37 @@ impl Learner {
         k: usize,
     ) -> Result<StepMetrics, LearnerError> {
         let mut m = StepMetrics::default();
-        let trainable = if c.trainable.is_empty() {
-            vec!["score".to_string()]
-        } else {
-            c.trainable.clone()
-        };
         let den = AggDenominators::of(mask, self.preset.loss_scale_factor);
+        let lr = self.current_lr() * c.lr_ratio;
+        let (agg, max_norm) = (self.preset.agg, self.cfg.max_grad_norm);
+        let checkpoint = self.cfg.activation_checkpointing;
+        let (model, opt) = match self.critic.as_mut() {
+            Some(vm) => (&vm.model, &mut vm.opt),
+            None => (&self.model, &mut self.opt),
+        };
         for _ in 0..k {
-            self.opt.set_lr(self.current_lr() * c.lr_ratio);
-            self.opt.zero_grad();
-            let (_, values) = self.model.forward(tokens)?;
-            let values = align_values(&values.ok_or_else(|| {
+            opt.set_lr(lr);
+            opt.zero_grad();
+            let pass = model.train_pass(tokens, checkpoint)?;
+            let values = align_values(&model.values(&pass.hidden)?.ok_or_else(|| {
                 LearnerError::config("model.value_head", "must be true for a critic preset")
             })?)?;
-            let vl = value_loss(
-                &values,
-                old_v,
-                returns,
-                mask,
-                c.value_clip,
-                self.preset.agg,
-                &den,
-            );
+            let vl = value_loss(&values, old_v, returns, mask, c.value_clip, agg, &den);
             let v = vl.f_double_value(&[])?;
             if !v.is_finite() {
                 return Err(LearnerError::NonFinite {
                     what: "value loss".into(),
                 });
             }
-            vl.f_backward()?;
-            let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
+            pass.backward(&vl, model)?;
+            let grad_norm = opt.clip_grad_norm(max_norm);
             if !grad_norm.is_finite() {
-                self.opt.zero_grad();
+                opt.zero_grad();
                 return Err(LearnerError::NonFinite {
                     what: "critic gradient norm".into(),
                 });
             }
-            self.opt
-                .step_where(|name| trainable.iter().any(|p| name.starts_with(p.as_str())));
+            opt.step_where(|name| c.is_trainable(name));
             self.step += 1;
             m.value_loss = v;
             m.loss = v;
@@ -521,11 +586,7 @@ impl Learner {
         let p = self.preset.clone();
         let mut out = StepMetrics::default();
         if let (Some((v, r)), Some(c)) = (&tg.critic, &p.critic) {
-            let k = if actor {
-                c.steps_per_actor_step
-            } else {
-                c.steps_per_actor_step.max(1)
-            };
+            let k = c.value_steps(actor);
             if k > 0 {
                 let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
                 let pick = |t: &Tensor| t.f_index_select(0, &idx);
@@ -635,7 +696,11 @@ impl Learner {
             Some(r) => Some(pick(r)?),
             None => None,
         };
-        let (logits, values) = policy_logits(&self.model, &tokens, self.temperature)?;
+        let pass = self
+            .model
+            .train_pass(&tokens, self.cfg.activation_checkpointing)?;
+        let logits = scale_logits(self.model.logits(&pass.hidden)?, self.temperature)?;
+        let values = self.model.values(&pass.hidden)?;
         let logp = token_logprobs(&logits, &tokens);
         if let Some(delta) = p.seq_mask_delta {
             let (m, frac) = sequence_mask(&logp, &old_logp, &adv, &mask, delta);
@@ -749,7 +814,7 @@ impl Learner {
             }
         }
         if let (Some((old_v, returns, c)), Some(values)) = (&critic, values) {
-            if c.steps_per_actor_step == 0 {
+            if c.joint() {
                 let v = align_values(&values)?;
                 let vden = match global {
                     Some((_, vden)) => *vden,
@@ -767,7 +832,7 @@ impl Learner {
                 what: "loss".into(),
             });
         }
-        loss.f_backward()?;
+        pass.backward(&loss, &self.model)?;
         out.loss = loss_value;
         out.pg_loss = pg.f_double_value(&[])?;
         out.tokens = f64::try_from(mask.f_sum(Kind::Double)?)? as usize;
@@ -775,8 +840,8 @@ impl Learner {
     }
 
     /// Backward, clip, and step unless the gradient norm is non-finite (LR-2).
-    fn backward_and_step(&mut self, loss: &Tensor) -> Result<f64, LearnerError> {
-        loss.f_backward()?;
+    fn backward_and_step(&mut self, pass: TrainPass, loss: &Tensor) -> Result<f64, LearnerError> {
+        pass.backward(loss, &self.model)?;
         let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
         if !grad_norm.is_finite() {
             self.opt.zero_grad();
@@ -804,7 +869,10 @@ impl Learner {
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
-        let (logits, _) = self.model.forward(&tokens)?;
+        let pass = self
+            .model
+            .train_pass(&tokens, self.cfg.activation_checkpointing)?;
+        let logits = self.model.logits(&pass.hidden)?;
         let loss = masked_mean(&token_logprobs(&logits, &tokens), &mask).f_neg()?;
         let loss_value = loss.f_double_value(&[])?;
         if !loss_value.is_finite() {
@@ -813,7 +881,7 @@ impl Learner {
             });
         }
         let entropy = tch::no_grad(|| masked_mean_value(&token_entropy(&logits.detach()), &mask));
-        let grad_norm = self.backward_and_step(&loss)?;
+        let grad_norm = self.backward_and_step(pass, &loss)?;
         self.sft_steps += 1;
         let step_seconds = start.elapsed().as_secs_f64();
         Ok(StepMetrics {
@@ -846,6 +914,7 @@ impl Learner {
             kl_controller: self.kl_ctl,
             kl_beta_bits: self.kl_ctl.map(|c| c.beta().to_bits()),
             agents: self.agents.clone(),
+            critic: self.critic.as_ref().map(ValueModel::identity),
         };
         let mut files = vec![
             (
@@ -864,19 +933,39 @@ impl Learner {
         if let Some(r) = &self.reference {
             files.push((REFERENCE_FILE.to_string(), r.to_safetensors()?));
         }
+        if let Some(c) = &self.critic {
+            files.extend(c.state_files()?);
+        }
         Ok(files)
+    }
+
+    /// The checkpoint's separate critic (VM-3), when it has one and the running preset trains
+    /// one; built from the running critic's architecture, else the policy's.
+    fn restored_critic(
+        &self,
+        state: &LearnerState,
+        files: &[(String, Vec<u8>)],
+    ) -> Result<Option<ValueModel>, LearnerError> {
+        let Some(recorded) = state.critic.as_ref().filter(|_| self.separate_critic()) else {
+            return Ok(None);
+        };
+        let get = |name: &str| state_file(files, name);
+        let like = self.critic_model().unwrap_or(&self.model);
+        ValueModel::restored(
+            like,
+            &self.model,
+            recorded,
+            get(CRITIC_FILE)?,
+            get(CRITIC_OPTIMIZER_FILE)?,
+            self.critic_adamw(),
+        )
+        .map(Some)
     }
 
     /// Restores weights, optimizer state and counters from `state_files` output (LR-4, LR-5).
     /// Everything is checked before anything changes.
     pub fn restore(&mut self, files: &[(String, Vec<u8>)]) -> Result<(), LearnerError> {
-        let get = |name: &str| {
-            files
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b.as_slice())
-                .ok_or_else(|| LearnerError::mismatch(name, "missing from the learner checkpoint"))
-        };
+        let get = |name: &str| state_file(files, name);
         let state: LearnerState = serde_json::from_slice(get("learner.json")?)?;
         if state.format != STATE_FORMAT {
             return Err(LearnerError::mismatch(
@@ -904,8 +993,12 @@ impl Learner {
             }
             None => None,
         };
+        let critic = self.restored_critic(&state, files)?;
         self.model.commit_weights(&weights)?;
         self.reference = reference;
+        if critic.is_some() {
+            self.critic = critic;
+        }
         if let (Some(mut ctl), true) = (state.kl_controller, self.kl_ctl.is_some()) {
             if let Some(bits) = state.kl_beta_bits {
                 ctl.set_beta(f64::from_bits(bits));

@@ -19,6 +19,7 @@ use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::presets::{
     DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase,
 };
+use crate::algo::value::CriticModel;
 use crate::error::LearnerError;
 use crate::lr_schedule::LrSchedule;
 
@@ -48,6 +49,9 @@ pub struct LearnerConfig {
     /// Most padded tokens (rows × length) in one forward/backward of an update; the
     /// mini-batch's gradients accumulate over such micro-batches (MB-1). 0 = one pass.
     pub max_tokens_per_microbatch: usize,
+    /// Recompute layer activations in the backward pass instead of keeping them (AC-1):
+    /// about one extra forward of compute for activation memory of one layer.
+    pub activation_checkpointing: bool,
     /// Passes over each batch, ≥ 1.
     pub epochs: usize,
     /// Optimizer steps per pass (trajectories split evenly), ≥ 1.
@@ -98,10 +102,14 @@ pub struct LearnerConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub critic_warmup: Option<u64>,
     /// Override: parameter-name prefixes the value-only steps train (critic presets; e.g.
-    /// `["value_head", "blocks.1.mlp"]`); the rest is frozen during them. The critic shares the
-    /// policy's trunk, so prefixes beyond `value_head` also move the policy.
+    /// `["score", "model.layers.1.mlp"]`); the rest is frozen during them; empty = all. A shared
+    /// critic is the policy's trunk, so prefixes beyond `score` also move the policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub critic_trainable: Option<Vec<String>>,
+    /// Override: the critic is the value head on the policy's trunk (`shared`) or a value
+    /// model of its own with its own optimizer (`separate`) (critic presets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub critic_model: Option<CriticModel>,
     /// Override: entropy bonus coefficient, ≥ 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_coef: Option<f64>,
@@ -140,6 +148,7 @@ impl Default for LearnerConfig {
             lr_schedule: LrSchedule::Constant,
             lr_min_ratio: 0.0,
             max_tokens_per_microbatch: 0,
+            activation_checkpointing: false,
             epochs: 1,
             minibatches: 2,
             clip_low: None,
@@ -158,6 +167,7 @@ impl Default for LearnerConfig {
             critic_steps: None,
             critic_warmup: None,
             critic_trainable: None,
+            critic_model: None,
             entropy_coef: None,
             kl_coef: None,
             kl_estimator: None,
@@ -256,15 +266,20 @@ impl LearnerConfig {
             }
             if let Some(v) = self.critic_steps {
                 c.steps_per_actor_step = v;
-                if v > 0 && c.trainable.is_empty() {
-                    c.trainable = vec!["value_head".into()];
-                }
             }
+            if let Some(v) = self.critic_model {
+                c.model = v;
+            }
+            // A shared critic's value-only steps train the head alone unless told otherwise; a
+            // separate critic trains all of itself (empty).
+            c.trainable = match (&self.critic_trainable, c.model) {
+                (Some(v), _) => v.clone(),
+                (None, CriticModel::Separate) => vec![],
+                (None, CriticModel::Shared) if c.steps_per_actor_step > 0 => vec!["score".into()],
+                (None, CriticModel::Shared) => c.trainable.clone(),
+            };
             if let Some(v) = self.critic_warmup {
                 c.warmup_updates = v;
-            }
-            if let Some(v) = &self.critic_trainable {
-                c.trainable = v.clone();
             }
         }
         if let Some(v) = self.entropy_coef {

@@ -2,7 +2,9 @@
 
 use tch::{Device, Kind, Tensor};
 
+use crate::algo::value::CriticModel;
 use crate::batch_tensors::{Row, TrainBatch};
+use crate::error::LearnerError;
 use crate::hf::HfModel;
 use crate::learner::Learner;
 use crate::learner_config::{Algo, LearnerConfig};
@@ -286,7 +288,7 @@ fn preset_learner(p: crate::Preset, seed: u64) -> Learner {
         minibatches: 1,
         ..LearnerConfig::for_preset(p)
     };
-    let vh = c.resolve().needs_critic();
+    let vh = c.resolve().policy_value_head();
     Learner::new(tiny(vh, seed), c, seed).expect("learner")
 }
 
@@ -313,10 +315,30 @@ fn every_preset_trains_the_tiny_batch_without_nan() {
     }
 }
 
+/// SAO with its critic on the policy's trunk (`learner.critic_model = "shared"`).
+fn shared_sao(seed: u64, trainable: Option<&[&str]>) -> Result<Learner, LearnerError> {
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        critic_model: Some(CriticModel::Shared),
+        critic_trainable: trainable.map(|t| t.iter().map(|s| s.to_string()).collect()),
+        ..LearnerConfig::for_preset(crate::Preset::Sao)
+    };
+    Learner::new(tiny(true, seed), c, seed)
+}
+
+/// Every parameter of `m` by name, flattened.
+fn snapshot(m: &HfModel) -> Vec<(String, Vec<f32>)> {
+    m.named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("w")))
+        .collect()
+}
+
 #[test]
 fn cs1_sao_warmup_trains_only_the_value_head() {
     tch::set_num_threads(1);
-    let mut l = preset_learner(crate::Preset::Sao, 22);
+    let mut l = shared_sao(22, None).expect("learner");
     let batch = rl_batch(l.model());
     let named = |l: &Learner| -> Vec<(String, Vec<f32>)> {
         l.model()
@@ -340,19 +362,12 @@ fn cs1_sao_warmup_trains_only_the_value_head() {
 #[test]
 fn cs1_critic_trainable_groups_are_configurable_and_checked() {
     tch::set_num_threads(1);
-    let cfg = |trainable: &[&str]| LearnerConfig {
-        lr: 3e-3,
-        minibatches: 1,
-        critic_trainable: Some(trainable.iter().map(|s| s.to_string()).collect()),
-        ..LearnerConfig::for_preset(crate::Preset::Sao)
-    };
-    let Err(e) = Learner::new(tiny(true, 5), cfg(&["score", "nope"]), 5) else {
+    let Err(e) = shared_sao(5, Some(&["score", "nope"])) else {
         panic!("an unknown prefix was accepted")
     };
     assert!(e.to_string().contains("critic_trainable"), "{e}");
     // The critic trains the value head and the last block's MLP; attention stays frozen.
-    let mut l =
-        Learner::new(tiny(true, 5), cfg(&["score", "model.layers.1.mlp"]), 5).expect("learner");
+    let mut l = shared_sao(5, Some(&["score", "model.layers.1.mlp"])).expect("learner");
     let batch = rl_batch(l.model());
     let snapshot = |l: &Learner| -> Vec<(String, Vec<f32>)> {
         l.model()
@@ -366,6 +381,174 @@ fn cs1_critic_trainable_groups_are_configurable_and_checked() {
     for ((n, a), (_, b)) in before.iter().zip(snapshot(&l)) {
         let trained = n.starts_with("score") || n.starts_with("model.layers.1.mlp");
         assert_eq!(a != &b, trained, "{n}");
+    }
+}
+
+#[test]
+fn cr1_sao_trains_a_separate_critic_with_its_own_optimizer() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig {
+        critic_warmup: Some(1),
+        ..LearnerConfig::for_preset(crate::Preset::Sao)
+    };
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        ..c
+    };
+    let mut l = Learner::new(tiny(false, 24), c, 24).expect("a policy without a value head");
+    assert!(l.critic_model().is_none(), "made at the first update");
+    let batch = rl_batch(l.model());
+    let policy_before = snapshot(l.model());
+    let m = l.train_step(&batch).expect("warm-up");
+    assert_eq!((m.actor_steps, m.critic_steps), (0.0, 2.0));
+    assert_eq!(
+        snapshot(l.model()),
+        policy_before,
+        "the warm-up leaves the policy alone"
+    );
+    // VM-1 then K = 2 steps on everything: the critic's trunk has left the policy's.
+    let critic = snapshot(l.critic_model().expect("critic"));
+    assert!(critic.iter().all(|(n, _)| n != "lm_head.weight"));
+    let moved = critic
+        .iter()
+        .filter(|(n, _)| !n.starts_with("score"))
+        .zip(&policy_before)
+        .filter(|((_, a), (_, b))| a != b)
+        .count();
+    assert!(moved > 0, "the dense critic trains its trunk");
+    let m = l.train_step(&batch).expect("actor step");
+    assert_eq!((m.actor_steps, m.critic_steps), (1.0, 2.0));
+    assert_ne!(snapshot(l.model()), policy_before);
+    // VM-3 + LR-4: the critic and its optimizer are checkpointed and resume bit-identically.
+    let files = l.state_files().expect("files");
+    for f in ["critic.safetensors", "critic_optimizer.safetensors"] {
+        assert!(files.iter().any(|(n, _)| n == f), "{f}");
+    }
+    let mut r = Learner::new(tiny(false, 99), l.config().clone(), 99).expect("fresh");
+    r.restore(&files).expect("restore");
+    for x in [&mut l, &mut r] {
+        x.train_step(&batch).expect("3");
+    }
+    assert_eq!(snapshot(l.model()), snapshot(r.model()));
+    assert_eq!(
+        snapshot(l.critic_model().expect("c")),
+        snapshot(r.critic_model().expect("c"))
+    );
+}
+
+#[test]
+fn cr1_a_given_critic_is_checked_and_only_for_separate_critics() {
+    tch::set_num_threads(1);
+    let critic = |vocab: usize| {
+        let m = test_models::tiny(vocab, true, 3);
+        let o = m.options();
+        let mut c = HfModel::zeros(
+            m.config().clone(),
+            crate::hf::LoadOptions::critic(o.device, o.kind),
+        )
+        .expect("critic");
+        c.load_safetensors(
+            &crate::tensor_io::encode(
+                &m.named_parameters()
+                    .into_iter()
+                    .filter(|(n, _)| n != "lm_head.weight")
+                    .collect::<Vec<_>>(),
+                None,
+            )
+            .expect("bytes"),
+        )
+        .expect("load");
+        c
+    };
+    let mut grpo = Learner::new(tiny(false, 1), cfg(Algo::Grpo), 1).expect("grpo");
+    let e = grpo.set_critic_model(critic(12)).expect_err("no critic");
+    assert!(e.to_string().contains("model.critic_path"), "{e}");
+    let mut sao = Learner::new(tiny(false, 1), cfg(Algo::Sao), 1).expect("sao");
+    let e = sao
+        .set_critic_model(critic(8))
+        .expect_err("vocab")
+        .to_string();
+    assert!(
+        e.contains("vocab_size 8 is smaller than the policy's 12"),
+        "{e}"
+    );
+    sao.set_critic_model(critic(12))
+        .expect("a critic of the same vocabulary");
+    let given = snapshot(sao.critic_model().expect("set"));
+    sao.train_step(&rl_batch(sao.model())).expect("step");
+    assert_ne!(snapshot(sao.critic_model().expect("kept")), given);
+}
+
+#[test]
+fn op6_a_bf16_learner_trains_and_resumes_bit_identically() {
+    tch::set_num_threads(1);
+    let bf16 = |seed: u64| {
+        let shape = crate::model::TinyShape {
+            vocab_size: 12,
+            context_len: 32,
+            n_layer: 2,
+            d_model: 32,
+            n_head: 4,
+            bos_token_id: 1,
+            eos_token_id: 2,
+            pad_token_id: 0,
+        };
+        let spec = crate::model::ModelSpec::tiny(&shape, Device::Cpu, seed, false).expect("spec");
+        crate::model::ModelSpec {
+            kind: Kind::BFloat16,
+            ..spec
+        }
+        .build()
+        .expect("bf16 model")
+    };
+    let mut a = Learner::new(bf16(8), cfg(Algo::Grpo), 8).expect("learner");
+    let batch = rl_batch(a.model());
+    let before = a.weights_safetensors().expect("w");
+    let m = a.train_step(&batch).expect("bf16 step");
+    assert!(m.loss.is_finite() && m.grad_norm > 0.0, "{m:?}");
+    assert_ne!(a.weights_safetensors().expect("w"), before);
+    let files = a.state_files().expect("files");
+    let mut b = Learner::new(bf16(9), cfg(Algo::Grpo), 9).expect("fresh");
+    b.restore(&files).expect("restore");
+    for l in [&mut a, &mut b] {
+        l.train_step(&batch).expect("2");
+    }
+    assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
+    let mut f32 = Learner::new(tiny(false, 8), cfg(Algo::Grpo), 8).expect("f32");
+    let e = f32.restore(&files).expect_err("bf16 into f32").to_string();
+    assert!(e.contains("BFloat16"), "{e}");
+}
+
+#[test]
+fn ac1_activation_checkpointing_gives_the_same_updates() {
+    tch::set_num_threads(1);
+    for algo in [Algo::Grpo, Algo::Ppo, Algo::Sao] {
+        let run = |checkpoint: bool| {
+            let c = LearnerConfig {
+                activation_checkpointing: checkpoint,
+                critic_warmup: (algo == Algo::Sao).then_some(1),
+                ..cfg(algo)
+            };
+            let vh = c.resolve().policy_value_head();
+            let mut l = Learner::new(tiny(vh, 31), c, 31).expect("learner");
+            let batch = rl_batch(l.model());
+            l.sft_step(&batch, 1e-3).expect("sft");
+            for _ in 0..2 {
+                l.train_step(&batch).expect("step");
+            }
+            let mut w = snapshot(l.model());
+            w.extend(l.critic_model().map(snapshot).unwrap_or_default());
+            w
+        };
+        for ((n, a), (_, b)) in run(false).iter().zip(run(true)) {
+            let diff = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{algo:?} {n}: {diff}");
+        }
     }
 }
 

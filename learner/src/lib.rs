@@ -25,6 +25,7 @@ pub mod optimizer;
 pub mod step_metrics;
 mod targets;
 mod tensor_io;
+mod value_model;
 
 #[cfg(test)]
 mod learner_tests;

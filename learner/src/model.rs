@@ -17,7 +17,7 @@
 //!   (TI-1); [`HfModel::load_safetensors`] accepts exactly this model's names with matching
 //!   shapes and checks the whole buffer before anything changes (TI-2).
 //! - MD-4 (identity): two models are the same architecture iff their saved `config.json`
-//!   values and heads are equal ([`ModelSpec::identity`]); `learner.json` records it and a
+//!   values, heads and parameter kind are equal ([`ModelSpec::identity`]); `learner.json` records it and a
 //!   restore refuses another (LR-5).
 //! - MD-5 (temperature): the learner's log-probs of a sequence sampled at temperature `T` are
 //!   taken on `logits / T` ([`policy_logits`]), as verl does and as the sampler records them
@@ -204,14 +204,30 @@ impl ModelSpec {
         })
     }
 
+    /// The separate critic of this spec: its trunk and a `score` head (read from the folder
+    /// when there, else zero, HM-3), no LM head.
+    pub fn build_critic(&self) -> Result<HfModel, LearnerError> {
+        let opts = LoadOptions::critic(self.device, self.kind);
+        Ok(match &self.weights {
+            WeightSource::Random { seed } => HfModel::random(self.config.clone(), opts, *seed)?,
+            WeightSource::Folder(dir) => HfModel::load(dir, opts)?,
+        })
+    }
+
     /// A model of this architecture with zero weights, to load published weights into.
     pub fn blank(&self) -> Result<HfModel, LearnerError> {
         Ok(HfModel::zeros(self.config.clone(), self.options())?)
     }
 
-    /// What identifies the architecture (MD-4): the saved config.json and the heads.
+    /// What identifies the architecture (MD-4): the saved config.json, the heads and the
+    /// parameter kind (a bf16 run's optimizer holds f32 masters an f32 run does not have).
     pub fn identity(model: &HfModel) -> Value {
-        json!({"config": model.saved_config(), "value_head": model.options().value_head})
+        let o = model.options();
+        json!({
+            "config": model.saved_config(),
+            "value_head": o.value_head,
+            "dtype": format!("{:?}", o.kind),
+        })
     }
 }
 
@@ -269,12 +285,16 @@ pub fn policy_logits(
         ));
     }
     let (logits, values) = model.forward(tokens)?;
-    let logits = if temperature == 1.0 {
+    Ok((scale_logits(logits, temperature)?, values))
+}
+
+/// `logits / temperature` in f32 (MD-5); at temperature 1 the logits keep their kind.
+pub(crate) fn scale_logits(logits: Tensor, temperature: f64) -> Result<Tensor, LearnerError> {
+    Ok(if temperature == 1.0 {
         logits
     } else {
         logits.f_to_kind(Kind::Float)?.f_div_scalar(temperature)?
-    };
-    Ok((logits, values))
+    })
 }
 
 impl HfModel {

@@ -23,6 +23,12 @@
 //!   steps even if it gets no new gradient — PyTorch's `set_to_none=False` behaviour.
 //! - OP-5: `step_where` moves only the parameters it is asked to; frozen ones keep their values
 //!   and moments exactly (the step counter, used for bias correction, still advances).
+//! - OP-6 (master weights): a parameter stored in a reduced-precision kind (bf16, f16) gets an
+//!   f32 master copy; the moments are f32 and the update above runs on the master, which is
+//!   then copied, rounded to nearest, into the parameter. Updates smaller than the parameter
+//!   kind's spacing therefore accumulate instead of being lost. Masters are part of the state
+//!   (`<param>.master`), so a bf16 run resumes bit-identically. An f32 parameter is its own
+//!   master.
 //! - OP-4: `clip_grad_norm` returns the pre-clip global L2 norm and rescales only when that norm
 //!   is finite and above the bound (coefficient `max_norm / (norm + 1e-6)`, as PyTorch).
 
@@ -48,12 +54,40 @@ pub struct AdamWConfig {
     pub weight_decay: f64,
 }
 
+impl AdamWConfig {
+    /// PyTorch's defaults (β = (0.9, 0.999), ε = 1e-8) at `lr` and `weight_decay`.
+    pub fn torch_default(lr: f64, weight_decay: f64) -> Self {
+        AdamWConfig {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
+    }
+}
+
 struct ParamState {
     name: String,
     param: Tensor,
+    /// The f32 master of a reduced-precision parameter (OP-6).
+    master: Option<Tensor>,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
     decay: bool,
+}
+
+impl ParamState {
+    /// The tensor the update runs on: the master, else the parameter itself (a shallow clone
+    /// sharing its storage).
+    fn weights(&self) -> Tensor {
+        self.master.as_ref().unwrap_or(&self.param).shallow_clone()
+    }
+}
+
+/// Whether a parameter of `kind` needs an f32 master (OP-6).
+fn reduced(kind: tch::Kind) -> bool {
+    !matches!(kind, tch::Kind::Float | tch::Kind::Double)
 }
 
 /// AdamW with decoupled weight decay and bias correction.
@@ -74,12 +108,18 @@ impl AdamW {
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let params = tch::no_grad(|| {
             vars.into_iter()
-                .map(|(name, param)| ParamState {
-                    decay: param.dim() >= 2,
-                    exp_avg: param.zeros_like(),
-                    exp_avg_sq: param.zeros_like(),
-                    name,
-                    param,
+                .map(|(name, param)| {
+                    let master =
+                        reduced(param.kind()).then(|| param.detach().to_kind(tch::Kind::Float));
+                    let full = master.as_ref().unwrap_or(&param);
+                    ParamState {
+                        decay: param.dim() >= 2,
+                        exp_avg: full.zeros_like(),
+                        exp_avg_sq: full.zeros_like(),
+                        master,
+                        name,
+                        param,
+                    }
                 })
                 .collect()
         });
@@ -126,7 +166,11 @@ impl AdamW {
         }
         let norms: Vec<Tensor> = grads
             .iter()
-            .map(|g| g.norm().to_kind(tch::Kind::Double))
+            .map(|g| {
+                g.to_kind(tch::Kind::Float)
+                    .norm()
+                    .to_kind(tch::Kind::Double)
+            })
             .collect();
         let total = Tensor::stack(&norms, 0).norm().double_value(&[]);
         if total.is_finite() && total > max_norm {
@@ -165,38 +209,50 @@ impl AdamW {
                 if !g.defined() || !trainable(&p.name) {
                     continue;
                 }
+                let g = g.to_kind(p.exp_avg.kind());
+                let mut w = p.weights();
                 if p.decay && weight_decay != 0.0 {
-                    let _ = p.param.g_mul_scalar_(1.0 - lr * weight_decay);
+                    let _ = w.g_mul_scalar_(1.0 - lr * weight_decay);
                 }
                 let _ = p.exp_avg.g_mul_scalar_(beta1);
                 let _ = p.exp_avg.g_add_(&(&g * (1.0 - beta1)));
                 let _ = p.exp_avg_sq.g_mul_scalar_(beta2);
                 let _ = p.exp_avg_sq.g_add_(&(g.square() * (1.0 - beta2)));
                 let denom = p.exp_avg_sq.sqrt() / bc2_sqrt + eps;
-                let _ = p.param.g_sub_(&(&p.exp_avg / denom * (lr / bc1)));
+                let _ = w.g_sub_(&(&p.exp_avg / denom * (lr / bc1)));
+                if p.master.is_some() {
+                    p.param.copy_(&w);
+                }
             }
         });
     }
 
-    fn state_names(&self) -> Vec<(String, Vec<i64>)> {
-        let mut out = Vec::with_capacity(2 * self.params.len());
+    /// The state tensors in file order: moments of every parameter, then its master (OP-6).
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(3 * self.params.len());
         for p in &self.params {
-            out.push((format!("{}.exp_avg", p.name), p.exp_avg.size()));
-            out.push((format!("{}.exp_avg_sq", p.name), p.exp_avg_sq.size()));
+            out.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
+            out.push((
+                format!("{}.exp_avg_sq", p.name),
+                p.exp_avg_sq.shallow_clone(),
+            ));
+            if let Some(m) = &p.master {
+                out.push((format!("{}.master", p.name), m.shallow_clone()));
+            }
         }
         out
     }
 
-    /// The whole state (OP-1) as an in-memory safetensors buffer.
+    fn state_names(&self) -> Vec<(String, Vec<i64>)> {
+        self.state_tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.size()))
+            .collect()
+    }
+
+    /// The whole state (OP-1, OP-6) as an in-memory safetensors buffer.
     pub fn to_safetensors(&self) -> Result<Vec<u8>, LearnerError> {
-        let mut tensors = Vec::with_capacity(2 * self.params.len());
-        for p in &self.params {
-            tensors.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
-            tensors.push((
-                format!("{}.exp_avg_sq", p.name),
-                p.exp_avg_sq.shallow_clone(),
-            ));
-        }
+        let tensors = self.state_tensors();
         // A single key: safetensors writes metadata from a HashMap, so more keys would make
         // the header's byte order vary between runs.
         let meta = HashMap::from([("steps".to_string(), self.steps.to_string())]);
@@ -225,11 +281,7 @@ impl AdamW {
         tensors: &[Tensor],
         steps: u64,
     ) -> Result<(), LearnerError> {
-        let targets: Vec<Tensor> = self
-            .params
-            .iter()
-            .flat_map(|p| [p.exp_avg.shallow_clone(), p.exp_avg_sq.shallow_clone()])
-            .collect();
+        let targets: Vec<Tensor> = self.state_tensors().into_iter().map(|(_, t)| t).collect();
         tensor_io::commit(&targets, tensors)?;
         self.steps = steps;
         Ok(())
@@ -367,5 +419,61 @@ mod tests {
         opt.step_where(|n| n == "a");
         assert!(values(&a)[0] < 1.0);
         assert_eq!(values(&b)[0], 1.0);
+    }
+
+    #[test]
+    fn op6_bf16_parameters_keep_f32_masters_that_accumulate_small_updates() {
+        tch::set_num_threads(1);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let bf16 = |v: &[f32]| Tensor::from_slice(v).view([1, -1]).to_kind(Kind::BFloat16);
+        let x = vs.root().add("x", bf16(&[1.0, 1.0]), true);
+        let run = |opt: &mut AdamW, n: usize| {
+            for _ in 0..n {
+                opt.zero_grad();
+                // A constant gradient: each Adam step moves the weight by ≈ lr = 1e-3, a
+                // quarter of bf16's spacing below 1.0 (2^-8).
+                x.sum(Kind::Float).backward();
+                opt.step();
+            }
+        };
+        let mut opt = AdamW::new(&vs, cfg(1e-3, 0.0));
+        run(&mut opt, 10);
+        let master = values(
+            &opt.params[0]
+                .master
+                .as_ref()
+                .expect("master")
+                .shallow_clone(),
+        );
+        assert!((master[0] - 0.99).abs() < 1e-5, "{master:?}");
+        let stored = values(&x);
+        assert_eq!(
+            stored,
+            values(&Tensor::from_slice(&master).to_kind(Kind::BFloat16)),
+            "the parameter is its master rounded to bf16"
+        );
+        assert!(
+            stored[0] < 1.0,
+            "without a master every step would round back to 1.0"
+        );
+        // The masters are state: a restored optimizer continues bit-identically.
+        let bytes = opt.to_safetensors().expect("save");
+        let vs_b = nn::VarStore::new(Device::Cpu);
+        let xb = vs_b.root().add("x", bf16(&[0.0, 0.0]), true);
+        let mut b = AdamW::new(&vs_b, cfg(1e-3, 0.0));
+        b.load_safetensors(&bytes).expect("load");
+        tch::no_grad(|| xb.shallow_clone().copy_(&x));
+        run(&mut opt, 5);
+        for _ in 0..5 {
+            b.zero_grad();
+            xb.sum(Kind::Float).backward();
+            b.step();
+        }
+        assert_eq!(values(&x), values(&xb));
+        let mut f32_opt = AdamW::new(&store(&[1.0, 1.0]).0, cfg(1e-3, 0.0));
+        let e = f32_opt
+            .load_safetensors(&bytes)
+            .expect_err("no master in f32");
+        assert!(e.to_string().contains("x.master"), "{e}");
     }
 }

@@ -160,9 +160,12 @@ fn agent_turn_mask(
     per_turn(batch, &ones, mask)
 }
 
-/// Computes the targets of `batch` (module doc); `agent_filter` keeps only those agents' turns.
+/// Computes the targets of `batch` (module doc); `value_model` is the model whose value head
+/// gives the critic's values (GAE presets); `agent_filter` keeps only those agents' turns.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn compute(
     model: &HfModel,
+    value_model: Option<&HfModel>,
     reference: Option<&HfModel>,
     batch: &TrainBatch,
     p: &PresetConfig,
@@ -235,9 +238,10 @@ pub(crate) fn compute(
             )?
         }
         AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
-            let values = tch::no_grad(|| model.forward(&tokens))?.1.ok_or_else(|| {
+            let critic_model = value_model.ok_or_else(|| {
                 LearnerError::config("model.value_head", "must be true for a critic preset")
             })?;
+            let values = tch::no_grad(|| critic_model.forward_values(&tokens))?;
             let values = align_values(&values.f_detach()?)?;
             let t = mask.size()[1];
             let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;
@@ -343,9 +347,9 @@ mod tests {
     fn tg2_agent_filter_keeps_only_that_agents_turns() {
         let (m, b) = (model(), two_agent_batch(None));
         let p = Preset::DrMas.config();
-        let tg = compute(&m, None, &b, &p, 0.0, Some(&[1]), 1.0).expect("targets");
+        let tg = compute(&m, None, None, &b, &p, 0.0, Some(&[1]), 1.0).expect("targets");
         assert_eq!(row(&tg.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
-        let all = compute(&m, None, &b, &p, 0.0, None, 1.0).expect("targets");
+        let all = compute(&m, None, None, &b, &p, 0.0, None, 1.0).expect("targets");
         assert_eq!(row(&all.mask, 0), vec![0., 0., 1., 1., 0., 1.]);
     }
 
@@ -354,7 +358,7 @@ mod tests {
         // Agent 0's records score [1, 0, 0]; agent 1's [1, 0, -0.1] (the invalid penalty).
         let (m, b) = (model(), two_agent_batch(None));
         let p = Preset::DrMas.config();
-        let tg = compute(&m, None, &b, &p, 0.0, None, 1.0).expect("targets");
+        let tg = compute(&m, None, None, &b, &p, 0.0, None, 1.0).expect("targets");
         let a0 = drmas_advantages(&[1.0, 0.0, 0.0], &[5, 5, 5], &[0, 0, 0], true, GRPO_EPS);
         let a1 = drmas_advantages(&[1.0, 0.0, -0.1], &[5, 5, 5], &[1, 1, 1], true, GRPO_EPS);
         for i in 0..3 {
@@ -370,9 +374,29 @@ mod tests {
     fn tg2_rtpo_trains_only_the_named_turn() {
         let m = model();
         let p = Preset::Rtpo.config();
-        let second = compute(&m, None, &two_agent_batch(Some(1)), &p, 0.0, None, 1.0).expect("tg");
+        let second = compute(
+            &m,
+            None,
+            None,
+            &two_agent_batch(Some(1)),
+            &p,
+            0.0,
+            None,
+            1.0,
+        )
+        .expect("tg");
         assert_eq!(row(&second.mask, 0), vec![0., 0., 0., 0., 0., 1.]);
-        let first = compute(&m, None, &two_agent_batch(Some(0)), &p, 0.0, None, 1.0).expect("tg");
+        let first = compute(
+            &m,
+            None,
+            None,
+            &two_agent_batch(Some(0)),
+            &p,
+            0.0,
+            None,
+            1.0,
+        )
+        .expect("tg");
         assert_eq!(row(&first.mask, 0), vec![0., 0., 1., 1., 0., 0.]);
         // Advantages are zero wherever the reduced mask is (TG-1).
         let a = row(&first.advantages, 0);

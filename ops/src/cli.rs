@@ -85,6 +85,10 @@ pub struct TrainArgs {
     /// template) instead of the built-in tiny model: sets model.path.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Start the separate critic (SAO; learner.critic_model = "separate") from this folder
+    /// instead of a copy of the policy: sets model.critic_path.
+    #[arg(long)]
+    pub critic: Option<PathBuf>,
     /// Override run.steps.
     #[arg(long)]
     pub steps: Option<u64>,

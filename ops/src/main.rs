@@ -194,6 +194,9 @@ fn train(args: cli::TrainArgs) -> Result<()> {
     if let Some(dir) = &args.model {
         cfg.model.path = dir.to_string_lossy().into_owned();
     }
+    if let Some(dir) = &args.critic {
+        cfg.model.critic_path = dir.to_string_lossy().into_owned();
+    }
     if let Some(steps) = args.steps {
         cfg.run.steps = steps;
     }

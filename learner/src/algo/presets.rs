@@ -9,15 +9,15 @@
 //!
 //! | preset | policy loss | advantage | aggregation | extras |
 //! |---|---|---|---|---|
-//! | ppo | PPO clip 0.2/0.2, dual c=3 | GAE γ=1 λ=1, whitened | token-mean | critic (joint, value_coef 0.5, clip 0.5) |
+//! | ppo | PPO clip 0.2/0.2, dual c=3 | GAE γ=1 λ=1, whitened | token-mean | shared critic (joint, value_coef 0.5, clip 0.5) |
 //! | grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | — |
 //! | dr_grpo | PPO clip 0.2/0.2, dual c=3 | GRPO (no std) | seq-mean-token-sum-norm | — |
 //! | gspo | GSPO ε 3e-3/4e-3 | GRPO (std) | seq-mean-token-mean | — |
 //! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping, weight decay 0.1 |
 //! | sampo | GSPO ratio per turn, ε 3e-3/4e-3 | GiGPO ω=1 γ=0.95 | seq-mean-token-mean | k3 KL 0.01, entropy 0.001, invalid −0.1, filter (3 tries, cold start 15) |
-//! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | critic K=2, warm-up 10, lr ×5 |
+//! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | separate critic K=2, warm-up 10, lr ×5 |
 //! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10, π_old recomputed | GRPO (std) | token-mean | reference policy, anchor rollouts, dynamic sampling (10 passes) |
-//! | so_ppo | turn-level ratio ε=0.2 + CTN δ=5 | GAE, whitened | token-mean | critic (joint) |
+//! | so_ppo | turn-level ratio ε=0.2 + CTN δ=5 | GAE, whitened | token-mean | shared critic (joint) |
 //! | so_grpo | turn-level ratio ε=0.2 + CTN δ=5 | GRPO (std) | token-mean | — |
 //! | rtpo | PPO clip 0.2/0.2 on the branched turn | sibling GRPO | token-mean | — |
 //! | dr_mas | PPO clip 0.2/0.2, dual c=3 | GRPO per (group, agent) | token-mean | invalid −0.1 |
@@ -34,7 +34,7 @@ use crate::algo::aggregation::AggMode;
 use crate::algo::gigpo::GigpoNorm;
 use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::ppo::ClipBounds;
-use crate::algo::value::CriticSchedule;
+use crate::algo::value::{CriticModel, CriticSchedule};
 
 /// A named algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -220,9 +220,16 @@ pub struct PresetConfig {
 }
 
 impl PresetConfig {
-    /// Whether the model needs a value head.
+    /// Whether the algorithm needs a critic.
     pub fn needs_critic(&self) -> bool {
         self.critic.is_some()
+    }
+
+    /// Whether the policy model carries the value head (a shared critic).
+    pub fn policy_value_head(&self) -> bool {
+        self.critic
+            .as_ref()
+            .is_some_and(|c| c.model == CriticModel::Shared)
     }
 
     /// Whether the learner must keep a reference policy.
@@ -252,6 +259,7 @@ fn joint_critic() -> CriticSchedule {
         trainable: vec![],
         value_coef: 0.5,
         value_clip: Some(0.5),
+        model: CriticModel::Shared,
     }
 }
 
@@ -369,11 +377,12 @@ impl Preset {
                     steps_per_actor_step: 2,
                     warmup_updates: 10,
                     lr_ratio: 5.0,
-                    trainable: vec!["score".into()],
+                    trainable: vec![],
                     value_coef: 1.0,
                     value_clip: None,
+                    model: CriticModel::Separate,
                 }),
-                runtime_notes: "the critic is the policy's value head: value-only steps train the head alone (frozen trunk); one rollout per prompt is a rollout setting (rollout.group_size = 1)".into(),
+                runtime_notes: "the critic is a separate value model (the policy's architecture with a score head, initialised from the policy at the first update or from model.critic_path) with its own AdamW; learner.critic_model = \"shared\" puts it on the policy's trunk instead; one rollout per prompt is a rollout setting (rollout.group_size = 1)".into(),
                 ..base()
             },
             Preset::Armor => PresetConfig {
@@ -421,10 +430,14 @@ impl Preset {
         let cfg = self.config();
         let json = serde_json::to_string_pretty(&cfg).unwrap_or_default();
         format!(
-            "{}: {}\nvalue head: {}   reference policy: {}\n{}\n",
+            "{}: {}\ncritic: {}   reference policy: {}\n{}\n",
             self.name(),
             self.summary(),
-            if cfg.needs_critic() { "yes" } else { "no" },
+            match cfg.critic.as_ref().map(|c| c.model) {
+                None => "no",
+                Some(CriticModel::Shared) => "value head on the policy",
+                Some(CriticModel::Separate) => "separate value model",
+            },
             if cfg.needs_reference() { "yes" } else { "no" },
             json
         )

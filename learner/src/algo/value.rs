@@ -11,9 +11,14 @@
 //! critic_steps(u) = K                 value-only optimizer steps per mini-batch (0 = joint loss)
 //! actor_step(u)   = u ≥ warmup        the first `warmup` updates train only the critic
 //! ```
-//! During value-only steps only parameters whose names start with one of `trainable` move
-//! (the rest is frozen). keel's critic is the policy's value head on the shared trunk, so the
-//! default is `["score"]`: a value-only step must not move the policy.
+//! The critic is either the value head on the policy's trunk ([`CriticModel::Shared`]) or a
+//! separate value model of its own — backbone + `score` head, its own AdamW — as SAO (spec §3)
+//! and verl's critic worker have it ([`CriticModel::Separate`]). During value-only steps only
+//! parameters whose names start with one of `trainable` move (the rest is frozen; empty =
+//! every parameter of the critic). A shared critic's value-only steps default to `["score"]`:
+//! they must not move the policy. A separate critic trains everything by default (the spec's
+//! dense critic) and always takes at least one value step per mini-batch (there is no joint
+//! loss with a model the actor does not own).
 //!
 //! Invariants:
 //! - VL-1: with `clip` None or a clip range no value moved beyond, both forms agree.
@@ -68,6 +73,16 @@ pub fn explained_variance(values: &Tensor, returns: &Tensor, mask: &Tensor) -> f
     })
 }
 
+/// Where the critic's values come from (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CriticModel {
+    /// The `score` head on the policy's trunk.
+    Shared,
+    /// A value model of its own (policy architecture, `score` head, no LM head), own AdamW.
+    Separate,
+}
+
 /// When and what the critic trains (module doc).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CriticSchedule {
@@ -83,6 +98,8 @@ pub struct CriticSchedule {
     pub value_coef: f64,
     /// Value clip range, or None for the unclipped loss.
     pub value_clip: Option<f64>,
+    /// The value head on the policy's trunk, or a separate value model.
+    pub model: CriticModel,
 }
 
 impl CriticSchedule {
@@ -91,9 +108,24 @@ impl CriticSchedule {
         update >= self.warmup_updates
     }
 
-    /// Whether value-only steps may move the parameter called `name`.
+    /// Whether value-only steps may move the parameter called `name` (empty = every one).
     pub fn is_trainable(&self, name: &str) -> bool {
-        self.trainable.iter().any(|p| name.starts_with(p.as_str()))
+        self.trainable.is_empty() || self.trainable.iter().any(|p| name.starts_with(p.as_str()))
+    }
+
+    /// Value-only optimizer steps per mini-batch in an update with (`actor`) or without actor
+    /// steps: `K`, at least 1 during the warm-up, and at least 1 for a separate critic.
+    pub fn value_steps(&self, actor: bool) -> usize {
+        if !actor || self.model == CriticModel::Separate {
+            self.steps_per_actor_step.max(1)
+        } else {
+            self.steps_per_actor_step
+        }
+    }
+
+    /// Whether the value loss joins the actor's loss (`value_coef`): a shared critic with K = 0.
+    pub fn joint(&self) -> bool {
+        self.model == CriticModel::Shared && self.steps_per_actor_step == 0
     }
 }
 
@@ -178,6 +210,7 @@ mod tests {
             trainable: vec!["score".into()],
             value_coef: 0.5,
             value_clip: None,
+            model: CriticModel::Shared,
         };
         assert_eq!(
             (0..5).map(|u| s.actor_step(u)).collect::<Vec<_>>(),

@@ -7,7 +7,8 @@
 //! log-probs, [`logprob_mismatch`] checks them) → [`HfModel::save_pretrained`].
 //!
 //! Module map: `config` (config.json), `weights` (safetensors files), `layers` (RMSNorm, RoPE),
-//! `model` (the decoder and heads), `checkpoint` (saving), `kv_cache`, `sampling` (token
+//! `model` (the decoder and heads), `train_pass` (training forward, activation checkpointing),
+//! `checkpoint` (saving), `kv_cache`, `sampling` (token
 //! choice), `sampler` (the engine), `tokenizer` (tokenizer.json + chat template), `mismatch`.
 
 pub mod chat_codec;
@@ -21,6 +22,7 @@ pub mod model;
 pub mod sampler;
 pub(crate) mod sampling;
 pub mod tokenizer;
+pub mod train_pass;
 pub mod weights;
 
 pub use chat_codec::ChatCodec;
@@ -30,6 +32,7 @@ pub use mismatch::{logprob_mismatch, LogprobMismatch, SampledSequence};
 pub use model::{HfModel, LoadOptions};
 pub use sampler::{Completion, FinishReason, GenRequest, Sampler, SamplerStats, SamplingParams};
 pub use tokenizer::{ChatMessage, HfTokenizer};
+pub use train_pass::TrainPass;
 
 #[cfg(test)]
 mod tests;

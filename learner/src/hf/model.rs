@@ -147,6 +147,16 @@ type Source<'a> = dyn FnMut(&str, &[i64], Init) -> Result<Tensor, HfError> + 'a;
 /// Creates each parameter as a variable, given its name, shape and default init.
 type Param<'a> = dyn FnMut(&str, &[i64], Init) -> Result<Tensor, HfError> + 'a;
 
+/// Causal self-attention without padding: the attention of [`HfModel::hidden`].
+pub(crate) fn causal_attention(
+    _layer: usize,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+) -> Result<Tensor, HfError> {
+    attention(&q, &k, &v, None, true)
+}
+
 /// A linear layer's weight (and bias) named `{name}.weight` / `{name}.bias`.
 fn linear(
     param: &mut Param<'_>,
@@ -409,8 +419,8 @@ impl HfModel {
         self.source_dir.as_deref()
     }
 
-    /// Runs every layer on `x` `[B, T, H]`; `attend(layer, q, k, v)` gets RoPE'd `q`
-    /// `[B, Hq, T, D]`, `k`, `v` `[B, Hkv, T, D]` and returns `[B, Hq, T, D]`.
+    /// Runs every layer on `x` `[B, T, H]`, then the final norm; `attend(layer, q, k, v)` gets
+    /// RoPE'd `q` `[B, Hq, T, D]`, `k`, `v` `[B, Hkv, T, D]` and returns `[B, Hq, T, D]`.
     pub(crate) fn run_layers(
         &self,
         mut x: Tensor,
@@ -418,6 +428,27 @@ impl HfModel {
         sin: &Tensor,
         attend: &mut dyn FnMut(usize, Tensor, Tensor, Tensor) -> Result<Tensor, HfError>,
     ) -> Result<Tensor, HfError> {
+        for l in 0..self.layers.len() {
+            x = self.layer(l, &x, cos, sin, attend)?;
+        }
+        self.final_norm(&x)
+    }
+
+    /// The final RMSNorm of the residual stream.
+    pub(crate) fn final_norm(&self, x: &Tensor) -> Result<Tensor, HfError> {
+        rms_norm(x, &self.norm, self.cfg.rms_norm_eps)
+    }
+
+    /// Decoder layer `l` on the residual stream `x` `[B, T, H]` (see [`HfModel::run_layers`]).
+    pub(crate) fn layer(
+        &self,
+        l: usize,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        attend: &mut dyn FnMut(usize, Tensor, Tensor, Tensor) -> Result<Tensor, HfError>,
+    ) -> Result<Tensor, HfError> {
+        let layer = &self.layers[l];
         let size = x.size();
         let (b, t) = (size[0], size[1]);
         let (hq, hkv, d) = (
@@ -426,31 +457,28 @@ impl HfModel {
             self.cfg.head_dim as i64,
         );
         let eps = self.cfg.rms_norm_eps;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.in_norm, eps)?;
-            let heads = |lin: &Linear, n: i64, norm: &Option<Tensor>| -> Result<Tensor, HfError> {
-                let mut y = lin.forward(&h)?.f_view([b, t, n, d])?;
-                if let Some(w) = norm {
-                    y = rms_norm(&y, w, eps)?;
-                }
-                Ok(y.f_transpose(1, 2)?)
-            };
-            let q = apply_rope(&heads(&layer.q, hq, &layer.q_norm)?, cos, sin)?;
-            let k = apply_rope(&heads(&layer.k, hkv, &layer.k_norm)?, cos, sin)?;
-            let v = heads(&layer.v, hkv, &None)?;
-            let y = attend(l, q, k, v)?
-                .f_transpose(1, 2)?
-                .f_reshape([b, t, hq * d])?;
-            x = x.f_add(&layer.o.forward(&y)?)?;
-            let h = rms_norm(&x, &layer.post_norm, eps)?;
-            let m = layer
-                .gate
-                .forward(&h)?
-                .f_silu()?
-                .f_mul(&layer.up.forward(&h)?)?;
-            x = x.f_add(&layer.down.forward(&m)?)?;
-        }
-        rms_norm(&x, &self.norm, eps)
+        let h = rms_norm(x, &layer.in_norm, eps)?;
+        let heads = |lin: &Linear, n: i64, norm: &Option<Tensor>| -> Result<Tensor, HfError> {
+            let mut y = lin.forward(&h)?.f_view([b, t, n, d])?;
+            if let Some(w) = norm {
+                y = rms_norm(&y, w, eps)?;
+            }
+            Ok(y.f_transpose(1, 2)?)
+        };
+        let q = apply_rope(&heads(&layer.q, hq, &layer.q_norm)?, cos, sin)?;
+        let k = apply_rope(&heads(&layer.k, hkv, &layer.k_norm)?, cos, sin)?;
+        let v = heads(&layer.v, hkv, &None)?;
+        let y = attend(l, q, k, v)?
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, hq * d])?;
+        let x = x.f_add(&layer.o.forward(&y)?)?;
+        let h = rms_norm(&x, &layer.post_norm, eps)?;
+        let m = layer
+            .gate
+            .forward(&h)?
+            .f_silu()?
+            .f_mul(&layer.up.forward(&h)?)?;
+        Ok(x.f_add(&layer.down.forward(&m)?)?)
     }
 
     /// Token embeddings of `tokens` `[B, T]` i64.
@@ -460,18 +488,20 @@ impl HfModel {
 
     /// Final hidden states `[B, T, H]` of unpadded (or right-padded) `tokens`, positions `0..T`.
     pub fn hidden(&self, tokens: &Tensor) -> Result<Tensor, HfError> {
-        let t = self.check_tokens(tokens)?;
-        let rope = RopeTable::new(&self.cfg, t, self.device(), self.opts.kind)?;
-        let (cos, sin) = rope.prefix(t)?;
-        let mut attend = |_: usize, q: Tensor, k: Tensor, v: Tensor| -> Result<Tensor, HfError> {
-            attention(&q, &k, &v, None, true)
-        };
+        let (cos, sin) = self.causal_rope(tokens)?;
         self.run_layers(
             self.embed(&tokens.f_to_device(self.device())?)?,
             &cos,
             &sin,
-            &mut attend,
+            &mut causal_attention,
         )
+    }
+
+    /// RoPE tables for positions `0..T` of checked `tokens` `[B, T]`.
+    pub(crate) fn causal_rope(&self, tokens: &Tensor) -> Result<(Tensor, Tensor), HfError> {
+        let t = self.check_tokens(tokens)?;
+        let rope = RopeTable::new(&self.cfg, t, self.device(), self.opts.kind)?;
+        rope.prefix(t)
     }
 
     /// Final hidden states of a padded batch: `attention_mask` `[B, T]` (1 real, 0 padding;
@@ -526,12 +556,24 @@ impl HfModel {
         Ok(hidden.f_linear(head, None::<Tensor>)?)
     }
 
-    /// Values `[B, T]` of hidden states, or `None` without a value head.
+    /// Values `[B, T]` (f32, whatever the parameter kind) of hidden states, or `None` without
+    /// a value head.
     pub fn values(&self, hidden: &Tensor) -> Result<Option<Tensor>, HfError> {
         match &self.value {
-            Some(head) => Ok(Some(head.forward(hidden)?.f_squeeze_dim(-1)?)),
+            Some(head) => Ok(Some(
+                head.forward(hidden)?
+                    .f_squeeze_dim(-1)?
+                    .f_to_kind(Kind::Float)?,
+            )),
             None => Ok(None),
         }
+    }
+
+    /// Values `[B, T]` of `tokens` without running the LM head: a critic's forward.
+    pub fn forward_values(&self, tokens: &Tensor) -> Result<Tensor, HfError> {
+        let h = self.hidden(tokens)?;
+        self.values(&h)?
+            .ok_or_else(|| HfError::input("this model has no value head (loaded as a policy)"))
     }
 
     /// (logits `[B, T, V]`, values `[B, T]` when there is a value head).
