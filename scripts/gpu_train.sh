@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `keel train --model DIR` on a GPU: a random Qwen2-0.5B-shaped folder (scripts/python/
-# make_qwen2_0p5b.py) trained with GRPO on `calc` for a few minutes, on CUDA, f32 parameters.
+# make_qwen2_0p5b.py) trained with GRPO on `calc` for a few minutes, on CUDA, bf16 parameters
+# and activations with f32 master weights (model.dtype; KEEL_GPU_DTYPE=float32 for f32).
 # Prints what the issue asks to record in BENCHMARKS.md: generation tokens/s in the loop (the
 # generator's Prometheus gauge, sampled while it runs), learner tokens/s and its MFU against the
 # given peak, seconds per step, and peak GPU memory (nvidia-smi, sampled every second).
@@ -11,13 +12,16 @@
 # The device tool carries the binary: run `scripts/gpu_train.sh build`, then call the device with
 # carry ["target/release/keel"] and command `bash scripts/gpu_train.sh run`.
 # Environment: KEEL_GPU_STEPS (default 20), KEEL_GPU_PEAK_TFLOPS (default 792, the H200 bf16
-# matmul peak measured by scripts/gpu_bench.sh; keel trains f32 parameters today).
+# matmul peak measured by scripts/gpu_bench.sh), KEEL_GPU_DTYPE (default bfloat16),
+# KEEL_GPU_CHECKPOINTING (default false: learner.activation_checkpointing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${KEEL_BIN:-target/release/keel}
 PY=${PYTHON:-python3}
 STEPS=${KEEL_GPU_STEPS:-20}
 PEAK=${KEEL_GPU_PEAK_TFLOPS:-792}
+DTYPE=${KEEL_GPU_DTYPE:-bfloat16}
+CHECKPOINTING=${KEEL_GPU_CHECKPOINTING:-false}
 
 case "${1:-run}" in
   build)
@@ -47,6 +51,7 @@ difficulty = 2
 
 [model]
 context_len = 1024
+dtype = "$DTYPE"
 
 [sft]
 steps = 0
@@ -64,6 +69,7 @@ port = $PORT
 algo = "grpo"
 minibatches = 2
 max_tokens_per_microbatch = 8192
+activation_checkpointing = $CHECKPOINTING
 TOML
     ( while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; done ) > "$WORK/mem.txt" &
     MEM_PID=$!

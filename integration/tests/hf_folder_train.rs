@@ -3,7 +3,8 @@
 //! start and RL steps on `calc`, checkpoints, resumes bit-identically after a SIGKILL, and its
 //! export loads back in transformers with keel's logits. Episodes are rendered by the chat
 //! codec exactly as transformers renders the same conversation (CC-1..3). Bad folders are
-//! refused with an error naming the file or key, and nothing is written.
+//! refused with an error naming the file or key, and nothing is written. SAO trains a separate
+//! critic started from a folder (`--critic DIR`), checkpointed with its optimizer.
 //! Needs python3 with torch and transformers (scripts/setup.sh installs them).
 
 use std::path::{Path, PathBuf};
@@ -68,8 +69,19 @@ algo = "grpo"
 "#;
 
 fn train(config: &Path, model: &Path, root: &Path) -> std::process::Child {
+    train_with(config, model, root, &[])
+}
+
+fn train_with(
+    config: &Path,
+    model: &Path,
+    root: &Path,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Child {
     Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
+        .args(["train", "--no-progress"])
+        .args(extra)
+        .arg("--config")
         .arg(config)
         .arg("--model")
         .arg(model)
@@ -165,6 +177,61 @@ fn a_hugging_face_folder_trains_resumes_and_exports() {
     let (ours, _) = tch::no_grad(|| policy.forward(&ids)).expect("forward");
     let diff = (ours - &theirs[0].1).abs().max().double_value(&[]);
     assert!(diff < 1e-4, "logits differ by {diff}");
+}
+
+#[test]
+fn sao_trains_a_separate_critic_started_from_a_folder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let config = dir.path().join("sao.toml");
+    let text = CONFIG
+        .replace("algo = \"grpo\"", "algo = \"sao\"\ncritic_warmup = 1")
+        .replace("steps = 6", "steps = 2");
+    std::fs::write(&config, text).expect("config");
+    let root = dir.path().join("sao");
+    let critic = ["--critic".as_ref(), model.as_os_str()];
+    finish(train_with(&config, &model, &root, &critic));
+    let head = newest(&root).expect("a checkpoint");
+    let learner: serde_json::Value =
+        serde_json::from_slice(&checkpoint_file(&root, &head, "learner.json")).expect("json");
+    assert_eq!(learner["critic"]["value_head"], true);
+    assert_eq!(
+        learner["model"]["value_head"], false,
+        "the policy has no value head"
+    );
+    let critic_file = dir.path().join("critic.safetensors");
+    std::fs::write(
+        &critic_file,
+        checkpoint_file(&root, &head, "critic.safetensors"),
+    )
+    .expect("write");
+    let names: Vec<String> = tch::Tensor::read_safetensors(&critic_file)
+        .expect("critic")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.iter().any(|n| n == "score.weight"));
+    assert!(names.iter().all(|n| n != "lm_head.weight"));
+    checkpoint_file(&root, &head, "critic_optimizer.safetensors");
+
+    // A critic folder for a preset without a separate critic is refused before anything runs.
+    let grpo = dir.path().join("grpo");
+    let out = Command::new(keel_bin())
+        .args(["train", "--no-progress", "--algo", "grpo", "--config"])
+        .arg(dir.path().join("sao.toml"))
+        .arg("--model")
+        .arg(&model)
+        .args(critic)
+        .arg("--run-root")
+        .arg(&grpo)
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("model.critic_path"),
+        "{err}"
+    );
+    assert!(!grpo.exists(), "nothing is written");
 }
 
 #[test]

@@ -54,8 +54,8 @@ fn tensor_names(bytes: &[u8]) -> Vec<String> {
 }
 
 /// SAO's critic survives a kill during its warm-up: the warm-up count goes on from the restored
-/// version (actor steps start exactly after `critic_warmup` updates overall), and the value head,
-/// optimizer and counters are restored exactly — in sync mode the killed-and-resumed run ends
+/// version (actor steps start exactly after `critic_warmup` updates overall), and the critic (a
+/// separate value model), both optimizers and the counters are restored exactly — in sync mode the killed-and-resumed run ends
 /// bit-identical to an uninterrupted one.
 #[test]
 fn sao_resumed_mid_warmup_continues_the_critic_exactly() {
@@ -96,21 +96,36 @@ fn sao_resumed_mid_warmup_continues_the_critic_exactly() {
         assert!(metric(s, "critic_steps") > 0.0, "step {step}");
     }
 
+    // SAO's critic is a separate value model (`critic.safetensors`, its own AdamW): the policy
+    // file carries no value head, the critic file does, and the warm-up trains it.
     let ckpts = checkpoints(&root);
-    let model = |m: &CheckpointManifest| checkpoint_file(&root, m, "model.safetensors");
+    let file = |m: &CheckpointManifest, f: &str| checkpoint_file(&root, m, f);
     let value_head = |bytes: &[u8]| {
         tensor_names(bytes)
             .into_iter()
             .filter(|n| n.starts_with("score."))
             .count()
     };
-    assert!(
-        value_head(&model(&head)) > 0,
-        "the checkpoint has no value head"
+    assert_eq!(
+        value_head(&file(&head, "model.safetensors")),
+        0,
+        "the policy has no value head"
     );
     assert!(
-        model(&head) != model(&ckpts[0]),
+        value_head(&file(&head, "critic.safetensors")) > 0,
+        "the checkpoint's critic has no value head"
+    );
+    let first = ckpts
+        .iter()
+        .find(|m| m.step == 1)
+        .expect("the step-1 checkpoint");
+    assert!(
+        file(&head, "critic.safetensors") != file(first, "critic.safetensors"),
         "the warm-up did not train the critic"
+    );
+    assert!(
+        file(&head, "model.safetensors") == file(first, "model.safetensors"),
+        "the warm-up moved the policy"
     );
 
     let clean_config = run.write(dir.path(), "clean");
@@ -119,7 +134,12 @@ fn sao_resumed_mid_warmup_continues_the_critic_exactly() {
     let last = |root: &Path| checkpoints(root).pop().expect("head");
     let (a, b) = (last(&root), last(&clean));
     assert_eq!((a.step, b.step), (6, 6));
-    for f in ["model.safetensors", "optimizer.safetensors"] {
+    for f in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "critic.safetensors",
+        "critic_optimizer.safetensors",
+    ] {
         assert!(
             checkpoint_file(&root, &a, f) == checkpoint_file(&clean, &b, f),
             "{f}: the resumed run differs from the uninterrupted one"
