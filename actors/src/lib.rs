@@ -27,6 +27,7 @@ pub mod pats_seed;
 pub mod rollout;
 pub mod seeds;
 pub mod supervision;
+pub mod tracking;
 pub mod weights;
 
 pub use config::{ConfigError, Mode, TrainConfig};

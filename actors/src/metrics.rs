@@ -239,6 +239,8 @@ pub struct TrainMetrics {
     pub batches_trained: BranchCounter,
     /// Batches dropped, by `reason`.
     pub batches_dropped_by: BranchCounter,
+    /// Events a tracker (TensorBoard, MLflow) could not deliver, by `tracker` (TR-1).
+    pub tracking_dropped: BranchCounter,
     /// Batches dropped (any reason; kept for the call sites that do not say why).
     pub batches_dropped: DroppedCounter,
     /// Store put latency by `object`.
@@ -640,6 +642,11 @@ impl TrainMetrics {
                 "keel_rollout_batches_trained_total",
                 "Batches trained on",
                 &[],
+            )?,
+            tracking_dropped: b.counter(
+                "keel_tracking_events_dropped_total",
+                "Events a tracker could not deliver (full queue, server down), by tracker",
+                &["tracker"],
             )?,
             batches_dropped: DroppedCounter(dropped_by.clone()),
             batches_dropped_by: dropped_by,

@@ -189,6 +189,16 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// A file of a local run root could not be read or removed.
+    #[error("local run root {path}: {source}")]
+    LocalIo {
+        /// The file or folder.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A local model cache file could not be read or written.
     #[error("model cache {path}: {reason}")]
     ModelCache {

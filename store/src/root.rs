@@ -34,6 +34,9 @@
 //!   bytes already there succeeds (the first attempt landed).
 //! - ST-8: two branches never share a batch object: batch keys live under the branch's own
 //!   prefix, so branches of one run root can train at the same time.
+//! - ST-10: a local write that was killed leaves at most a staging file `<key>#<n>` beside its
+//!   key ('#' is never in a key, KY-1): listings never show it, and
+//!   [`RunStore::remove_interrupted_writes`] removes it.
 
 use std::path::Path as FsPath;
 use std::sync::Arc;
@@ -98,6 +101,8 @@ struct Inner {
     /// Key prefix inside the backend, without leading or trailing `/`; empty for local roots.
     prefix: String,
     root_url: String,
+    /// The directory of a local root (None for S3).
+    local_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for RunStore {
@@ -127,6 +132,7 @@ impl RunStore {
         if root.trim().is_empty() {
             return Err(bad("the root is empty".into()));
         }
+        let mut local_dir = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = if root.contains("://") {
             let url = url::Url::parse(root).map_err(|e| bad(format!("not a valid URL: {e}")))?;
             if !url.username().is_empty() || url.password().is_some() {
@@ -145,12 +151,16 @@ impl RunStore {
                     let path = url
                         .to_file_path()
                         .map_err(|()| bad("the file:// URL is not a local absolute path".into()))?;
-                    (open_local(&path).map_err(bad)?, String::new())
+                    let store = open_local(&path).map_err(bad)?;
+                    local_dir = Some(path);
+                    (store, String::new())
                 }
                 other => return Err(bad(format!("unsupported scheme {other:?}"))),
             }
         } else {
-            (open_local(FsPath::new(root)).map_err(bad)?, String::new())
+            let store = open_local(FsPath::new(root)).map_err(bad)?;
+            local_dir = Some(FsPath::new(root).to_path_buf());
+            (store, String::new())
         };
         tracing::debug!(root, backend = %store, "opened run root");
         Ok(RunStore {
@@ -158,6 +168,7 @@ impl RunStore {
                 store,
                 prefix,
                 root_url: root.to_string(),
+                local_dir,
             }),
             branch: DEFAULT_BRANCH.to_string(),
             multipart_bytes: DEFAULT_MULTIPART_BYTES,
@@ -235,17 +246,20 @@ impl RunStore {
         }
     }
 
-    /// Every stored batch, sorted by `batch_seq` (ST-3).
-    pub async fn list_batches(&self) -> Result<Vec<BatchKey>, StoreError> {
-        let dir = self.full_key(&self.batch_dir());
-        let path = to_path(&dir)?;
-        let metas: Vec<_> = self
-            .inner
+    /// Every object under the full key `dir` (unsorted).
+    async fn list_full(&self, dir: &str) -> Result<Vec<object_store::ObjectMeta>, StoreError> {
+        let path = to_path(dir)?;
+        self.inner
             .store
             .list(Some(&path))
             .try_collect()
             .await
-            .map_err(|e| StoreError::from_object_store(&dir, e))?;
+            .map_err(|e| StoreError::from_object_store(dir, e))
+    }
+
+    /// Every stored batch, sorted by `batch_seq` (ST-3).
+    pub async fn list_batches(&self) -> Result<Vec<BatchKey>, StoreError> {
+        let metas = self.list_full(&self.full_key(&self.batch_dir())).await?;
         let mut keys: Vec<(u64, BatchKey)> = metas
             .into_iter()
             .filter_map(|meta| {
@@ -261,6 +275,56 @@ impl RunStore {
             .collect();
         keys.sort();
         Ok(keys.into_iter().map(|(_, key)| key).collect())
+    }
+
+    /// The keys (relative to the run root, sorted) of every object under the folder
+    /// `rel_dir`; an absent folder is empty.
+    pub async fn list_objects(&self, rel_dir: &str) -> Result<Vec<String>, StoreError> {
+        validate_rel_key(rel_dir)?;
+        let metas = self.list_full(&self.full_key(rel_dir)).await?;
+        let root = self.full_key("");
+        let mut keys: Vec<String> = metas
+            .into_iter()
+            .map(|m| {
+                let full = m.location.to_string();
+                full.strip_prefix(root.trim_end_matches('/'))
+                    .map(|k| k.trim_start_matches('/').to_string())
+                    .unwrap_or(full)
+            })
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// Removes what interrupted writes left in the folder `rel_dir` and returns how many files
+    /// went. The local backend writes an object as a staging file `<key>#<n>` and renames it
+    /// into place (ST-10); a process killed in between leaves the staging file, which no listing
+    /// shows but a tool globbing the folder (TensorBoard) reads. S3 puts are atomic: nothing to
+    /// do. Call it only on a folder that no other live process writes.
+    pub fn remove_interrupted_writes(&self, rel_dir: &str) -> Result<usize, StoreError> {
+        validate_rel_key(rel_dir)?;
+        let Some(root) = &self.inner.local_dir else {
+            return Ok(0);
+        };
+        let dir = root.join(self.full_key(rel_dir));
+        let io = |path: &FsPath, source| StoreError::LocalIo {
+            path: path.display().to_string(),
+            source,
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io(&dir, e)),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(|e| io(&dir, e))?;
+            if entry.file_name().to_string_lossy().contains('#') {
+                std::fs::remove_file(entry.path()).map_err(|e| io(&entry.path(), e))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Stores `bytes` at `rel_key` under the run root, overwriting any previous object.

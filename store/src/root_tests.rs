@@ -248,3 +248,39 @@ fn s3_http_endpoints_use_plain_http_and_path_style() {
         Some("true")
     );
 }
+
+#[tokio::test]
+async fn st10_interrupted_local_writes_are_unlisted_and_removable() {
+    let (dir, store) = local();
+    store
+        .create_object("tb/main/a.keel", Bytes::from_static(b"a"))
+        .await
+        .expect("create");
+    // What a process killed between object_store's staging write and its rename leaves.
+    let folder = dir.path().join("tb/main");
+    std::fs::write(folder.join("b.keel#1"), b"partial").expect("staging file");
+    assert_eq!(
+        store.list_objects("tb/main").await.expect("list"),
+        vec!["tb/main/a.keel".to_string()],
+        "listings never show a staging file"
+    );
+    assert!(store
+        .list_objects("tb/none")
+        .await
+        .expect("list")
+        .is_empty());
+    assert_eq!(
+        store.remove_interrupted_writes("tb/main").expect("clean"),
+        1
+    );
+    assert!(!folder.join("b.keel#1").exists());
+    assert!(folder.join("a.keel").exists(), "objects stay");
+    assert_eq!(
+        store.remove_interrupted_writes("tb/none").expect("absent"),
+        0
+    );
+    assert!(matches!(
+        store.remove_interrupted_writes("../x"),
+        Err(StoreError::InvalidKey { .. })
+    ));
+}
