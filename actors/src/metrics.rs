@@ -497,6 +497,14 @@ impl TrainMetrics {
                 ),
                 (
                     b.gauge(
+                        "keel_critic_vf_clipfrac",
+                        "Fraction of model tokens whose value loss the value clip decided",
+                        &[],
+                    )?,
+                    |m| m.vf_clipfrac,
+                ),
+                (
+                    b.gauge(
                         "keel_critic_advantages_mean",
                         "Mean advantage over model tokens",
                         &[],

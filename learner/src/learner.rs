@@ -68,7 +68,9 @@ use crate::algo::reinforce::reinforce_loss;
 use crate::algo::sao::dis_loss;
 use crate::algo::seq_mask::sequence_mask;
 use crate::algo::sorl::turn_level_loss;
-use crate::algo::value::{explained_variance, value_loss, CriticModel, CriticSchedule};
+use crate::algo::value::{
+    explained_variance, value_clip_frac, value_loss, CriticModel, CriticSchedule,
+};
 use crate::batch_tensors::TrainBatch;
 use crate::error::LearnerError;
 use crate::hf::{HfModel, TrainPass};
@@ -572,6 +574,7 @@ impl Learner {
             m.loss = v;
             m.grad_norm = grad_norm;
             m.explained_var = explained_variance(&values, returns, mask);
+            m.vf_clipfrac = value_clip_frac(&values, old_v, returns, mask, c.value_clip);
             m.critic_steps += 1.0;
         }
         Ok(m)
@@ -617,19 +620,13 @@ impl Learner {
                 }
             }
         }
-        let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
-        if !grad_norm.is_finite() {
-            self.opt.zero_grad();
-            return Err(LearnerError::NonFinite {
-                what: "gradient norm".into(),
-            });
-        }
-        self.opt.step();
+        let grad_norm = self.clip_and_step()?;
         let mut actor_out = combine_micro(parts);
         actor_out.critic_steps = out.critic_steps;
         if out.critic_steps > 0.0 && actor_out.value_loss == 0.0 {
             actor_out.value_loss = out.value_loss;
             actor_out.explained_var = out.explained_var;
+            actor_out.vf_clipfrac = out.vf_clipfrac;
         }
         actor_out.grad_norm = grad_norm;
         actor_out.actor_steps = 1.0;
@@ -823,6 +820,7 @@ impl Learner {
                 let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &vden);
                 out.value_loss = vl.f_double_value(&[])?;
                 out.explained_var = explained_variance(&v, returns, &mask);
+                out.vf_clipfrac = value_clip_frac(&v, old_v, returns, &mask, c.value_clip);
                 loss = loss.f_add(&vl.f_mul_scalar(c.value_coef)?)?;
             }
         }
@@ -842,6 +840,12 @@ impl Learner {
     /// Backward, clip, and step unless the gradient norm is non-finite (LR-2).
     fn backward_and_step(&mut self, pass: TrainPass, loss: &Tensor) -> Result<f64, LearnerError> {
         pass.backward(loss, &self.model)?;
+        self.clip_and_step()
+    }
+
+    /// Clips the accumulated gradients and steps, unless their norm is non-finite (LR-2): then
+    /// they are zeroed and nothing moves.
+    fn clip_and_step(&mut self) -> Result<f64, LearnerError> {
         let grad_norm = self.opt.clip_grad_norm(self.cfg.max_grad_norm);
         if !grad_norm.is_finite() {
             self.opt.zero_grad();

@@ -55,6 +55,8 @@ pub struct StepMetrics {
     pub ctn_trigger_frac: f64,
     /// Critic: explained variance of the returns.
     pub explained_var: f64,
+    /// Critic: fraction of model tokens whose value loss the value clip decided.
+    pub vf_clipfrac: f64,
     /// Mean advantage over model tokens.
     pub adv_mean: f64,
     /// Std of the advantage over model tokens.
@@ -94,7 +96,7 @@ pub struct StepMetrics {
 
 impl StepMetrics {
     /// The fields averaged over minibatches.
-    pub(crate) fn averaged(&mut self) -> [&mut f64; 21] {
+    pub(crate) fn averaged(&mut self) -> [&mut f64; 22] {
         [
             &mut self.loss,
             &mut self.pg_loss,
@@ -115,6 +117,7 @@ impl StepMetrics {
             &mut self.turn_ratio_max,
             &mut self.ctn_trigger_frac,
             &mut self.explained_var,
+            &mut self.vf_clipfrac,
             &mut self.actor_steps,
             &mut self.critic_steps,
         ]

@@ -5,6 +5,7 @@
 //! clipped   : Vc = clamp(V, V_old − c, V_old + c) ;  loss = ½·agg(max((V − R)², (Vc − R)²))
 //! unclipped : loss = ½·agg((V − R)²)                 (SAO: keel's choice for the PROPOSAL)
 //! explained_var = 1 − Var_m(R − V) / Var_m(R)        (mask-1 tokens, verl `vf_explained_var`)
+//! vf_clipfrac   = mean_m[(Vc − R)² > (V − R)²]        (mask-1 tokens, verl `vf_clipfrac`; 0 unclipped)
 //! ```
 //! Critic schedule, per `train_step` number `u` (0-based):
 //! ```text
@@ -32,6 +33,14 @@ use tch::{Kind, Tensor};
 use crate::algo::aggregation::{agg_loss, AggDenominators, AggMode};
 use crate::algo::ppo::select;
 
+/// `Vc = clamp(V, V_old − c, V_old + c)`, exactly `V` inside the band (so a value the clip did
+/// not move ties with itself, as in verl's `clip_by_value`; `V_old + clamp(V − V_old, ±c)`
+/// would differ by rounding and count as clipped).
+fn clipped_values(values: &Tensor, old_values: &Tensor, c: f64) -> Tensor {
+    let old = old_values.to_kind(values.kind());
+    values.clamp_tensor(Some(&(&old - c)), Some(&(&old + c)))
+}
+
 /// `½·agg(max((V − R)², (Vc − R)²))`, or `½·agg((V − R)²)` when `clip` is None.
 pub fn value_loss(
     values: &Tensor,
@@ -45,14 +54,31 @@ pub fn value_loss(
     let ret = returns.to_kind(values.kind());
     let err = (values - &ret).square();
     let err = match clip {
-        Some(c) => {
-            let old = old_values.to_kind(values.kind());
-            let vc = &old + (values - &old).clamp(-c, c);
-            err.maximum(&(vc - &ret).square())
-        }
+        Some(c) => err.maximum(&(clipped_values(values, old_values, c) - &ret).square()),
         None => err,
     };
     agg_loss(&select(&err, mask), mask, mode, den) * 0.5
+}
+
+/// Fraction of mask-1 tokens where the clipped value error is the larger one, i.e. where the
+/// clip decided the loss (verl `vf_clipfrac`); 0 when `clip` is None.
+pub fn value_clip_frac(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    mask: &Tensor,
+    clip: Option<f64>,
+) -> f64 {
+    let Some(c) = clip else {
+        return 0.0;
+    };
+    tch::no_grad(|| {
+        let v = values.detach().to_kind(Kind::Double);
+        let ret = returns.to_kind(Kind::Double);
+        let vc = clipped_values(&v, &old_values.to_kind(Kind::Double), c);
+        let clipped = (vc - &ret).square().gt_tensor(&(v - &ret).square());
+        crate::algo::aggregation::masked_mean_value(&clipped.to_kind(Kind::Double), mask)
+    })
 }
 
 /// `1 − Var(R − V)/Var(R)` over mask-1 tokens (VL-2); 0 when fewer than two tokens or `Var(R) = 0`.
