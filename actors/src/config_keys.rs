@@ -67,7 +67,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("rollout.generators", ">= 1", "Generator actors."),
     k("rollout.env_shards", ">= 1", "Environment-shard actors."),
     k("rollout.eval_tasks", ">= 1", "Held-out tasks per evaluation."),
-    k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (weight_decay, clip_low, clip_high, dual_clip, loss_agg, kl_coef, ...)."),
+    k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (weight_decay, clip_low, clip_high, dual_clip, loss_agg, kl_coef, ...; policy_loss = ppo | gspo | reinforce picks the loss, rollout_is_threshold the REINFORCE truncation, 2.0 as in verl, 0 for none)."),
     k("learner.lr", "(0, 1]", "AdamW learning rate."),
     k("learner.max_grad_norm", "> 0", "Global gradient-norm clip."),
     k("learner.max_tokens_per_microbatch", ">= 0", "Most padded tokens (rows x length) in one forward/backward of an actor update; gradients accumulate over such micro-batches under the mini-batch's global denominators, then one optimizer step. 0 = the whole mini-batch at once. Not with seq_mask_delta."),

@@ -26,6 +26,21 @@ use crate::lr_schedule::LrSchedule;
 /// The walking skeleton's name for the objective; now the preset registry.
 pub type Algo = Preset;
 
+/// The policy losses `learner.policy_loss` can select (those without parameters of their own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyLossChoice {
+    /// Vanilla PPO clip (dual-clip per `learner.dual_clip`).
+    Ppo,
+    /// GSPO's sequence ratio.
+    Gspo,
+    /// REINFORCE with truncated IS weights against the behaviour log-probs.
+    Reinforce,
+}
+
+/// verl's default `rollout_is_threshold`.
+pub const ROLLOUT_IS_THRESHOLD: f64 = 2.0;
+
 /// Hyper-parameters of `Learner::train_step`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -65,6 +80,15 @@ pub struct LearnerConfig {
     /// Override: dual-clip constant c > 1, or 0 to turn dual-clip off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dual_clip: Option<f64>,
+    /// Override: the policy loss — `ppo` (vanilla clip), `gspo` or `reinforce` (verl's bypass
+    /// mode: `−A·logp·min(sg(π/π_beh), τ)`); the turn-level, DIS and ARMOR losses come with
+    /// their presets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy_loss: Option<PolicyLossChoice>,
+    /// Override: REINFORCE's IS-weight truncation τ (verl `rollout_is_threshold`, default 2.0),
+    /// > 0, or 0 for untruncated weights; only with `policy_loss = "reinforce"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_is_threshold: Option<f64>,
     /// Override: loss aggregation (`token-mean`, `seq-mean-token-mean`, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_agg: Option<AggMode>,
@@ -154,6 +178,8 @@ impl Default for LearnerConfig {
             clip_low: None,
             clip_high: None,
             dual_clip: None,
+            policy_loss: None,
+            rollout_is_threshold: None,
             loss_agg: None,
             loss_scale_factor: None,
             ratio_base: None,
@@ -232,6 +258,20 @@ impl LearnerConfig {
         }
         if let Some(c) = self.dual_clip {
             p.clip.dual = if c == 0.0 { None } else { Some(c) };
+        }
+        if let Some(choice) = self.policy_loss {
+            p.policy_loss = match choice {
+                PolicyLossChoice::Ppo => PolicyLossKind::Ppo,
+                PolicyLossChoice::Gspo => PolicyLossKind::Gspo,
+                PolicyLossChoice::Reinforce => PolicyLossKind::Reinforce {
+                    is_threshold: Some(ROLLOUT_IS_THRESHOLD),
+                },
+            };
+        }
+        if let (PolicyLossKind::Reinforce { is_threshold }, Some(t)) =
+            (&mut p.policy_loss, self.rollout_is_threshold)
+        {
+            *is_threshold = if t == 0.0 { None } else { Some(t) };
         }
         if let Some(v) = self.loss_agg {
             p.agg = v;
@@ -390,6 +430,17 @@ impl LearnerConfig {
         }
         if let Some(h) = p.loss_scale_factor {
             in_range("learner.loss_scale_factor", h, 0.0, true, inf, true)?;
+        }
+        if let Some(t) = self.rollout_is_threshold {
+            if !matches!(p.policy_loss, PolicyLossKind::Reinforce { .. }) {
+                return Err(LearnerError::config(
+                    "learner.rollout_is_threshold",
+                    "applies only to learner.policy_loss = \"reinforce\"",
+                ));
+            }
+            if t != 0.0 {
+                in_range("learner.rollout_is_threshold", t, 0.0, true, inf, true)?;
+            }
         }
         if let Some(d) = p.seq_mask_delta {
             in_range("learner.seq_mask_delta", d, 0.0, true, inf, true)?;
@@ -557,5 +608,44 @@ mod tests {
         assert!(!serde_json::to_string(&LearnerConfig::default())
             .expect("json")
             .contains("clip_low"));
+    }
+
+    #[test]
+    fn reinforce_is_selectable_with_verls_truncation() {
+        let pick = |t: Option<f64>| LearnerConfig {
+            policy_loss: Some(PolicyLossChoice::Reinforce),
+            rollout_is_threshold: t,
+            ..LearnerConfig::default()
+        };
+        assert_eq!(
+            pick(None).resolve().policy_loss,
+            PolicyLossKind::Reinforce {
+                is_threshold: Some(ROLLOUT_IS_THRESHOLD)
+            }
+        );
+        assert_eq!(
+            pick(Some(0.0)).resolve().policy_loss,
+            PolicyLossKind::Reinforce { is_threshold: None }
+        );
+        pick(Some(1.5)).validate().expect("valid");
+        let err = pick(Some(-1.0)).validate().expect_err("negative");
+        assert!(
+            err.to_string().contains("learner.rollout_is_threshold"),
+            "{err}"
+        );
+        let ppo = LearnerConfig {
+            rollout_is_threshold: Some(2.0),
+            ..LearnerConfig::default()
+        };
+        let err = ppo.validate().expect_err("not reinforce");
+        assert!(err.to_string().contains("policy_loss"), "{err}");
+        let c: LearnerConfig =
+            serde_json::from_str(r#"{"algo": "grpo", "policy_loss": "reinforce"}"#).expect("json");
+        assert_eq!(c.policy_loss, Some(PolicyLossChoice::Reinforce));
+        let gspo = LearnerConfig {
+            policy_loss: Some(PolicyLossChoice::Gspo),
+            ..LearnerConfig::default()
+        };
+        assert_eq!(gspo.resolve().policy_loss, PolicyLossKind::Gspo);
     }
 }

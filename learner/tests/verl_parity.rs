@@ -6,7 +6,8 @@
 //! Covered (verl function → keel): `agg_loss` → `agg_loss` (all five modes, global
 //! denominators over a micro-batch split), `compute_policy_loss_vanilla` → `vanilla_ppo`
 //! (clip, clip-higher, dual-clip on/off, the ±20 log-ratio clamp), `compute_policy_loss_gspo` →
-//! `gspo_loss` (its clamp at 10), `kl_penalty` → `kl_penalty`/`masked_kl` (k1, abs, k2, k3 with
+//! `gspo_loss` (its clamp at 10), `compute_policy_loss_bypass_mode` with `loss_type =
+//! "reinforce"` (token-level IS weights truncated at 2.0) → `reinforce_loss`, `kl_penalty` → `kl_penalty`/`masked_kl` (k1, abs, k2, k3 with
 //! its clamps, "+" forms), `compute_gae_advantage_return` → `try_gae` + `masked_whiten`,
 //! `compute_grpo_outcome_advantage` → `group_advantages` (GRPO, Dr. GRPO), `compute_value_loss` →
 //! `value_loss` + `value_clip_frac`, `entropy_from_logits` / `logprobs_from_logits` →
@@ -27,12 +28,15 @@
 
 use std::path::Path;
 
-use keel_learner::algo::aggregation::{agg_loss, agg_loss_local, AggDenominators, AggMode};
+use keel_learner::algo::aggregation::{
+    agg_loss, agg_loss_local, masked_mean_value, AggDenominators, AggMode,
+};
 use keel_learner::algo::gae::{masked_whiten, try_gae};
 use keel_learner::algo::grpo::group_advantages;
 use keel_learner::algo::gspo::gspo_loss;
 use keel_learner::algo::kl::{kl_penalty, masked_kl, KlEstimator};
 use keel_learner::algo::ppo::{vanilla_ppo, ClipBounds};
+use keel_learner::algo::reinforce::reinforce_loss;
 use keel_learner::algo::value::{value_clip_frac, value_loss};
 use keel_learner::{token_entropy, token_logprobs};
 use serde_json::Value;
@@ -169,13 +173,36 @@ fn policy_losses_and_their_gradients_match_verl() {
             high: num(&case["clip_high"]),
             dual: case["clip_c"].as_f64(),
         };
+        let what = format!("compute_policy_loss_{kind}");
+        if kind == "reinforce" {
+            // verl's bypass mode, loss_type "reinforce" (behaviour log-probs as `old`).
+            let per_token = reinforce_loss(&lp, &old, &adv, &mask, case["is_threshold"].as_f64());
+            let loss = agg_loss_local(&per_token, &mask, mode(&case["agg_mode"]), None);
+            diffs.scalar(
+                &format!("{what}:{name}"),
+                loss.double_value(&[]),
+                num(&case["loss"]),
+            );
+            let grad = Tensor::run_backward(&[&loss], &[&lp], false, false);
+            diffs.tensor(
+                &format!("{what} gradient:{name}"),
+                &grad[0],
+                &case["grad"],
+                None,
+            );
+            diffs.scalar(
+                &format!("ppo_kl:{name}"),
+                masked_mean_value(&(&old - lp.detach()), &mask),
+                num(&case["ppo_kl"]),
+            );
+            continue;
+        }
         let out = match kind {
             "vanilla" => vanilla_ppo(&lp, &old, &adv, &mask, clip),
             "gspo" => gspo_loss(&lp, &old, &adv, &mask, clip),
             other => panic!("unknown policy loss kind {other}"),
         };
         let loss = agg_loss_local(&out.loss, &mask, mode(&case["agg_mode"]), None);
-        let what = format!("compute_policy_loss_{kind}");
         diffs.scalar(
             &format!("{what}:{name}"),
             loss.double_value(&[]),

@@ -69,6 +69,14 @@ def actor_config(low, high, c, info):
     )
 
 
+class BypassConfig:
+    """The two fields verl's bypass-mode loss reads from its actor config."""
+
+    def __init__(self, rollout_correction):
+        self.policy_loss = {"rollout_correction": rollout_correction}
+        self.global_batch_info = {}
+
+
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -135,6 +143,20 @@ def policy_cases():
             "clip_c": None if c > 1e6 else c, "agg_mode": mode, "loss": loss.item(), "grad": lst(grad),
             "pg_clipfrac": metrics["actor/pg_clipfrac"], "ppo_kl": metrics["actor/ppo_kl"],
             "pg_clipfrac_lower": metrics["actor/pg_clipfrac_lower"],
+        })
+    for case, mode in [("reinforce", "token-mean"), ("reinforce-seq", "seq-mean-token-sum")]:
+        # verl's bypass mode with loss_type "reinforce": token-level IS weights against the
+        # rollout (behaviour) log-probs, truncated at rollout_is_threshold = 2.0.
+        beh, lp, adv, m = policy_inputs("clamps")
+        lp = lp.clone().requires_grad_(True)
+        cfg = BypassConfig({"loss_type": "reinforce", "rollout_is": "token", "rollout_is_threshold": 2.0})
+        loss, metrics = ca.compute_policy_loss_bypass_mode(beh, lp, adv, m, mode, cfg)
+        (grad,) = torch.autograd.grad(loss, lp)
+        out.append({
+            "name": case, "kind": "reinforce", "old_log_prob": lst(beh), "log_prob": lst(lp),
+            "advantages": lst(adv), "mask": lst(m), "clip_low": 0.2, "clip_high": 0.2,
+            "clip_c": None, "is_threshold": 2.0, "agg_mode": mode, "loss": loss.item(), "grad": lst(grad),
+            "ppo_kl": metrics["actor/ppo_kl"],
         })
     for case, shift in [("gspo", 0.0), ("gspo-clamp", 12.0)]:
         old, lp, adv, m = policy_inputs("plain")
