@@ -546,11 +546,22 @@ impl Learner {
             Some(vm) => (&vm.model, &mut vm.opt),
             None => (&self.model, &mut self.opt),
         };
+        // Value-only steps that train no trunk parameter (a shared critic's head) backpropagate
+        // into the head alone; clipping and stepping see only what moves (OP-5).
+        let head_only = !model
+            .named_parameters()
+            .iter()
+            .any(|(n, _)| !n.starts_with("score.") && c.is_trainable(n));
         for _ in 0..k {
             opt.set_lr(lr);
             opt.zero_grad();
             let pass = model.train_pass(tokens, checkpoint)?;
-            let values = align_values(&model.values(&pass.hidden)?.ok_or_else(|| {
+            let hidden = if head_only {
+                pass.hidden.detach()
+            } else {
+                pass.hidden.shallow_clone()
+            };
+            let values = align_values(&model.values(&hidden)?.ok_or_else(|| {
                 LearnerError::config("model.value_head", "must be true for a critic preset")
             })?)?;
             let vl = value_loss(&values, old_v, returns, mask, c.value_clip, agg, &den);
@@ -561,7 +572,7 @@ impl Learner {
                 });
             }
             pass.backward(&vl, model)?;
-            let grad_norm = opt.clip_grad_norm(max_norm);
+            let grad_norm = opt.clip_grad_norm_where(max_norm, |name| c.is_trainable(name));
             if !grad_norm.is_finite() {
                 opt.zero_grad();
                 return Err(LearnerError::NonFinite {

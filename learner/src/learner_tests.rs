@@ -357,6 +357,13 @@ fn cs1_sao_warmup_trains_only_the_value_head() {
     for ((n, a), (_, b)) in before.iter().zip(named(&l)) {
         assert_eq!(a == &b, !n.starts_with("score"), "{n}");
     }
+    // Head-only value steps backpropagate into the head alone (OP-5): no trunk gradient.
+    for (n, t) in l.model().named_parameters() {
+        let g = t.grad();
+        if !n.starts_with("score.") && g.defined() {
+            assert_eq!(g.abs().sum(tch::Kind::Double).double_value(&[]), 0.0, "{n}");
+        }
+    }
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! AdamW over tch tensors with explicit, serialisable state (tch's built-in optimizers cannot
 //! save theirs, and an exact resume needs it).
 //!
-//! One step, with `t` the step counter after incrementing, for each parameter `p` with a
-//! defined gradient `g`:
+//! One step, for each parameter `p` with a defined gradient `g` and `t` its own step counter
+//! after incrementing (per parameter, as PyTorch's `state['step']`):
 //! ```text
 //! p ← p · (1 − lr·wd)                         (decoupled decay; only parameters with ≥ 2 dims)
 //! m ← β1·m + (1 − β1)·g
@@ -11,9 +11,10 @@
 //! ```
 //!
 //! Invariants:
-//! - OP-1: the state is exactly (step counter, `m` and `v` per parameter); `to_safetensors`
-//!   writes all of it (moments as `<param>.exp_avg` / `<param>.exp_avg_sq`, the counter in the
-//!   metadata) and `load_safetensors` restores it, so a resumed run continues bit-identically.
+//! - OP-1: the state is exactly (`m`, `v` and step counter per parameter, and the number of
+//!   `step` calls); `to_safetensors` writes all of it (`<param>.exp_avg` / `<param>.exp_avg_sq`,
+//!   `<param>.step` as an f32 scalar like PyTorch's, the call count in the metadata) and
+//!   `load_safetensors` restores it, so a resumed run continues bit-identically.
 //!   Hyper-parameters are the caller's and are not restored.
 //! - OP-2: weight decay applies to matrices and embeddings (≥ 2 dims), never to biases or
 //!   LayerNorm parameters (1 dim).
@@ -21,8 +22,10 @@
 //!   defined is skipped by `step`. `zero_grad` zeroes gradients in place (tch cannot reset them
 //!   to None), so once a gradient exists the parameter keeps moving with its momentum in later
 //!   steps even if it gets no new gradient — PyTorch's `set_to_none=False` behaviour.
-//! - OP-5: `step_where` moves only the parameters it is asked to; frozen ones keep their values
-//!   and moments exactly (the step counter, used for bias correction, still advances).
+//! - OP-5: `step_where` moves only the parameters it is asked to; frozen ones keep their values,
+//!   moments and step counters exactly, so a shared optimizer's critic-only steps never change
+//!   the policy parameters' bias correction. `clip_grad_norm_where` measures and rescales only
+//!   the gradients of the parameters that will move.
 //! - OP-6 (master weights): a parameter stored in a reduced-precision kind (bf16, f16) gets an
 //!   f32 master copy; the moments are f32 and the update above runs on the master, which is
 //!   then copied, rounded to nearest, into the parameter. Updates smaller than the parameter
@@ -74,6 +77,8 @@ struct ParamState {
     master: Option<Tensor>,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
+    /// Updates applied to this parameter: a 0-dim f32 CPU tensor (OP-1, OP-5).
+    step: Tensor,
     decay: bool,
 }
 
@@ -116,6 +121,7 @@ impl AdamW {
                         decay: param.dim() >= 2,
                         exp_avg: full.zeros_like(),
                         exp_avg_sq: full.zeros_like(),
+                        step: Tensor::zeros([], (tch::Kind::Float, tch::Device::Cpu)),
                         master,
                         name,
                         param,
@@ -155,9 +161,16 @@ impl AdamW {
     /// Global L2 norm of all defined gradients before clipping; rescales them to `max_norm`
     /// when larger (OP-4). A non-finite norm is returned as is and nothing is rescaled.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
+        self.clip_grad_norm_where(max_norm, |_| true)
+    }
+
+    /// [`AdamW::clip_grad_norm`] over the gradients of the parameters whose name satisfies
+    /// `trainable` only (OP-5): the norm, and the rescaling, of what `step_where` will move.
+    pub fn clip_grad_norm_where(&mut self, max_norm: f64, trainable: impl Fn(&str) -> bool) -> f64 {
         let grads: Vec<Tensor> = self
             .params
             .iter()
+            .filter(|p| trainable(&p.name))
             .map(|p| p.param.grad())
             .filter(|g| g.defined())
             .collect();
@@ -193,7 +206,6 @@ impl AdamW {
     /// others keep their values and moments (OP-5, frozen parameter groups).
     pub fn step_where(&mut self, trainable: impl Fn(&str) -> bool) {
         self.steps += 1;
-        let t = self.steps as i32;
         let AdamWConfig {
             lr,
             beta1,
@@ -201,14 +213,16 @@ impl AdamW {
             eps,
             weight_decay,
         } = self.cfg;
-        let bc1 = 1.0 - beta1.powi(t);
-        let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
         tch::no_grad(|| {
             for p in &mut self.params {
                 let g = p.param.grad();
                 if !g.defined() || !trainable(&p.name) {
                     continue;
                 }
+                let _ = p.step.g_add_scalar_(1.0);
+                let t = p.step.double_value(&[]) as i32;
+                let bc1 = 1.0 - beta1.powi(t);
+                let bc2_sqrt = (1.0 - beta2.powi(t)).sqrt();
                 let g = g.to_kind(p.exp_avg.kind());
                 let mut w = p.weights();
                 if p.decay && weight_decay != 0.0 {
@@ -227,15 +241,17 @@ impl AdamW {
         });
     }
 
-    /// The state tensors in file order: moments of every parameter, then its master (OP-6).
+    /// The state tensors in file order: moments and step counter of every parameter, then its
+    /// master (OP-1, OP-6).
     fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let mut out = Vec::with_capacity(3 * self.params.len());
+        let mut out = Vec::with_capacity(4 * self.params.len());
         for p in &self.params {
             out.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
             out.push((
                 format!("{}.exp_avg_sq", p.name),
                 p.exp_avg_sq.shallow_clone(),
             ));
+            out.push((format!("{}.step", p.name), p.step.shallow_clone()));
             if let Some(m) = &p.master {
                 out.push((format!("{}.master", p.name), m.shallow_clone()));
             }
@@ -419,6 +435,49 @@ mod tests {
         opt.step_where(|n| n == "a");
         assert!(values(&a)[0] < 1.0);
         assert_eq!(values(&b)[0], 1.0);
+        // Per-parameter counters: b's bias correction has not moved.
+        let count = |opt: &AdamW, name: &str| {
+            opt.params
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| p.step.double_value(&[]))
+        };
+        assert_eq!((count(&opt, "a"), count(&opt, "b")), (Some(1.0), Some(0.0)));
+        // b's first real update is then exactly a fresh optimizer's first update.
+        let vs2 = nn::VarStore::new(Device::Cpu);
+        let b2 = vs2.root().var_copy("b", &Tensor::from_slice(&[1.0f32]));
+        let mut fresh = AdamW::new(&vs2, cfg(0.1, 0.0));
+        (&b2 * 3.0).sum(Kind::Float).backward();
+        fresh.step();
+        opt.zero_grad();
+        (&a * 2.0 + &b * 3.0).sum(Kind::Float).backward();
+        opt.step_where(|n| n == "b");
+        assert_eq!(values(&b), values(&b2));
+        let back = {
+            let mut o = AdamW::new(&vs, cfg(0.1, 0.0));
+            o.load_safetensors(&opt.to_safetensors().expect("save"))
+                .expect("load");
+            (count(&o, "a"), count(&o, "b"), o.steps())
+        };
+        assert_eq!(back, (Some(1.0), Some(1.0), 2), "OP-1: counters are state");
+    }
+
+    #[test]
+    fn op5_clip_where_measures_and_scales_only_what_moves() {
+        tch::set_num_threads(1);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let a = vs.root().var_copy("a", &Tensor::from_slice(&[1.0f32]));
+        let b = vs.root().var_copy("b", &Tensor::from_slice(&[1.0f32]));
+        let mut opt = AdamW::new(&vs, cfg(0.1, 0.0));
+        (&a * 3.0 + &b * 400.0).sum(Kind::Float).backward();
+        let norm = opt.clip_grad_norm_where(1.0, |n| n == "a");
+        assert!((norm - 3.0).abs() < 1e-6, "{norm}");
+        assert!((values(&a.grad())[0] - 1.0 / (3.0 + 1e-6) * 3.0).abs() < 1e-6);
+        assert_eq!(
+            values(&b.grad())[0],
+            400.0,
+            "a frozen gradient is left alone"
+        );
     }
 
     #[test]
