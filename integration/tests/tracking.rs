@@ -195,15 +195,21 @@ impl MlflowServer {
     }
 
     fn get(&self, path: &str, query: &[(&str, &str)]) -> serde_json::Value {
+        self.try_get(path, query)
+            .unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// A GET that may fail (e.g. 404 for an experiment keel has not created yet).
+    fn try_get(&self, path: &str, query: &[(&str, &str)]) -> Result<serde_json::Value, String> {
         let mut req = ureq::get(&format!("{}/api/2.0/mlflow/{path}", self.url));
         for (k, v) in query {
             req = req.query(*k, *v);
         }
         req.call()
-            .expect(path)
+            .map_err(|e| e.to_string())?
             .body_mut()
             .read_json()
-            .expect("json")
+            .map_err(|e| e.to_string())
     }
 
     fn post(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
@@ -215,12 +221,15 @@ impl MlflowServer {
             .expect("json")
     }
 
-    /// The run of keel run root `root` on `main`, if it exists.
+    /// The run of keel run root `root` on `main`, if it exists (None before keel has created
+    /// its experiment).
     fn run(&self, root: &Path) -> Option<serde_json::Value> {
-        let exp = self.get(
-            "experiments/get-by-name",
-            &[("experiment_name", "keel-test")],
-        );
+        let exp = self
+            .try_get(
+                "experiments/get-by-name",
+                &[("experiment_name", "keel-test")],
+            )
+            .ok()?;
         let id = exp["experiment"]["experiment_id"].as_str()?.to_string();
         let found = self.post(
             "runs/search",

@@ -432,10 +432,11 @@ impl Learner {
         let metric: Vec<f64> = batch.final_rewards.iter().map(|&r| f64::from(r)).collect();
         let (informative, uniform) = informative_groups(&batch.group_ids, &metric);
         let total = informative.len() + uniform.len();
+        // A filling filter (SAMPO) trains on the uniform groups its generator's last try kept.
         let active = self
             .preset
             .dynamic_sampling
-            .is_some_and(|d| self.updates >= d.cold_start_updates);
+            .is_some_and(|d| !d.fill_with_uniform && self.updates >= d.cold_start_updates);
         if !active || informative.is_empty() || uniform.is_empty() {
             return (None, total, total);
         }

@@ -365,6 +365,7 @@ impl LearnerConfig {
             let d = p.dynamic_sampling.get_or_insert(DynamicSampling {
                 max_tries: 3,
                 cold_start_updates: 0,
+                fill_with_uniform: false,
             });
             if let Some(t) = self.dynamic_sampling_tries {
                 d.max_tries = t;

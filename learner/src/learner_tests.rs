@@ -611,6 +611,32 @@ fn ds1_dapo_filters_uniform_groups_and_sampo_regularises_to_the_reference() {
     );
 }
 
+/// SAMPO follows ARL-Arena's trainer: the groups its generator's last dynamic-sampling try left
+/// uniform fill the batch and are trained on (DAPO drops them, above), and π_old is recomputed
+/// at the start of the update rather than taken from the behaviour log-probs.
+#[test]
+fn sampo_fills_with_uniform_groups_and_recomputes_pi_old() {
+    tch::set_num_threads(1);
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        dynamic_sampling_cold_start: Some(0),
+        ..LearnerConfig::for_preset(crate::Preset::Sampo)
+    };
+    let p = c.resolve();
+    assert_eq!(p.ratio_base, crate::algo::RatioBase::Recompute);
+    assert!(p.dynamic_sampling.is_some_and(|d| d.fill_with_uniform));
+    let mut l = Learner::new(tiny(false, 27), c, 27).expect("learner");
+    let batch = rl_batch(l.model());
+    let m = l.train_step(&batch).expect("sampo");
+    assert_eq!(
+        (m.groups_total, m.groups_kept),
+        (2.0, 2.0),
+        "the uniform group 8 fills the batch"
+    );
+    assert_eq!(m.tokens, batch.n_tokens);
+}
+
 #[test]
 fn sorl_reports_turn_ratios_and_sao_reports_the_dis_mask() {
     tch::set_num_threads(1);

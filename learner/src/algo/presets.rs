@@ -158,6 +158,11 @@ pub struct DynamicSampling {
     pub max_tries: usize,
     /// Updates before filtering starts.
     pub cold_start_updates: u64,
+    /// What happens to the groups still uniform after the last try: `true` trains on them too,
+    /// filling the batch (SAMPO's `filter_group_data`: informative groups first, then uniform
+    /// ones in order); `false` drops them (DAPO's filter).
+    #[serde(default)]
+    pub fill_with_uniform: bool,
 }
 
 /// DAPO overlong reward shaping.
@@ -349,7 +354,7 @@ impl Preset {
             Preset::Gspo => PresetConfig { policy_loss: PolicyLossKind::Gspo, clip: GSPO_CLIP, agg: AggMode::SeqMeanTokenMean, ..base() },
             Preset::Dapo => PresetConfig {
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(3.0) },
-                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
+                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0, fill_with_uniform: false }),
                 overlong: Some(Overlong { max_len: 20480, buffer: 4096, factor: 1.0 }),
                 weight_decay: 0.1,
                 runtime_notes: "the generator re-rolls groups whose rewards are all equal (same task, fresh sampling seed) up to max_tries; the learner then drops the groups still uniform".into(),
@@ -363,9 +368,11 @@ impl Preset {
                 kl_loss: Some(KlLoss { estimator: KlEstimator::K3, coef: 0.01 }),
                 entropy_coef: 0.001,
                 invalid_action_penalty: 0.1,
-                dynamic_sampling: Some(DynamicSampling { max_tries: 3, cold_start_updates: 15 }),
+                dynamic_sampling: Some(DynamicSampling { max_tries: 3, cold_start_updates: 15, fill_with_uniform: true }),
+                // SAMPO's trainer recomputes π_old before the update (spec §2.4, §9).
+                ratio_base: RatioBase::Recompute,
                 turn_records: true,
-                runtime_notes: "layout P over stored layout-C trajectories: GSPO's ratio and seq-mean-token-mean are per turn record; GiGPO step groups use the env's anchor keys stored with each turn; the generator re-rolls uniform groups (dynamic sampling) with the same task seed".into(),
+                runtime_notes: "layout P over stored layout-C trajectories: GSPO's ratio and seq-mean-token-mean are per turn record; GiGPO step groups use the env's anchor keys stored with each turn; the generator re-rolls uniform groups (dynamic sampling) with the same task seed, and the groups still uniform after the last try are trained on (the reference's fill rule); π_old is recomputed at the start of the update".into(),
                 ..base()
             },
             Preset::Sao => PresetConfig {
@@ -389,7 +396,7 @@ impl Preset {
                 policy_loss: PolicyLossKind::Armor { mix_ratio: 0.9375 },
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
                 ratio_base: RatioBase::Recompute,
-                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0 }),
+                dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0, fill_with_uniform: false }),
                 runtime_notes: "reference = the weights at the first RL update (or --reference); generators sample rollout.anchor_episodes per task from it, the first correct one joins the group with source = anchor; learner.reference_reset_every copies the policy into the reference and records it in the lineage".into(),
                 ..base()
             },
