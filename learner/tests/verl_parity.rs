@@ -101,6 +101,31 @@ impl Diffs {
         self.note(what, worst);
     }
 
+    /// Compares the scalar `loss` with `verl_loss` and its gradient with respect to `wrt` with
+    /// `verl_grad`, as `<what>` and `<what> gradient`.
+    fn loss_and_grad(
+        &mut self,
+        what: &str,
+        name: &str,
+        loss: &Tensor,
+        wrt: &Tensor,
+        verl_loss: &Value,
+        verl_grad: &Value,
+    ) {
+        self.scalar(
+            &format!("{what}:{name}"),
+            loss.double_value(&[]),
+            num(verl_loss),
+        );
+        let grad = Tensor::run_backward(&[loss], &[wrt], false, false);
+        self.tensor(
+            &format!("{what} gradient:{name}"),
+            &grad[0],
+            verl_grad,
+            None,
+        );
+    }
+
     fn note(&mut self, what: &str, d: f64) {
         let key = what.split(':').next().unwrap_or(what).to_string();
         match self.0.iter_mut().find(|(k, _)| *k == key) {
@@ -178,18 +203,7 @@ fn policy_losses_and_their_gradients_match_verl() {
             // verl's bypass mode, loss_type "reinforce" (behaviour log-probs as `old`).
             let per_token = reinforce_loss(&lp, &old, &adv, &mask, case["is_threshold"].as_f64());
             let loss = agg_loss_local(&per_token, &mask, mode(&case["agg_mode"]), None);
-            diffs.scalar(
-                &format!("{what}:{name}"),
-                loss.double_value(&[]),
-                num(&case["loss"]),
-            );
-            let grad = Tensor::run_backward(&[&loss], &[&lp], false, false);
-            diffs.tensor(
-                &format!("{what} gradient:{name}"),
-                &grad[0],
-                &case["grad"],
-                None,
-            );
+            diffs.loss_and_grad(&what, name, &loss, &lp, &case["loss"], &case["grad"]);
             diffs.scalar(
                 &format!("ppo_kl:{name}"),
                 masked_mean_value(&(&old - lp.detach()), &mask),
@@ -203,18 +217,7 @@ fn policy_losses_and_their_gradients_match_verl() {
             other => panic!("unknown policy loss kind {other}"),
         };
         let loss = agg_loss_local(&out.loss, &mask, mode(&case["agg_mode"]), None);
-        diffs.scalar(
-            &format!("{what}:{name}"),
-            loss.double_value(&[]),
-            num(&case["loss"]),
-        );
-        let grad = Tensor::run_backward(&[&loss], &[&lp], false, false);
-        diffs.tensor(
-            &format!("{what} gradient:{name}"),
-            &grad[0],
-            &case["grad"],
-            None,
-        );
+        diffs.loss_and_grad(&what, name, &loss, &lp, &case["loss"], &case["grad"]);
         let s = out.stats;
         diffs.scalar(
             &format!("pg_clipfrac:{name}"),
@@ -256,18 +259,8 @@ fn kl_estimators_match_verl_with_their_clamps_and_straight_through_gradients() {
             "{name}: masked_kl is 0 at mask-0 positions (KL-4)"
         );
         let mean = agg_loss_local(&masked, &mask, AggMode::TokenMean, None);
-        diffs.scalar(
-            &format!("kl_penalty token-mean:{name}"),
-            mean.double_value(&[]),
-            num(&case["token_mean"]),
-        );
-        let grad = Tensor::run_backward(&[&mean], &[&lp], false, false);
-        diffs.tensor(
-            &format!("kl_penalty gradient:{name}"),
-            &grad[0],
-            &case["grad"],
-            None,
-        );
+        let what = "kl_penalty token-mean";
+        diffs.loss_and_grad(what, name, &mean, &lp, &case["token_mean"], &case["grad"]);
     }
     diffs.report();
 }
@@ -358,22 +351,12 @@ fn value_loss_and_vf_clipfrac_match_verl() {
             &AggDenominators::of(&mask, None),
         );
         diffs.scalar(
-            &format!("compute_value_loss:{name}"),
-            loss.double_value(&[]),
-            num(&case["loss"]),
-        );
-        diffs.scalar(
             &format!("vf_clipfrac:{name}"),
             value_clip_frac(&vp, &old, &ret, &mask, clip),
             num(&case["vf_clipfrac"]),
         );
-        let grad = Tensor::run_backward(&[&loss], &[&vp], false, false);
-        diffs.tensor(
-            &format!("compute_value_loss gradient:{name}"),
-            &grad[0],
-            &case["grad"],
-            None,
-        );
+        let what = "compute_value_loss";
+        diffs.loss_and_grad(what, name, &loss, &vp, &case["loss"], &case["grad"]);
     }
     diffs.report();
 }
