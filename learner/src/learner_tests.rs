@@ -491,17 +491,7 @@ fn cr1_a_given_critic_is_checked_and_only_for_separate_critics() {
 fn op6_a_bf16_learner_trains_and_resumes_bit_identically() {
     tch::set_num_threads(1);
     let bf16 = |seed: u64| {
-        let shape = crate::model::TinyShape {
-            vocab_size: 12,
-            context_len: 32,
-            n_layer: 2,
-            d_model: 32,
-            n_head: 4,
-            bos_token_id: 1,
-            eos_token_id: 2,
-            pad_token_id: 0,
-        };
-        let spec = crate::model::ModelSpec::tiny(&shape, Device::Cpu, seed, false).expect("spec");
+        let spec = crate::model::test_models::tiny_spec(12, false, seed);
         crate::model::ModelSpec {
             kind: Kind::BFloat16,
             ..spec

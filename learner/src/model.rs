@@ -459,8 +459,9 @@ mod tests {
 pub(crate) mod test_models {
     use super::*;
 
-    /// A tiny Llama-shaped model over `vocab` ids (2 layers, width 32, 4 heads), CPU f32.
-    pub(crate) fn tiny(vocab: usize, value_head: bool, seed: u64) -> HfModel {
+    /// The spec of a tiny Llama-shaped model over `vocab` ids (2 layers, width 32, 4 heads),
+    /// CPU f32.
+    pub(crate) fn tiny_spec(vocab: usize, value_head: bool, seed: u64) -> ModelSpec {
         let shape = TinyShape {
             vocab_size: vocab,
             context_len: 32,
@@ -471,8 +472,13 @@ pub(crate) mod test_models {
             eos_token_id: 2,
             pad_token_id: 0,
         };
-        ModelSpec::tiny(&shape, Device::Cpu, seed, value_head)
-            .and_then(|s| s.build())
+        ModelSpec::tiny(&shape, Device::Cpu, seed, value_head).expect("tiny spec")
+    }
+
+    /// [`tiny_spec`], built.
+    pub(crate) fn tiny(vocab: usize, value_head: bool, seed: u64) -> HfModel {
+        tiny_spec(vocab, value_head, seed)
+            .build()
             .expect("tiny model")
     }
 }
