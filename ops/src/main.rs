@@ -40,7 +40,12 @@ fn init_tracing(cli: &Cli) {
     use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_logs(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ));
     let fmt = if cli.log_json {
         fmt.json().boxed()
     } else {
@@ -52,6 +57,12 @@ fn init_tracing(cli: &Cli) {
         .with(fmt.with_filter(filter))
         .with(counter)
         .init();
+}
+
+/// Whether log lines carry ANSI colours: only on a terminal, and not when `NO_COLOR` is set to
+/// anything non-empty (no-color.org).
+fn colour_logs(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
@@ -327,4 +338,24 @@ fn ckpt_list(run_root: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_logs;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour_logs(true, None));
+        assert!(
+            !colour_logs(false, None),
+            "a file or a pipe gets plain text"
+        );
+        assert!(!colour_logs(true, Some(OsStr::new("1"))), "NO_COLOR=1");
+        assert!(
+            colour_logs(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+    }
 }

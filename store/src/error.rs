@@ -161,7 +161,7 @@ pub enum StoreError {
     /// A checkpoint's manifest, HEAD or blobs are inconsistent.
     #[error(
         "checkpoint {id} is corrupt: {reason}; resume from an earlier checkpoint \
-         (see list_checkpoints) or repair the run root"
+         (`keel ckpt list RUN_ROOT` shows them) or repair the run root"
     )]
     CorruptCheckpoint {
         /// The checkpoint id.
