@@ -110,7 +110,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("pats.dedup_jaccard", "(0, 1]", "PATS: word-Jaccard at or above which a proposed entry duplicates an existing one."),
     k("pats.max_entry_words", ">= 1", "PATS: most words of one entry."),
     k("pats.history_len", ">= 1", "PATS: review decisions kept in the persisted scaffold state."),
-    k("pats.reviewer_url", "empty or http(s)://...", "PATS: an HTTP reviewer (e.g. an LLM service) that answers each review request with edits (protocol: envs/src/scaffold/http_reviewer.rs); empty = the deterministic rule reviewer. Edits are validated either way."),
+    k("pats.reviewer_url", "empty or http://...", "PATS: an HTTP reviewer (e.g. an LLM service) that answers each review request with edits (protocol: envs/src/scaffold/http_reviewer.rs); empty = the deterministic rule reviewer. Edits are validated either way."),
     k("pats.reviewer_timeout_ms", ">= 1", "PATS: deadline of one HTTP review; a failed review leaves the bank unchanged and training goes on."),
     k("agent_models", "array of tables", "Dr. MAS: [[agent_models]] agents = [1], lr = ..., clip_low/clip_high/entropy_coef = ...: a separate model with its own optimizer for those agents (others use the main model)."),
 ];

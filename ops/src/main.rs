@@ -29,9 +29,26 @@ fn main() {
     let cli = Cli::parse();
     init_tracing(&cli);
     if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, outermost first, each said once: many errors print their source
+/// inline, so a cause whose text is already in the line is not repeated.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn init_tracing(cli: &Cli) {
@@ -266,7 +283,7 @@ fn train(args: cli::TrainArgs) -> Result<()> {
         store_retries::export(&metrics);
         match pushgateway::push(&url, &run, metrics.render()) {
             Ok(()) => eprintln!("metrics pushed to {}", pushgateway::group_url(&url, &run)),
-            Err(e) => eprintln!("warning: {e:#}"),
+            Err(e) => eprintln!("warning: {}", error_chain(&e)),
         }
     }
     let outcome = result?;
@@ -342,8 +359,32 @@ fn ckpt_list(run_root: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::colour_logs;
+    use super::{colour_logs, error_chain};
     use std::ffi::OsStr;
+
+    #[test]
+    fn an_error_says_each_cause_once_outermost_first() {
+        let io =
+            || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        // A store error that prints its source inline, under a context that does too.
+        let e = anyhow::Error::new(keel_store::StoreError::LocalIo {
+            path: "runs/x".into(),
+            source: io(),
+        })
+        .context(format!(
+            "cannot open runs/x: local run root runs/x: {}",
+            io()
+        ))
+        .context("cannot resume");
+        let text = error_chain(&e);
+        assert_eq!(text.matches("connection refused").count(), 1, "{text}");
+        assert!(
+            text.starts_with("cannot resume: cannot open runs/x"),
+            "{text}"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
+    }
 
     #[test]
     fn logs_are_coloured_only_on_a_terminal_without_no_color() {

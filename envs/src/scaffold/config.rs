@@ -99,8 +99,13 @@ impl ScaffoldConfig {
             return Err(bad("max_entry_words", 0, "a positive integer"));
         }
         let url = &self.reviewer_url;
-        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
-            return Err(bad("reviewer_url", url, "empty or an http(s):// URL"));
+        // The reviewer client has no TLS: an https:// URL would fail on every review.
+        if !url.is_empty() && !url.starts_with("http://") {
+            return Err(bad(
+                "reviewer_url",
+                url,
+                "empty or an http:// URL (the reviewer client has no TLS; put an https service behind a local proxy)",
+            ));
         }
         if self.reviewer_timeout_ms == 0 {
             return Err(bad("reviewer_timeout_ms", 0, "a positive integer"));

@@ -153,7 +153,12 @@ fn spec_constants() {
 #[test]
 fn config_validation_names_the_field() {
     type Break = fn(&mut ScaffoldConfig);
-    let cases: [(Break, &str); 6] = [
+    let cases: [(Break, &str); 8] = [
+        (
+            |c| c.reviewer_url = "https://reviewer.example".into(),
+            "reviewer_url",
+        ),
+        (|c| c.reviewer_url = "reviewer:8080".into(), "reviewer_url"),
         (|c| c.alpha = 0.0, "alpha"),
         (|c| c.alpha = f64::NAN, "alpha"),
         (|c| c.compress_threshold = 0.2, "compress_threshold"),
