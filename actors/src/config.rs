@@ -432,9 +432,26 @@ impl TrainConfig {
         Ok(cfg)
     }
 
-    /// The effective configuration as TOML.
+    /// The effective configuration as TOML, as a person or a tracker may see it: URL
+    /// credentials redacted (RD-1).
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+        toml::to_string_pretty(&self.redacted())
+            .unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    /// This configuration with the user info of every URL key replaced by `***` (RD-1): what
+    /// `keel config show`, TensorBoard and MLflow get. The run itself uses the real values.
+    pub fn redacted(&self) -> TrainConfig {
+        let mut c = self.clone();
+        for url in [
+            &mut c.env.url,
+            &mut c.metrics.pushgateway_url,
+            &mut c.pats.reviewer_url,
+            &mut c.tracking.mlflow_url,
+        ] {
+            *url = keel_envs::redact_url(url);
+        }
+        c
     }
 
     /// Checks every value's range (CF-3).
@@ -553,7 +570,10 @@ impl TrainConfig {
         if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
             return Err(range_err(
                 "metrics.pushgateway_url",
-                format!("must be empty or start with http:// or https://, got {url:?}"),
+                format!(
+                    "must be empty or start with http:// or https://, got {:?}",
+                    keel_envs::redact_url(url)
+                ),
             ));
         }
         let g = &self.guard;
@@ -613,7 +633,10 @@ impl TrainConfig {
         if !url.is_empty() && !url.starts_with("http://") {
             return Err(range_err(
                 "tracking.mlflow_url",
-                format!("must be an http:// URL (keel's MLflow client has no TLS; put an https server behind a local proxy), got {url:?}"),
+                format!(
+                    "must be an http:// URL (keel's MLflow client has no TLS; put an https server behind a local proxy), got {:?}",
+                    keel_envs::redact_url(url)
+                ),
             ));
         }
         if !self.model.critic_path.is_empty() {

@@ -59,7 +59,7 @@ impl ExternalConfig {
             return Err(EnvError::InvalidConfig {
                 env: "external",
                 field: "url",
-                value: self.url.clone(),
+                value: crate::redact_url(&self.url),
                 expected: "an http:// base URL of an env server",
             });
         }
@@ -152,7 +152,7 @@ impl ExternalEnv {
 
     fn err(&self, reason: String) -> EnvError {
         EnvError::External {
-            url: self.cfg.url.clone(),
+            url: crate::redact_url(&self.cfg.url),
             reason,
         }
     }

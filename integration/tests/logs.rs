@@ -31,3 +31,92 @@ fn logs_written_to_a_file_carry_no_colour_codes() {
         "ANSI escape codes in piped logs:\n{text}"
     );
 }
+
+/// Every file under `dir`, recursively.
+fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Credentials in configured URLs (RD-1) reach no output of a run: not `keel config show`, not
+/// the logs and messages of `keel train` (a Pushgateway and an MLflow server that are both
+/// down, so their errors are printed), not the run root (metrics.jsonl, checkpoints, the
+/// TensorBoard config text).
+#[test]
+fn url_credentials_appear_in_no_output_of_a_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let config = dir.path().join("secret.toml");
+    let text = tiny_config(2, 1, "sync", 0).replace(
+        "[metrics]",
+        "[metrics]\npushgateway_url = \"http://alice:s3cret@127.0.0.1:1\"",
+    );
+    assert!(
+        text.contains("pushgateway_url"),
+        "the tiny config has a [metrics] section"
+    );
+    std::fs::write(
+        &config,
+        format!("{text}\n[tracking]\ntensorboard = true\nflush_every_steps = 1\nmlflow_url = \"http://alice:s3cret@127.0.0.1:{port}\"\n"),
+    )
+    .expect("config");
+    let root = dir.path().join("run");
+    let show = Command::new(keel_bin())
+        .args(["config", "show", "--config"])
+        .arg(&config)
+        .output()
+        .expect("config show");
+    let train = Command::new(keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(&config)
+        .arg("--run-root")
+        .arg(&root)
+        .env("KEEL_LOG", "debug")
+        .output()
+        .expect("run keel train");
+    let mut seen: Vec<(String, Vec<u8>)> = vec![
+        ("config show stdout".into(), show.stdout.clone()),
+        ("config show stderr".into(), show.stderr.clone()),
+        ("train stdout".into(), train.stdout.clone()),
+        ("train stderr".into(), train.stderr.clone()),
+    ];
+    assert!(
+        show.status.success() && train.status.success(),
+        "{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&show.stdout).contains("***@127.0.0.1"),
+        "config show keeps the rest of the URL"
+    );
+    for f in files(&root) {
+        let bytes = std::fs::read(&f).expect("read");
+        seen.push((f.display().to_string(), bytes));
+    }
+    assert!(
+        seen.iter().any(|(n, _)| n.contains("tfevents")),
+        "TensorBoard wrote nothing"
+    );
+    for (name, bytes) in &seen {
+        let text = String::from_utf8_lossy(bytes);
+        assert!(
+            !text.contains("s3cret") && !text.contains("alice"),
+            "{name} shows the URL credentials:\n{}",
+            text.lines()
+                .filter(|l| l.contains("s3cret") || l.contains("alice"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}

@@ -282,7 +282,10 @@ fn train(args: cli::TrainArgs) -> Result<()> {
         // Batch jobs: the final values outlive the process (PG-1), also when the run failed.
         store_retries::export(&metrics);
         match pushgateway::push(&url, &run, metrics.render()) {
-            Ok(()) => eprintln!("metrics pushed to {}", pushgateway::group_url(&url, &run)),
+            Ok(()) => eprintln!(
+                "metrics pushed to {}",
+                keel_envs::redact_url(&pushgateway::group_url(&url, &run))
+            ),
             Err(e) => eprintln!("warning: {}", error_chain(&e)),
         }
     }

@@ -4,7 +4,7 @@
 //! text exposition to `<url>/metrics/job/keel/run/<run>`); a failed push is reported as an error
 //! but never loses the run's results (they are in the run root already).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 /// The Pushgateway URL of run `run`'s group under base URL `base`.
 pub fn group_url(base: &str, run: &str) -> String {
@@ -14,6 +14,7 @@ pub fn group_url(base: &str, run: &str) -> String {
 /// PUTs `text` (Prometheus text format) to the group of `run` (PG-1).
 pub fn push(base: &str, run: &str, text: String) -> Result<()> {
     let url = group_url(base, run);
+    let shown = keel_envs::redact_url(&url);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -25,12 +26,13 @@ pub fn push(base: &str, run: &str, text: String) -> Result<()> {
             .timeout(std::time::Duration::from_secs(30))
             .send()
             .await
-            .with_context(|| format!("cannot push metrics to {url}"))?;
+            // reqwest's message names the URL, credentials included: drop it, ours is redacted.
+            .map_err(|e| anyhow::anyhow!("cannot push metrics to {shown}: {}", e.without_url()))?;
         let status = response.status();
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
             bail!(
-                "the Pushgateway at {url} answered {status}: {}",
+                "the Pushgateway at {shown} answered {status}: {}",
                 body.trim()
             );
         }

@@ -120,8 +120,9 @@ pub fn from_config(
 ) -> Vec<Box<dyn Tracker>> {
     let t = &cfg.tracking;
     let mut out: Vec<Box<dyn Tracker>> = Vec::new();
+    let shown = cfg.redacted();
     if t.tensorboard {
-        let text = toml::to_string(cfg).unwrap_or_default();
+        let text = shown.to_toml();
         out.push(Box::new(tensorboard::TensorBoardWriter::open(
             store.clone(),
             io.clone(),
@@ -136,7 +137,7 @@ pub fn from_config(
             name: cfg.run.name.clone(),
             preset: cfg.learner.algo.name(),
             env: cfg.env.name.clone(),
-            params: flatten_config(&serde_json::to_value(cfg).unwrap_or_default()),
+            params: flatten_config(&serde_json::to_value(&shown).unwrap_or_default()),
         };
         out.push(Box::new(mlflow::MlflowTracker::new(
             &t.mlflow_url,

@@ -103,7 +103,7 @@ impl ScaffoldConfig {
         if !url.is_empty() && !url.starts_with("http://") {
             return Err(bad(
                 "reviewer_url",
-                url,
+                crate::redact_url(url),
                 "empty or an http:// URL (the reviewer client has no TLS; put an https service behind a local proxy)",
             ));
         }

@@ -25,6 +25,8 @@ use super::reviewer::{ReviewRequest, Reviewer};
 /// A reviewer behind an HTTP endpoint (module doc).
 pub struct HttpReviewer {
     url: String,
+    /// `url` as messages show it, credentials redacted (RD-1).
+    shown: String,
     agent: ureq::Agent,
 }
 
@@ -43,13 +45,14 @@ impl HttpReviewer {
             .into();
         HttpReviewer {
             url: url.to_string(),
+            shown: crate::redact_url(url),
             agent,
         }
     }
 
     fn fail(&self, reason: String) -> ScaffoldError {
         ScaffoldError::Reviewer {
-            reviewer: format!("http {}", self.url),
+            reviewer: format!("http {}", self.shown),
             reason,
         }
     }
@@ -57,7 +60,7 @@ impl HttpReviewer {
 
 impl Reviewer for HttpReviewer {
     fn name(&self) -> &str {
-        &self.url
+        &self.shown
     }
 
     fn review(&mut self, request: &ReviewRequest) -> Result<Vec<Edit>, ScaffoldError> {
