@@ -34,6 +34,8 @@
 //!   bytes already there succeeds (the first attempt landed).
 //! - ST-8: two branches never share a batch object: batch keys live under the branch's own
 //!   prefix, so branches of one run root can train at the same time.
+//! - ST-11: an `http://` S3 endpoint that is not loopback is used, with a warning that
+//!   credentials and data travel unencrypted.
 //! - ST-10: a local write that was killed leaves at most a staging file `<key>#<n>` beside its
 //!   key ('#' is never in a key, KY-1): listings never show it, and
 //!   [`RunStore::remove_interrupted_writes`] removes it.
@@ -539,6 +541,22 @@ fn s3_retry() -> RetryConfig {
     }
 }
 
+/// Whether `endpoint` is plain `http://` to a host other than loopback (warned about, ST-11).
+fn plaintext_remote(endpoint: &str) -> bool {
+    let Ok(url) = url::Url::parse(endpoint) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => !ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => !ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d != "localhost",
+        None => false,
+    }
+}
+
 /// Sets the bucket and, for an `http://` endpoint (a local S3-compatible server), allows plain
 /// HTTP and uses path-style requests.
 fn configure_s3(builder: AmazonS3Builder, bucket: &str) -> AmazonS3Builder {
@@ -546,6 +564,12 @@ fn configure_s3(builder: AmazonS3Builder, bucket: &str) -> AmazonS3Builder {
     let endpoint = builder
         .get_config_value(&AmazonS3ConfigKey::S3Endpoint)
         .or_else(|| builder.get_config_value(&AmazonS3ConfigKey::Endpoint));
+    if endpoint.as_deref().is_some_and(plaintext_remote) {
+        tracing::warn!(
+            endpoint = %endpoint.as_deref().unwrap_or_default(),
+            "the S3 endpoint is plain HTTP and not on this machine: credentials and data travel unencrypted; use https:// unless the network is private"
+        );
+    }
     if endpoint.is_some_and(|e| e.starts_with("http://")) {
         builder
             .with_allow_http(true)

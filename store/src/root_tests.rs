@@ -284,3 +284,23 @@ async fn st10_interrupted_local_writes_are_unlisted_and_removable() {
         Err(StoreError::InvalidKey { .. })
     ));
 }
+
+#[test]
+fn st11_plaintext_endpoints_off_this_machine_are_flagged() {
+    for remote in [
+        "http://10.0.0.5:8333",
+        "http://s3.example.com",
+        "http://[2001:db8::1]:9000",
+    ] {
+        assert!(plaintext_remote(remote), "{remote}");
+    }
+    for fine in [
+        "http://127.0.0.1:8333",
+        "http://localhost:9000",
+        "http://[::1]:9000",
+        "https://s3.example.com",
+        "not a url",
+    ] {
+        assert!(!plaintext_remote(fine), "{fine}");
+    }
+}
