@@ -17,6 +17,9 @@
 //!   older ones are dropped first. At the end the run is marked `FINISHED`, and no
 //!   request starts later than [`FINISH_WITHIN`] after the job ended: a server that is down
 //!   delays the end of a job by at most that and one request's timeout.
+//! - ML-3 (no duplicates from retries): before a batch of metrics is sent again, the run is
+//!   asked whether the batch's first point is already there (an attempt whose answer was lost,
+//!   e.g. to a timeout, may have landed); if so it is not sent again.
 
 use std::time::{Duration, Instant};
 
@@ -147,8 +150,19 @@ impl MlflowTracker {
         branch: &str,
         flush_every: u64,
     ) -> Self {
+        Self::with_timeout(url, experiment, id, branch, flush_every, REQUEST_TIMEOUT)
+    }
+
+    fn with_timeout(
+        url: &str,
+        experiment: &str,
+        id: RunIdentity,
+        branch: &str,
+        flush_every: u64,
+        timeout: Duration,
+    ) -> Self {
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(REQUEST_TIMEOUT))
+            .timeout_global(Some(timeout))
             .http_status_as_error(false)
             .build()
             .into();
@@ -182,6 +196,19 @@ impl MlflowTracker {
         body: Option<&Value>,
         query: &[(&str, &str)],
     ) -> Result<Value, MlflowError> {
+        self.call_unless(path, body, query, &|| false)
+    }
+
+    /// [`Self::call`], asking `landed` before every retry whether the previous attempt took
+    /// effect although its answer was lost (a timeout under load); then it is not sent again
+    /// (ML-3).
+    fn call_unless(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+        query: &[(&str, &str)],
+        landed: &dyn Fn() -> bool,
+    ) -> Result<Value, MlflowError> {
         let url = format!("{}/api/2.0/mlflow/{path}", self.url);
         let mut backoff = Duration::from_millis(200);
         let mut last = String::new();
@@ -194,6 +221,9 @@ impl MlflowTracker {
             if attempt > 0 {
                 std::thread::sleep(backoff);
                 backoff *= 2;
+                if landed() {
+                    return Ok(Value::Null);
+                }
             }
             let sent = match body {
                 Some(b) => self.agent.post(&url).send_json(b),
@@ -384,11 +414,36 @@ impl MlflowTracker {
                 .map(|p| json!({"key": p.key, "value": p.value, "timestamp": p.timestamp_ms, "step": p.step}))
                 .collect();
             let body = json!({"run_id": run_id, "metrics": metrics});
-            if let Err(e) = self.call("runs/log-batch", Some(&body), &[]) {
+            // A batch is one transaction on the server: its first point tells whether it landed.
+            let landed = || self.has_point(&run_id, &chunk[0]);
+            if let Err(e) = self.call_unless("runs/log-batch", Some(&body), &[], &landed) {
                 tracing::warn!(error = %e, "mlflow: a batch of metrics was dropped");
                 self.dropped += chunk.iter().map(|p| p.events).sum::<u64>();
             }
         }
+    }
+
+    /// Whether run `run_id` already holds `p` (same key, step and timestamp), asked once.
+    fn has_point(&self, run_id: &str, p: &Point) -> bool {
+        let url = format!("{}/api/2.0/mlflow/metrics/get-history", self.url);
+        let answer = self
+            .agent
+            .get(&url)
+            .query("run_id", run_id)
+            .query("metric_key", &p.key)
+            .call()
+            .ok()
+            .filter(|r| r.status().is_success())
+            .and_then(|mut r| r.body_mut().read_json::<Value>().ok());
+        answer.is_some_and(|h| {
+            h["metrics"].as_array().is_some_and(|ms| {
+                // int64 fields may come as JSON strings (protobuf's JSON mapping).
+                let int = |v: &Value| v.as_u64().or_else(|| v.as_str()?.parse().ok());
+                ms.iter().any(|m| {
+                    int(&m["step"]) == Some(p.step) && int(&m["timestamp"]) == Some(p.timestamp_ms)
+                })
+            })
+        })
     }
 
     /// Drops the oldest points beyond [`MAX_PENDING`] (ML-2).
@@ -485,5 +540,95 @@ impl Tracker for MlflowTracker {
             }
         }
         std::mem::take(&mut self.dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::{Arc, Mutex};
+
+    /// An HTTP server on loopback (a thread per connection) that stores the first
+    /// `runs/log-batch` but answers it only after `delay` (a lost answer), answers
+    /// `metrics/get-history` from what it stored, and counts the log-batch requests it got.
+    fn slow_first_batch(delay: Duration) -> (String, Arc<Mutex<(usize, Vec<Value>)>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(Mutex::new((0usize, Vec::new())));
+        let seen = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(8).flatten() {
+                let seen = seen.clone();
+                // One thread per connection: the history is answered while a batch sleeps.
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                    let mut line = String::new();
+                    let _ = reader.read_line(&mut line);
+                    let mut length = 0;
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    let _ = reader.read_exact(&mut body);
+                    let answer = if line.contains("runs/log-batch") {
+                        let first = {
+                            let mut s = seen.lock().expect("lock");
+                            s.0 += 1;
+                            if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                                s.1.extend(v["metrics"].as_array().cloned().unwrap_or_default());
+                            }
+                            s.0 == 1
+                        };
+                        if first {
+                            std::thread::sleep(delay);
+                        }
+                        "{}".to_string()
+                    } else {
+                        json!({"metrics": seen.lock().expect("lock").1.clone()}).to_string()
+                    };
+                    let mut out = stream;
+                    let _ = write!(
+                    out,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                });
+            }
+        });
+        (url, state)
+    }
+
+    #[test]
+    fn ml3_a_batch_whose_answer_was_lost_is_not_sent_again() {
+        let (url, state) = slow_first_batch(Duration::from_millis(600));
+        let id = RunIdentity {
+            root: "r".into(),
+            name: "n".into(),
+            preset: "grpo".into(),
+            env: "calc".into(),
+            params: vec![],
+        };
+        let mut t =
+            MlflowTracker::with_timeout(&url, "", id, "main", 1, Duration::from_millis(200));
+        t.run_id = Some("run".into());
+        t.point(
+            3,
+            vec![("rollout/success".into(), 0.5), ("train/loss".into(), 1.0)],
+        );
+        t.send();
+        let (batches, stored) = {
+            let s = state.lock().expect("lock");
+            (s.0, s.1.len())
+        };
+        assert_eq!(batches, 1, "the batch that landed was sent again");
+        assert_eq!(stored, 2);
+        assert_eq!(t.take_dropped(), 0);
     }
 }
