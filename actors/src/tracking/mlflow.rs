@@ -552,7 +552,10 @@ mod tests {
     /// An HTTP server on loopback (a thread per connection) that stores the first
     /// `runs/log-batch` but answers it only after `delay` (a lost answer), answers
     /// `metrics/get-history` from what it stored, and counts the log-batch requests it got.
-    fn slow_first_batch(delay: Duration) -> (String, Arc<Mutex<(usize, Vec<Value>)>>) {
+    /// What the server saw: log-batch requests and the metrics they carried.
+    type Seen = Arc<Mutex<(usize, Vec<Value>)>>;
+
+    fn slow_first_batch(delay: Duration) -> (String, Seen) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let state = Arc::new(Mutex::new((0usize, Vec::new())));
