@@ -51,6 +51,15 @@ pub fn tiny_config_unguarded(steps: u64, checkpoint_every: u64, mode: &str, boun
     )
 }
 
+/// A loopback port nothing listens on right now (for a server the test starts, or for one that
+/// must be unreachable).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// The S3 endpoint of the test SeaweedFS server.
 pub fn s3_endpoint() -> String {
     std::env::var("KEEL_TEST_S3_ENDPOINT").unwrap_or_else(|_| {

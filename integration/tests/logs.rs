@@ -3,7 +3,7 @@
 
 use std::process::{Command, Stdio};
 
-use keel_integration::{keel_bin, tiny_config};
+use keel_integration::{free_port, keel_bin, tiny_config};
 
 #[test]
 fn logs_written_to_a_file_carry_no_colour_codes() {
@@ -53,10 +53,7 @@ fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn url_credentials_appear_in_no_output_of_a_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let config = dir.path().join("secret.toml");
     let text = tiny_config(2, 1, "sync", 0).replace(
         "[metrics]",

@@ -3,17 +3,12 @@
 //! the shipped alert rules.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{keel_bin, tiny_config};
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("addr").port()
-}
+use keel_integration::{free_port, keel_bin, tiny_config};
 
 /// Kills the child on drop (by its PID), so a failing assertion never leaves a server running.
 struct Killed(Child);

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{checkpoints, log_tail, python, run_train, spawn_train, tiny_config};
+use keel_integration::{
+    checkpoints, free_port, log_tail, python, run_train, spawn_train, tiny_config,
+};
 
 /// A tiny GRPO run of `steps` steps, checkpoints every 3, trackers delivering every step.
 fn config(dir: &Path, steps: u64, tracking: &str) -> PathBuf {
@@ -157,10 +159,7 @@ struct MlflowServer {
 
 impl MlflowServer {
     fn start(dir: &Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
         let child = Command::new(py)
             .args([
@@ -328,10 +327,7 @@ fn mlflow_gets_one_run_with_params_metrics_and_tags_and_a_resume_logs_no_step_tw
 #[test]
 fn an_unreachable_mlflow_server_never_stops_training() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = free_port();
     let cfg = config(
         dir.path(),
         4,

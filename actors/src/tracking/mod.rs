@@ -120,9 +120,9 @@ pub fn from_config(
 ) -> Vec<Box<dyn Tracker>> {
     let t = &cfg.tracking;
     let mut out: Vec<Box<dyn Tracker>> = Vec::new();
-    let shown = cfg.redacted();
     if t.tensorboard {
-        let text = shown.to_toml();
+        // Both trackers get the config as a person sees it: URL credentials redacted (RD-1).
+        let text = cfg.to_toml();
         out.push(Box::new(tensorboard::TensorBoardWriter::open(
             store.clone(),
             io.clone(),
@@ -137,7 +137,7 @@ pub fn from_config(
             name: cfg.run.name.clone(),
             preset: cfg.learner.algo.name(),
             env: cfg.env.name.clone(),
-            params: flatten_config(&serde_json::to_value(&shown).unwrap_or_default()),
+            params: flatten_config(&serde_json::to_value(cfg.redacted()).unwrap_or_default()),
         };
         out.push(Box::new(mlflow::MlflowTracker::new(
             &t.mlflow_url,
