@@ -858,6 +858,7 @@ impl Controller {
                         (act.s.events)(&TrainEvent::Checkpoint {
                             id: manifest.id.clone(),
                             step: version,
+                            parent: manifest.parent.clone(),
                         });
                         if resets_reference {
                             act.s.reference = Some(manifest.id.clone());

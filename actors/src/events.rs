@@ -108,6 +108,8 @@ pub enum TrainEvent {
         id: String,
         /// Its step.
         step: u64,
+        /// The checkpoint it continues (None for a root), as its manifest records it.
+        parent: Option<String>,
     },
 }
 

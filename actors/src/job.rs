@@ -453,6 +453,7 @@ async fn run_in_system(
             events(&TrainEvent::Checkpoint {
                 id: manifest.id.clone(),
                 step: 0,
+                parent: manifest.parent.clone(),
             });
             (
                 0,

@@ -321,6 +321,12 @@ fn mlflow_gets_one_run_with_params_metrics_and_tags_and_a_resume_logs_no_step_tw
     assert_eq!(tag("keel.last_checkpoint"), Some(last.id.clone().into()));
     assert_eq!(tag("keel.checkpoint.0000000008"), Some(last.id.into()));
     assert!(tag("keel.checkpoint.0000000003").is_some());
+    // Lineage: each checkpoint names the one it continues, as its manifest does.
+    assert!(last.parent.is_some(), "the head has a parent");
+    assert_eq!(
+        tag("keel.checkpoint.0000000008.parent"),
+        last.parent.map(Into::into)
+    );
     assert_eq!(run["info"]["status"], "FINISHED");
 }
 

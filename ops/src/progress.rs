@@ -48,7 +48,7 @@ impl Progress {
                 ));
             }
             TrainEvent::Dropped { batch_seq, reason } => bar.println(format!("dropped batch {batch_seq}: {reason}")),
-            TrainEvent::Checkpoint { id, step } => bar.println(format!("checkpoint {id} at step {step}")),
+            TrainEvent::Checkpoint { id, step, .. } => bar.println(format!("checkpoint {id} at step {step}")),
             TrainEvent::Skipped { step, batch_seq, what } => {
                 bar.println(format!("skipped batch {batch_seq} at step {step}: non-finite {what}"))
             }

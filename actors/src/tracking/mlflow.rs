@@ -5,7 +5,8 @@
 //! flattened config as params and `keel.preset`, `keel.env`, `keel.branch` tags when missing).
 //! Step metrics (`train/<field>`, `rollout/*`) and `eval/success` are logged with their step
 //! and a timestamp through `runs/log-batch`, at most [`BATCH_METRICS`] a request; checkpoint
-//! ids become tags (`keel.checkpoint.<step>`, `keel.last_checkpoint`), a rewind tags the old run
+//! ids and their lineage become tags (`keel.checkpoint.<step>`, `keel.checkpoint.<step>.parent`,
+//! `keel.last_checkpoint`), a rewind tags the old run
 //! and moves to the new branch's run (tag `keel.rewound_from`).
 //!
 //! Invariants:
@@ -494,6 +495,13 @@ impl Tracker for MlflowTracker {
                 let (id, step) = (text_of("id"), ev["step"].as_u64().unwrap_or(0));
                 self.tags
                     .push((format!("keel.checkpoint.{step:010}"), id.clone()));
+                // Lineage: the checkpoint this one continues, as its manifest records it.
+                if let Some(parent) = ev["parent"].as_str() {
+                    self.tags.push((
+                        format!("keel.checkpoint.{step:010}.parent"),
+                        parent.to_string(),
+                    ));
+                }
                 self.tags.push(("keel.last_checkpoint".into(), id));
                 self.send();
             }
