@@ -2,10 +2,11 @@
 //! batching, returning the exact log-probs of the sampled tokens.
 //!
 //! Each request is a token context (token-in) and sampling parameters; each completion is the
-//! sampled tokens with their log-probs (token-out). Multi-turn episodes keep the sequence
-//! exactly as sampled: the caller appends the completion and the observation tokens to the
-//! context and submits it again (from [`Sampler::generate_with`]'s callback, so the next turn
-//! takes the first free slot). History is never re-tokenised.
+//! sampled tokens with their log-probs (token-out). The caller drives it: [`Sampler::submit`]
+//! queues a request, [`Sampler::step`] admits, decodes one token per busy slot and hands back
+//! what finished. Multi-turn episodes keep the sequence exactly as sampled: the caller appends
+//! the completion and the observation tokens to the context and submits it again whenever the
+//! observation arrives, and it joins the next step. History is never re-tokenised.
 //!
 //! Invariants:
 //! - SA-1 (exactness): every log-prob is SP-1/SP-2 (module `sampling`) computed from the
@@ -13,9 +14,9 @@
 //!   decode attends exactly the slot's cached positions `0..=pos`, so on CPU f32 the learner's
 //!   recomputation differs only by float reassociation (`~1e-6`).
 //! - SA-2 (continuous batching): a finished sequence frees its slot at once; waiting requests
-//!   (including follow-ups returned by the callback) are prefilled into free slots before the
+//!   (including follow-ups submitted between steps) are prefilled into free slots before the
 //!   next decode step. Slots are filled lowest first and decode runs only over slots
-//!   `0..=highest occupied`.
+//!   `0..=highest occupied` (all slots under SA-7).
 //! - SA-3 (stops): a sequence ends after its first token in `stop_token_ids` (included in the
 //!   output), after the token whose decoding first contains a stop string (included), or after
 //!   `max_new_tokens`, whichever comes first.
@@ -23,8 +24,13 @@
 //!   and its seed (SP-4), not on batch composition or admission order (up to float
 //!   reassociation between batch shapes).
 //! - SA-5 (capacity): `prompt.len() + max_new_tokens <= max_len`, checked before anything runs.
-//! - SA-6 (weights): every call runs the model it is given; a model of another shape, kind or
-//!   device than the sampler was built for is refused. The cache holds nothing across calls.
+//! - SA-6 (weights): every step runs the model it is given, so weights may change between
+//!   steps; a model of another shape, kind or device than the sampler was built for is refused.
+//!   A failed step drops every queued and decoding sequence.
+//! - SA-7 (batch invariance, opt-in): with [`Sampler::set_batch_invariant`] every forward has a
+//!   shape independent of the batch (prefill one request at a time, decode over all slots and
+//!   the full cache length), so on CPU a request's output is bit-identical whatever it shares
+//!   the sampler with: streaming rollouts stay reproducible.
 
 use std::collections::VecDeque;
 
@@ -128,8 +134,8 @@ struct Slot {
     out: Completion,
 }
 
-/// Batched KV-cache generation (SA-1..SA-5). The sampler owns the cache, not the model: each
-/// call takes the model, so a generator can update the weights between calls (SA-6).
+/// Batched KV-cache generation (SA-1..SA-7). The sampler owns the cache, not the model: each
+/// step takes the model, so a generator can update the weights between steps (SA-6).
 pub struct Sampler {
     /// (layers, kv heads, head dim, vocab, rope theta bits, kind, device) the cache was built for.
     shape: (usize, usize, usize, usize, u64, Kind, tch::Device),
@@ -139,6 +145,14 @@ pub struct Sampler {
     detok: Option<Detokenize>,
     prefill_budget: usize,
     stats: SamplerStats,
+    /// Requests waiting for a slot, by caller id.
+    queue: VecDeque<(usize, GenRequest)>,
+    /// The KV-cache slots and the sequences decoding in them.
+    slots: Vec<Option<Slot>>,
+    /// Row parameters of the current slot occupancy (rebuilt when it changes).
+    params: Option<RowParams>,
+    /// SA-7: fixed shapes, so a sequence's samples do not depend on its batch mates.
+    batch_invariant: bool,
 }
 
 /// Draws one uniform in `[0, 1)` that stays below 1 after multiplying by a mass in f32.
@@ -180,6 +194,10 @@ impl Sampler {
             detok: None,
             prefill_budget: 16_384,
             stats: SamplerStats::default(),
+            queue: VecDeque::new(),
+            slots: (0..slots).map(|_| None).collect(),
+            params: None,
+            batch_invariant: false,
         })
     }
 
@@ -193,6 +211,15 @@ impl Sampler {
         self.prefill_budget = tokens.max(1);
     }
 
+    /// SA-7: decode every step over all slots and the whole cache length, and prefill each
+    /// request alone, so that a sequence's tokens and log-probs are bit-identical whatever
+    /// other sequences share the sampler and whenever they arrive (float reductions then always
+    /// see the same shapes). Costs full-width decode steps; off by default.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        self.batch_invariant = on;
+        self.params = None;
+    }
+
     /// Work counters since creation.
     pub fn stats(&self) -> SamplerStats {
         self.stats
@@ -204,91 +231,103 @@ impl Sampler {
         model: &HfModel,
         requests: Vec<GenRequest>,
     ) -> Result<Vec<Completion>, HfError> {
-        let done = self.generate_with(model, requests, |_, _, _| None)?;
-        Ok(done.into_iter().map(|(_, c)| c).collect())
+        let n = requests.len();
+        for (id, r) in requests.into_iter().enumerate() {
+            self.submit(model, id, r)?;
+        }
+        let mut out: Vec<Option<Completion>> = vec![None; n];
+        while !self.is_idle() {
+            for (id, c) in self.step(model)? {
+                if let Some(o) = out.get_mut(id) {
+                    *o = Some(c);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|c| c.ok_or_else(|| HfError::input("internal: a request produced no completion")))
+            .collect()
     }
 
-    /// Generates with continuous batching (SA-2). `on_done(id, request_prompt, completion)` may
-    /// return a follow-up request (the next turn of the episode), which gets the next id.
-    /// Returns `(id, completion)` for every request, initial ones first (ids `0..n`), by id.
-    pub fn generate_with(
-        &mut self,
-        model: &HfModel,
-        requests: Vec<GenRequest>,
-        mut on_done: impl FnMut(usize, &[u32], &Completion) -> Option<GenRequest>,
-    ) -> Result<Vec<(usize, Completion)>, HfError> {
+    /// Queues a request under the caller's `id` (SA-5 is checked here); it takes the first free
+    /// slot at the next [`Sampler::step`] (SA-2).
+    pub fn submit(&mut self, model: &HfModel, id: usize, request: GenRequest) -> Result<(), HfError> {
         if shape_of(model) != self.shape {
             return Err(HfError::input(
                 "the model's shape, kind or device differs from the one this sampler was built for",
             ));
         }
-        let n_slots = self.cache.slots() as usize;
-        let mut queue: VecDeque<(usize, GenRequest)> = VecDeque::new();
-        let mut next_id = 0;
-        for r in requests {
-            self.check(model, &r)?;
-            queue.push_back((next_id, r));
-            next_id += 1;
+        self.check(model, &request)?;
+        self.queue.push_back((id, request));
+        Ok(())
+    }
+
+    /// Whether nothing is queued or decoding.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.slots.iter().all(Option::is_none)
+    }
+
+    /// Sequences queued or decoding.
+    pub fn in_flight(&self) -> usize {
+        self.queue.len() + self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// One round of continuous batching (SA-2): admits queued requests into free slots and
+    /// prefills them, runs one decode step over the occupied slots, and returns the sequences
+    /// that finished, as `(id, completion)`.
+    pub fn step(&mut self, model: &HfModel) -> Result<Vec<(usize, Completion)>, HfError> {
+        if shape_of(model) != self.shape {
+            return Err(HfError::input(
+                "the model's shape, kind or device differs from the one this sampler was built for",
+            ));
         }
-        let mut prompts: Vec<Option<Vec<u32>>> = Vec::new();
-        let mut slots: Vec<Option<Slot>> = (0..n_slots).map(|_| None).collect();
-        let mut done: Vec<(usize, Completion)> = Vec::new();
-        let mut params: Option<RowParams> = None;
-        loop {
-            // Admit waiting requests into free slots, lowest first (SA-2).
-            let mut admitted: Vec<(usize, Vec<u32>)> = Vec::new();
-            while let (Some(s), false) = (slots.iter().position(Option::is_none), queue.is_empty())
-            {
-                let Some((id, r)) = queue.pop_front() else {
-                    break;
-                };
-                if prompts.len() <= id {
-                    prompts.resize(id + 1, None);
-                }
-                prompts[id] = Some(r.prompt.clone());
-                slots[s] = Some(Slot {
-                    id,
-                    params: r.params,
-                    rng: ChaCha8Rng::seed_from_u64(r.seed),
-                    len: r.prompt.len() as i64,
-                    out: Completion {
-                        tokens: vec![],
-                        logprobs: vec![],
-                        sampling_logprobs: vec![],
-                        finish: FinishReason::Length,
-                    },
-                });
-                admitted.push((s, r.prompt));
-            }
-            if !admitted.is_empty() {
-                self.prefill(model, &admitted, &mut slots)?;
-                params = None;
-            }
-            // Retire finished sequences; their callbacks may queue follow-ups.
-            for slot in slots.iter_mut() {
-                if slot.as_ref().is_some_and(|s| self.finished(s)) {
-                    if let Some(s) = slot.take() {
-                        let prompt = prompts
-                            .get_mut(s.id)
-                            .and_then(Option::take)
-                            .unwrap_or_default();
-                        if let Some(follow) = on_done(s.id, &prompt, &s.out) {
-                            self.check(model, &follow)?;
-                            queue.push_back((next_id, follow));
-                            next_id += 1;
-                        }
-                        done.push((s.id, s.out));
-                        params = None;
-                    }
-                }
-            }
-            if !queue.is_empty() && slots.iter().any(Option::is_none) {
-                continue;
-            }
-            let Some(rows) = slots.iter().rposition(Option::is_some).map(|r| r + 1) else {
+        let mut slots = std::mem::take(&mut self.slots);
+        let result = self.step_slots(model, &mut slots);
+        self.slots = slots;
+        if result.is_err() {
+            // A failed forward leaves the batch in an unknown state: drop it all.
+            self.slots.iter_mut().for_each(|s| *s = None);
+            self.queue.clear();
+            self.params = None;
+        }
+        result
+    }
+
+    fn step_slots(
+        &mut self,
+        model: &HfModel,
+        slots: &mut [Option<Slot>],
+    ) -> Result<Vec<(usize, Completion)>, HfError> {
+        let mut admitted: Vec<(usize, Vec<u32>)> = Vec::new();
+        while let Some(s) = slots.iter().position(Option::is_none) {
+            let Some((id, r)) = self.queue.pop_front() else {
                 break;
             };
-            if params.is_none() {
+            slots[s] = Some(Slot {
+                id,
+                params: r.params,
+                rng: ChaCha8Rng::seed_from_u64(r.seed),
+                len: r.prompt.len() as i64,
+                out: Completion {
+                    tokens: vec![],
+                    logprobs: vec![],
+                    sampling_logprobs: vec![],
+                    finish: FinishReason::Length,
+                },
+            });
+            admitted.push((s, r.prompt));
+        }
+        if !admitted.is_empty() {
+            self.prefill(model, &admitted, slots)?;
+            self.params = None;
+        }
+        let mut done = self.retire(slots);
+        let rows = if self.batch_invariant {
+            slots.len()
+        } else {
+            slots.iter().rposition(Option::is_some).map_or(0, |r| r + 1)
+        };
+        if slots.iter().any(Option::is_some) {
+            if self.params.is_none() {
                 let p: Vec<(f64, f64, usize)> = slots[..rows]
                     .iter()
                     .map(|s| {
@@ -297,18 +336,34 @@ impl Sampler {
                         })
                     })
                     .collect();
-                params = Some(RowParams::new(
+                self.params = Some(RowParams::new(
                     &p,
                     model.config().vocab_size as i64,
                     model.device(),
                 )?);
             }
+            let params = self.params.take();
             if let Some(p) = &params {
                 self.decode(model, &mut slots[..rows], p)?;
             }
+            self.params = params;
+            done.extend(self.retire(slots));
         }
-        done.sort_by_key(|(id, _)| *id);
         Ok(done)
+    }
+
+    /// Frees the slots of finished sequences (SA-2) and returns their completions.
+    fn retire(&mut self, slots: &mut [Option<Slot>]) -> Vec<(usize, Completion)> {
+        let mut done = Vec::new();
+        for slot in slots.iter_mut() {
+            if slot.as_ref().is_some_and(|s| self.finished(s)) {
+                if let Some(s) = slot.take() {
+                    done.push((s.id, s.out));
+                    self.params = None;
+                }
+            }
+        }
+        done
     }
 
     fn check(&self, model: &HfModel, r: &GenRequest) -> Result<(), HfError> {

@@ -137,6 +137,42 @@ fn sa4_continuous_batching_does_not_change_samples() {
 }
 
 #[test]
+fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
+    let m = model("llama");
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 6,
+        ..SamplingParams::default()
+    };
+    let probe = req(&[5, 6, 7], params.clone(), 42);
+    let mut alone = Sampler::new(&m, 4, 24).expect("s");
+    alone.set_batch_invariant(true);
+    let solo = alone.generate(&m, vec![probe.clone()]).expect("alone");
+    // The same request among others, submitted two steps after they started.
+    let mut shared = Sampler::new(&m, 4, 24).expect("s");
+    shared.set_batch_invariant(true);
+    for (id, p) in [[1u32, 2].as_slice(), &[9, 8, 7, 6, 5], &[3]].iter().enumerate() {
+        shared
+            .submit(&m, id, req(p, params.clone(), id as u64))
+            .expect("submit");
+    }
+    let mut out = None;
+    let mut steps = 0;
+    while !shared.is_idle() {
+        if steps == 2 {
+            shared.submit(&m, 9, probe.clone()).expect("late submit");
+        }
+        for (id, c) in shared.step(&m).expect("step") {
+            if id == 9 {
+                out = Some(c);
+            }
+        }
+        steps += 1;
+    }
+    assert_eq!(out.as_ref(), solo.first(), "bit-identical tokens and log-probs");
+}
+
+#[test]
 fn lm2_multi_turn_token_in_token_out_has_no_mismatch() {
     let m = model("llama");
     let params = SamplingParams {
@@ -153,27 +189,37 @@ fn lm2_multi_turn_token_in_token_out_has_no_mismatch() {
     type Episode = (Vec<u32>, Vec<(usize, Vec<f32>)>);
     let mut finals: Vec<Episode> = Vec::new();
     let mut turns = std::collections::HashMap::<usize, (usize, usize)>::new(); // id -> (episode, turn)
+    let mut prompts = std::collections::HashMap::<usize, Vec<u32>>::new();
     for i in 0..4 {
         turns.insert(i, (i, 0));
+        prompts.insert(i, vec![1, 2 + i as u32]);
         finals.push((vec![1, 2 + i as u32], vec![]));
     }
     let mut next_id = 4;
-    let done = s
-        .generate_with(&m, reqs, |id, prompt, c| {
+    for (id, r) in reqs.into_iter().enumerate() {
+        s.submit(&m, id, r).expect("submit");
+    }
+    // Each finished turn's follow-up (completion + observation) joins the next step.
+    let mut done = Vec::new();
+    while !s.is_idle() {
+        for (id, c) in s.step(&m).expect("step") {
             let (ep, turn) = turns[&id];
-            let mut seq = prompt.to_vec();
+            let mut seq = prompts[&id].clone();
             finals[ep].1.push((seq.len(), c.logprobs.clone()));
             seq.extend(&c.tokens);
+            done.push(id);
             if turn == 2 {
                 finals[ep].0 = seq;
-                return None;
+                continue;
             }
             seq.extend([30, 31]); // the observation, appended as tokens
             turns.insert(next_id, (ep, turn + 1));
+            prompts.insert(next_id, seq.clone());
+            s.submit(&m, next_id, req(&seq, params.clone(), 1000 + id as u64))
+                .expect("follow-up");
             next_id += 1;
-            Some(req(&seq, params.clone(), 1000 + id as u64))
-        })
-        .expect("generate");
+        }
+    }
     assert_eq!(done.len(), 12, "4 episodes × 3 turns");
     let seqs: Vec<SampledSequence<'_>> = finals
         .iter()

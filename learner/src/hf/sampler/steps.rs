@@ -40,7 +40,7 @@ impl Sampler {
         while start < admitted.len() {
             let mut end = start + 1;
             let mut pmax = admitted[start].1.len();
-            while end < admitted.len() {
+            while end < admitted.len() && !self.batch_invariant {
                 let p = pmax.max(admitted[end].1.len());
                 if (end + 1 - start) * p > self.prefill_budget {
                     break;
@@ -141,8 +141,15 @@ impl Sampler {
             }
         }
         let n = rows as i64;
-        let attn_len = pos.iter().copied().max().unwrap_or(0) + 1;
-        let uniform_rows = slots.iter().all(Option::is_some) && pos.iter().all(|&p| p == pos[0]);
+        // SA-7: a fixed attention length and an explicit mask under batch invariance.
+        let attn_len = if self.batch_invariant {
+            self.cache.max_len()
+        } else {
+            pos.iter().copied().max().unwrap_or(0) + 1
+        };
+        let uniform_rows = !self.batch_invariant
+            && slots.iter().all(Option::is_some)
+            && pos.iter().all(|&p| p == pos[0]);
         let tokens = Tensor::f_from_slice(&toks)?
             .f_to_device(dev)?
             .f_view([n, 1])?;
