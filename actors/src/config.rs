@@ -101,7 +101,7 @@ pub struct EnvSection {
     pub timeout_ms: u64,
     /// External env: retries after a failed request.
     pub retries: u32,
-    /// Episodes each env shard steps at once (threads); 1 steps them one after another.
+    /// Env calls each env shard serves at once (ES-3); 1 serves them one after another.
     pub concurrency: usize,
     /// Simulated step latency: `none`, `lognormal` or `pareto`.
     pub latency: String,
@@ -121,7 +121,7 @@ impl Default for EnvSection {
             url: String::new(),
             timeout_ms: 5_000,
             retries: 3,
-            concurrency: 1,
+            concurrency: 32,
             latency: "none".into(),
             latency_ms: 20.0,
             latency_shape: 1.0,
@@ -258,6 +258,9 @@ pub struct RolloutSection {
     pub env_shards: usize,
     /// Held-out tasks used for each evaluation.
     pub eval_tasks: usize,
+    /// Sample with fixed forward shapes (SA-7): a trajectory does not depend on which episodes
+    /// shared its decoding steps, so streamed sync runs are bit-reproducible on CPU.
+    pub batch_invariant: bool,
 }
 
 impl Default for RolloutSection {
@@ -270,6 +273,7 @@ impl Default for RolloutSection {
             generators: 1,
             env_shards: 1,
             eval_tasks: 256,
+            batch_invariant: true,
         }
     }
 }

@@ -1,25 +1,36 @@
-//! The environment shard: an actor hosting many environment instances, one per live episode,
-//! stepping them concurrently and optionally with simulated tool latency.
+//! The environment shard: an actor on an arbiter (thread) of its own, hosting many environment
+//! instances, one per live episode. Every request is one episode's and is answered, through the
+//! requester's [`Reply`], as soon as that episode's work is done: episodes never wait for one
+//! another.
 //!
 //! Invariants:
-//! - ES-1: a panicking environment never takes the shard's thread down: the panic is caught
-//!   (SV-1), the episode that panicked is answered `EpisodeFailed`, and the shard stops so that
-//!   its actix `Supervisor` restarts it with no live episodes.
-//! - ES-2: after a restart, requests for episodes that lived in the old instance are answered
-//!   `EpisodeLost`; the generator marks those episodes failed and never trains on them.
-//! - ES-3: one request steps many episodes (one message per shard per turn); answers come back
-//!   in request order. With `concurrency > 1` up to that many episodes step at once, so a
-//!   request costs about its slowest episode, as with real concurrent tool calls.
+//! - ES-1: a panicking environment fails only its own episode: the panic is caught (SV-1), that
+//!   instance is dropped and counted against the env-shard restart budget (SV-2), and every
+//!   other episode of the shard goes on.
+//! - ES-2: every request is answered exactly once. A request that can no longer be served (its
+//!   episode is unknown, already finished or in flight, or the shard was stopped or restarted
+//!   with the work pending) is answered `EpisodeError::Lost`; the generator marks the episode
+//!   failed and never trains on it.
+//! - ES-3: up to `concurrency` requests of one shard are served at once; the shard's own thread
+//!   only dispatches, env calls run on the blocking pool, so a slow env call holds nothing but
+//!   its own episode.
 //! - ES-4: an env that reports an error (`try_reset`/`try_step`, e.g. an external server gone
-//!   after its retries) fails only that episode; the shard keeps serving without a restart.
-//! - ES-5: with a latency model, each step of episode `e` at turn `t` first sleeps
-//!   `latency.delay(e, t)` (LT-1), inside that episode's worker.
+//!   after its retries) fails only that episode; the shard keeps serving.
+//! - ES-5: with a latency model, step `t` of episode `e` first waits `latency.delay(e, t)`
+//!   (LT-1) on a timer, so simulated tool latency of many episodes overlaps.
+//! - ES-6 (RTPO): with `snapshot` set, an answer whose episode goes on carries the env state at
+//!   that turn boundary (EN-7), taken right after the reset, restore or step.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use actix::{Actor, Context, Handler, Message, Supervised};
+use actix::{
+    Actor, ActorFutureExt, Addr, Arbiter, AsyncContext, Context, Handler, Message, Supervised,
+    Supervisor, WrapFuture,
+};
 use keel_envs::{Env, EnvSnapshot, LatencyModel, StepOutcome};
+use tokio::sync::Semaphore;
 
 use crate::supervision::{run_caught, RestartBudget};
 
@@ -32,15 +43,10 @@ pub enum EpisodeError {
     /// The environment panicked or failed while serving this episode.
     #[error("episode {0}: the environment failed: {1}")]
     Failed(u64, String),
-    /// The episode lived in a shard instance that was restarted.
-    #[error("episode {0} was lost when its env shard restarted")]
+    /// The episode is not live on its shard (ES-2).
+    #[error("episode {0} was lost by its env shard")]
     Lost(u64),
 }
-
-/// Reset episodes: `(episode id, task seed)` each; answers each episode's start.
-#[derive(Message)]
-#[rtype(result = "Vec<Result<ResetOutcome, EpisodeError>>")]
-pub struct ResetEpisodes(pub Vec<(u64, u64)>);
 
 /// The start of an episode: its prompt and what the generator records about its first state.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,49 +61,128 @@ pub struct ResetOutcome {
     pub anchor_key: u64,
 }
 
-/// Step episodes: `(episode id, action text)` each; finished episodes are dropped by the shard.
+/// What to do with an episode.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvOp {
+    /// Start it from a task seed.
+    Reset(u64),
+    /// Start it from a snapshot (RTPO branches).
+    Restore(EnvSnapshot),
+    /// Apply an agent action; a finished episode is dropped by the shard.
+    Step(String),
+}
+
+/// What an [`EnvOp`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvReply {
+    /// The episode was reset.
+    Started(ResetOutcome),
+    /// The episode was restored.
+    Restored,
+    /// The episode took a step.
+    Stepped(StepOutcome),
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvAnswer {
+    /// The episode.
+    pub episode: u64,
+    /// Its outcome.
+    pub result: Result<EnvReply, EpisodeError>,
+    /// ES-6: the state after the op, when asked for and the episode goes on.
+    pub snapshot: Option<EnvSnapshot>,
+}
+
+type ReplyFn = Box<dyn FnOnce(EnvAnswer) + Send>;
+
+/// Where an answer goes; answers `Lost` when dropped unanswered (ES-2).
+pub struct Reply {
+    episode: u64,
+    send: Option<ReplyFn>,
+}
+
+impl Reply {
+    /// A reply that calls `send` with the answer.
+    pub fn new(episode: u64, send: impl FnOnce(EnvAnswer) + Send + 'static) -> Self {
+        Reply {
+            episode,
+            send: Some(Box::new(send)),
+        }
+    }
+
+    /// A reply into a channel.
+    pub fn to_channel(episode: u64, tx: std::sync::mpsc::Sender<EnvAnswer>) -> Self {
+        Reply::new(episode, move |a| {
+            // The requester may have gone (e.g. a rollout ended with an error): nothing to do.
+            let _ = tx.send(a);
+        })
+    }
+
+    fn answer(mut self, result: Result<EnvReply, EpisodeError>, snapshot: Option<EnvSnapshot>) {
+        if let Some(send) = self.send.take() {
+            send(EnvAnswer {
+                episode: self.episode,
+                result,
+                snapshot,
+            });
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(send) = self.send.take() {
+            send(EnvAnswer {
+                episode: self.episode,
+                result: Err(EpisodeError::Lost(self.episode)),
+                snapshot: None,
+            });
+        }
+    }
+}
+
+/// One episode's request.
 #[derive(Message)]
-#[rtype(result = "Vec<Result<StepOutcome, EpisodeError>>")]
-pub struct StepEpisodes(pub Vec<(u64, String)>);
+#[rtype(result = "()")]
+pub struct EnvRequest {
+    /// The episode (unique within the shard).
+    pub episode: u64,
+    /// What to do.
+    pub op: EnvOp,
+    /// ES-6: also snapshot the state after the op.
+    pub snapshot: bool,
+    /// Where the answer goes.
+    pub reply: Reply,
+}
 
 /// Forget episodes (e.g. truncated by the generator).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct CloseEpisodes(pub Vec<u64>);
 
-/// Snapshot live episodes at their current turn boundary (RTPO, EN-7).
-#[derive(Message)]
-#[rtype(result = "Vec<Result<EnvSnapshot, EpisodeError>>")]
-pub struct SnapshotEpisodes(pub Vec<u64>);
-
-/// Start episodes from snapshots: `(new episode id, snapshot)` each.
-#[derive(Message)]
-#[rtype(result = "Vec<Result<(), EpisodeError>>")]
-pub struct RestoreEpisodes(pub Vec<(u64, EnvSnapshot)>);
-
-/// How a shard steps its episodes.
-#[derive(Debug, Clone, Default)]
+/// How a shard serves its episodes.
+#[derive(Debug, Clone)]
 pub struct ShardOptions {
-    /// Episodes stepped at once (0 or 1: one after another).
+    /// Requests served at once (ES-3; at least 1).
     pub concurrency: usize,
     /// Simulated latency of each step (ES-5).
     pub latency: LatencyModel,
 }
 
-/// A live episode; its env is built lazily, inside the panic guard (a factory may panic).
-struct Live {
-    env: Option<Box<dyn Env>>,
-    turn: u64,
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            concurrency: 1,
+            latency: LatencyModel::None,
+        }
+    }
 }
 
-impl Live {
-    fn unborn() -> Live {
-        Live { env: None, turn: 0 }
-    }
-
-    fn env(&mut self, factory: &EnvFactory) -> &mut Box<dyn Env> {
-        self.env.get_or_insert_with(|| factory())
-    }
+/// A live episode's env and its turn counter.
+struct Live {
+    env: Box<dyn Env>,
+    turn: u64,
 }
 
 /// An actor hosting environment instances.
@@ -106,21 +191,68 @@ pub struct EnvShard {
     episodes: HashMap<u64, Live>,
     budget: RestartBudget,
     options: ShardOptions,
+    permits: Arc<Semaphore>,
 }
 
 impl EnvShard {
-    /// A shard building its environments with `factory`, stepping one episode at a time.
+    /// A shard building its environments with `factory`, serving one request at a time.
     pub fn new(factory: EnvFactory, budget: RestartBudget) -> Self {
         Self::with_options(factory, budget, ShardOptions::default())
     }
 
-    /// A shard with explicit stepping options (ES-3, ES-5).
+    /// A shard with explicit serving options (ES-3, ES-5).
     pub fn with_options(factory: EnvFactory, budget: RestartBudget, options: ShardOptions) -> Self {
         Self {
             factory,
             episodes: HashMap::new(),
             budget,
+            permits: Arc::new(Semaphore::new(options.concurrency.max(1))),
             options,
+        }
+    }
+}
+
+/// Env shards, each supervised on an arbiter (thread) of its own that no other actor shares;
+/// the arbiters stop when the pool is dropped.
+pub struct ShardPool {
+    addrs: Vec<Addr<EnvShard>>,
+    arbiters: Vec<Arbiter>,
+}
+
+impl ShardPool {
+    /// Starts `n` shards (inside a running actix system).
+    pub fn start(
+        n: usize,
+        factory: EnvFactory,
+        budget: RestartBudget,
+        options: ShardOptions,
+    ) -> ShardPool {
+        let mut pool = ShardPool {
+            addrs: Vec::with_capacity(n),
+            arbiters: Vec::with_capacity(n),
+        };
+        for _ in 0..n {
+            let arbiter = Arbiter::new();
+            let (f, b, o) = (factory.clone(), budget.clone(), options.clone());
+            let addr = Supervisor::start_in_arbiter(&arbiter.handle(), move |_| {
+                EnvShard::with_options(f, b, o)
+            });
+            pool.addrs.push(addr);
+            pool.arbiters.push(arbiter);
+        }
+        pool
+    }
+
+    /// The shards' addresses.
+    pub fn addrs(&self) -> &[Addr<EnvShard>] {
+        &self.addrs
+    }
+}
+
+impl Drop for ShardPool {
+    fn drop(&mut self) {
+        for a in &self.arbiters {
+            a.stop();
         }
     }
 }
@@ -131,144 +263,137 @@ impl Actor for EnvShard {
 
 impl Supervised for EnvShard {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        self.budget.record_restart();
         self.episodes.clear();
     }
 }
 
-/// One unit of work: an episode, its env (if live) and what to do with it.
-type Job<A> = (u64, Option<Live>, A);
-/// What a job produced: the env back (unless it panicked) and the answer.
-type Done<R> = (u64, Option<Live>, Result<R, EpisodeError>, bool);
+/// What a served request hands back to the actor: the env (when the episode goes on), the
+/// answer, a snapshot, and whether the env panicked.
+type Served = (
+    Option<Live>,
+    Result<EnvReply, EpisodeError>,
+    Option<EnvSnapshot>,
+    bool,
+);
 
-/// Runs `work` over every job, up to `concurrency` at once, catching panics per episode (ES-1).
-fn run_jobs<A: Send, R: Send>(
-    jobs: Vec<Job<A>>,
-    concurrency: usize,
-    work: &(dyn Fn(u64, &mut Live, A) -> Result<R, String> + Sync),
-) -> Vec<Done<R>> {
-    let one = |(episode, live, arg): Job<A>| -> Done<R> {
-        let Some(mut live) = live else {
-            return (episode, None, Err(EpisodeError::Lost(episode)), false);
+/// Runs `op` on the episode's env (building it for a reset or restore), catching panics (ES-1).
+fn serve(
+    episode: u64,
+    live: Option<Live>,
+    op: EnvOp,
+    snapshot: bool,
+    factory: &EnvFactory,
+) -> Served {
+    let caught = run_caught(move || {
+        let mut live = match (live, &op) {
+            (Some(l), EnvOp::Step(_)) => l,
+            (_, EnvOp::Step(_)) => return (None, Err(EpisodeError::Lost(episode)), None),
+            _ => Live {
+                env: factory(),
+                turn: 0,
+            },
         };
-        match run_caught(move || {
-            let r = work(episode, &mut live, arg);
-            (live, r)
-        }) {
-            Ok((live, Ok(r))) => (episode, Some(live), Ok(r), false),
-            Ok((_, Err(e))) => (episode, None, Err(EpisodeError::Failed(episode, e)), false),
-            Err(panic) => {
-                tracing::error!(episode, panic = %panic, "environment panicked");
-                (
-                    episode,
+        let reply = match op {
+            EnvOp::Reset(seed) => live.env.try_reset(seed).map(|prompt| {
+                EnvReply::Started(ResetOutcome {
+                    prompt,
+                    task_type: live.env.task_type(),
+                    agent_id: live.env.agent_id(),
+                    anchor_key: live.env.anchor_key(),
+                })
+            }),
+            EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
+            EnvOp::Step(action) => {
+                live.turn += 1;
+                live.env.try_step(&action).map(EnvReply::Stepped)
+            }
+        };
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                return (
                     None,
-                    Err(EpisodeError::Failed(episode, panic)),
-                    true,
+                    Err(EpisodeError::Failed(episode, e.to_string())),
+                    None,
                 )
             }
+        };
+        let goes_on = !matches!(&reply, EnvReply::Stepped(o) if o.done);
+        if !goes_on {
+            return (None, Ok(reply), None);
         }
-    };
-    let workers = concurrency.max(1).min(jobs.len().max(1));
-    if workers <= 1 {
-        return jobs.into_iter().map(one).collect();
-    }
-    // Deal the jobs round-robin to `workers` scoped threads, then restore request order.
-    let mut lanes: Vec<Vec<(usize, Job<A>)>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, job) in jobs.into_iter().enumerate() {
-        lanes[i % workers].push((i, job));
-    }
-    let mut done: Vec<(usize, Done<R>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = lanes
-            .into_iter()
-            .map(|lane| {
-                s.spawn(move || {
-                    lane.into_iter()
-                        .map(|(i, job)| (i, one(job)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, d)| d).collect()
-}
-
-impl EnvShard {
-    /// Puts envs back, answers in order, and stops the shard after a panic (ES-1).
-    fn settle<R>(
-        &mut self,
-        done: Vec<Done<R>>,
-        keep: impl Fn(&R) -> bool,
-        ctx: &mut Context<Self>,
-    ) -> Vec<Result<R, EpisodeError>> {
-        let crashed = done.iter().any(|d| d.3);
-        let out = done
-            .into_iter()
-            .map(|(episode, live, answer, _)| {
-                if let (Some(live), Ok(r)) = (live, &answer) {
-                    if keep(r) {
-                        self.episodes.insert(episode, live);
-                    }
+        let snap = if snapshot {
+            match live.env.snapshot() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    return (
+                        None,
+                        Err(EpisodeError::Failed(episode, e.to_string())),
+                        None,
+                    )
                 }
-                answer
-            })
-            .collect();
-        if crashed {
-            actix::ActorContext::stop(ctx);
-        }
-        out
-    }
-}
-
-impl Handler<ResetEpisodes> for EnvShard {
-    type Result = Vec<Result<ResetOutcome, EpisodeError>>;
-
-    fn handle(&mut self, msg: ResetEpisodes, ctx: &mut Context<Self>) -> Self::Result {
-        let factory = self.factory.clone();
-        let jobs: Vec<Job<u64>> = msg
-            .0
-            .into_iter()
-            .map(|(e, seed)| (e, Some(Live::unborn()), seed))
-            .collect();
-        let done = run_jobs(jobs, self.options.concurrency, &|_, live, seed| {
-            let env = live.env(&factory);
-            let prompt = env.try_reset(seed).map_err(|e| e.to_string())?;
-            Ok(ResetOutcome {
-                prompt,
-                task_type: env.task_type(),
-                agent_id: env.agent_id(),
-                anchor_key: env.anchor_key(),
-            })
-        });
-        self.settle(done, |_| true, ctx)
-    }
-}
-
-impl Handler<StepEpisodes> for EnvShard {
-    type Result = Vec<Result<StepOutcome, EpisodeError>>;
-
-    fn handle(&mut self, msg: StepEpisodes, ctx: &mut Context<Self>) -> Self::Result {
-        let jobs: Vec<Job<String>> = msg
-            .0
-            .into_iter()
-            .map(|(e, action)| (e, self.episodes.remove(&e), action))
-            .collect();
-        let latency = self.options.latency.clone();
-        let factory = self.factory.clone();
-        let done = run_jobs(jobs, self.options.concurrency, &|episode, live, action| {
-            live.turn += 1;
-            if !latency.is_none() {
-                std::thread::sleep(latency.delay(episode, live.turn));
             }
-            live.env(&factory)
-                .try_step(&action)
-                .map_err(|e| e.to_string())
-        });
-        self.settle(done, |outcome: &StepOutcome| !outcome.done, ctx)
+        } else {
+            None
+        };
+        (Some(live), Ok(reply), snap)
+    });
+    match caught {
+        Ok((live, reply, snap)) => (live, reply, snap, false),
+        Err(panic) => {
+            tracing::error!(episode, panic = %panic, "environment panicked");
+            (None, Err(EpisodeError::Failed(episode, panic)), None, true)
+        }
+    }
+}
+
+impl Handler<EnvRequest> for EnvShard {
+    type Result = ();
+
+    fn handle(&mut self, msg: EnvRequest, ctx: &mut Context<Self>) {
+        let EnvRequest {
+            episode,
+            op,
+            snapshot,
+            reply,
+        } = msg;
+        let live = match &op {
+            EnvOp::Step(_) => match self.episodes.remove(&episode) {
+                Some(l) => Some(l),
+                None => return reply.answer(Err(EpisodeError::Lost(episode)), None),
+            },
+            _ => None,
+        };
+        let delay = match (&op, &live) {
+            (EnvOp::Step(_), Some(l)) => self.options.latency.delay(episode, l.turn + 1),
+            _ => Duration::ZERO,
+        };
+        let (permits, factory) = (self.permits.clone(), self.factory.clone());
+        let work = async move {
+            // The semaphore is never closed; a failed acquire only means "no limit".
+            let _permit = permits.acquire_owned().await.ok();
+            if !delay.is_zero() {
+                actix::clock::sleep(delay).await;
+            }
+            tokio::task::spawn_blocking(move || serve(episode, live, op, snapshot, &factory))
+                .await
+                .unwrap_or_else(|e| {
+                    let why = format!("env call did not complete: {e}");
+                    (None, Err(EpisodeError::Failed(episode, why)), None, true)
+                })
+        };
+        ctx.spawn(
+            work.into_actor(self)
+                .map(move |(live, result, snap, panicked), shard, _ctx| {
+                    if panicked {
+                        shard.budget.record_restart();
+                    }
+                    if let Some(live) = live {
+                        shard.episodes.insert(episode, live);
+                    }
+                    reply.answer(result, snap);
+                }),
+        );
     }
 }
 
@@ -282,38 +407,42 @@ impl Handler<CloseEpisodes> for EnvShard {
     }
 }
 
-impl Handler<SnapshotEpisodes> for EnvShard {
-    type Result = Vec<Result<EnvSnapshot, EpisodeError>>;
-
-    fn handle(&mut self, msg: SnapshotEpisodes, _ctx: &mut Context<Self>) -> Self::Result {
-        msg.0
-            .into_iter()
-            .map(|e| match self.episodes.get(&e) {
-                None => Err(EpisodeError::Lost(e)),
-                Some(Live { env: Some(env), .. }) => env
-                    .snapshot()
-                    .map_err(|err| EpisodeError::Failed(e, err.to_string())),
-                Some(_) => Err(EpisodeError::Lost(e)),
-            })
-            .collect()
-    }
+/// Sends one request and waits for its answer (for callers in async code; the rollout engine
+/// streams answers through a channel instead).
+pub async fn request(
+    shard: &Addr<EnvShard>,
+    episode: u64,
+    op: EnvOp,
+    snapshot: bool,
+) -> EnvAnswer {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let reply = Reply::new(episode, move |a| {
+        let _ = tx.send(a);
+    });
+    shard.do_send(EnvRequest {
+        episode,
+        op,
+        snapshot,
+        reply,
+    });
+    rx.await.unwrap_or(EnvAnswer {
+        episode,
+        result: Err(EpisodeError::Lost(episode)),
+        snapshot: None,
+    })
 }
 
-impl Handler<RestoreEpisodes> for EnvShard {
-    type Result = Vec<Result<(), EpisodeError>>;
-
-    fn handle(&mut self, msg: RestoreEpisodes, ctx: &mut Context<Self>) -> Self::Result {
-        let factory = self.factory.clone();
-        let jobs: Vec<Job<EnvSnapshot>> = msg
-            .0
-            .into_iter()
-            .map(|(e, snap)| (e, Some(Live::unborn()), snap))
-            .collect();
-        let done = run_jobs(jobs, self.options.concurrency, &|_, live, snap| {
-            live.env(&factory).restore(&snap).map_err(|e| e.to_string())
-        });
-        self.settle(done, |_| true, ctx)
-    }
+/// Sends many requests at once and returns their answers in request order, with the instant
+/// each arrived.
+pub async fn request_all(
+    shard: &Addr<EnvShard>,
+    requests: Vec<(u64, EnvOp)>,
+) -> Vec<(EnvAnswer, Instant)> {
+    let asks = requests.into_iter().map(|(episode, op)| async move {
+        let a = request(shard, episode, op, false).await;
+        (a, Instant::now())
+    });
+    futures::future::join_all(asks).await
 }
 
 #[cfg(test)]
@@ -324,58 +453,53 @@ mod tests {
         Arc::new(|| keel_envs::make_env("calc", 3).expect("calc"))
     }
 
+    fn stepped(a: &EnvAnswer) -> StepOutcome {
+        match &a.result {
+            Ok(EnvReply::Stepped(o)) => o.clone(),
+            other => panic!("expected a step outcome, got {other:?}"),
+        }
+    }
+
     #[test]
     fn snapshot_then_restore_continues_like_the_original_episode() {
         let system = actix::System::new();
         system.block_on(async {
             let shard = EnvShard::new(calc(), RestartBudget::new("env_shard", 1)).start();
             let seed = keel_envs::task_seed(keel_envs::Split::Eval, 4);
-            let prompt = shard
-                .send(ResetEpisodes(vec![(1, seed)]))
-                .await
-                .expect("mailbox")
-                .remove(0)
-                .expect("reset");
-            assert!(prompt.prompt.starts_with("task"));
-            shard
-                .send(StepEpisodes(vec![(1, "calc 1 + 1".into())]))
-                .await
-                .expect("mailbox");
-            let snap = shard
-                .send(SnapshotEpisodes(vec![1, 9]))
-                .await
-                .expect("mailbox");
-            assert_eq!(snap[1], Err(EpisodeError::Lost(9)));
-            let snap = snap[0].clone().expect("snapshot");
-            let restored = shard
-                .send(RestoreEpisodes(vec![(2, snap)]))
-                .await
-                .expect("mailbox");
-            assert_eq!(restored, vec![Ok(())]);
+            let started = request(&shard, 1, EnvOp::Reset(seed), false).await;
+            match started.result {
+                Ok(EnvReply::Started(s)) => assert!(s.prompt.starts_with("task")),
+                other => panic!("reset: {other:?}"),
+            }
+            let a = request(&shard, 1, EnvOp::Step("calc 1 + 1".into()), true).await;
+            let snap = a.snapshot.clone().expect("ES-6 snapshot");
+            let lost = request(&shard, 9, EnvOp::Step("calc 1 + 1".into()), true).await;
+            assert_eq!(lost.result, Err(EpisodeError::Lost(9)));
+            let restored = request(&shard, 2, EnvOp::Restore(snap), false).await;
+            assert_eq!(restored.result, Ok(EnvReply::Restored));
             for action in ["calc 2 * 3", "answer 6"] {
-                let outs = shard
-                    .send(StepEpisodes(vec![(1, action.into()), (2, action.into())]))
-                    .await
-                    .expect("mailbox");
-                assert_eq!(outs[0], outs[1], "{action}");
+                let x = request(&shard, 1, EnvOp::Step(action.into()), false).await;
+                let y = request(&shard, 2, EnvOp::Step(action.into()), false).await;
+                assert_eq!(stepped(&x), stepped(&y), "{action}");
             }
             // Both ended and were dropped by the shard.
-            let outs = shard
-                .send(StepEpisodes(vec![
-                    (1, "answer 1".into()),
-                    (2, "answer 1".into()),
-                ]))
-                .await
-                .expect("mailbox");
-            assert_eq!(
-                outs,
-                vec![Err(EpisodeError::Lost(1)), Err(EpisodeError::Lost(2))]
-            );
+            for e in [1, 2] {
+                let a = request(&shard, e, EnvOp::Step("answer 1".into()), false).await;
+                assert_eq!(a.result, Err(EpisodeError::Lost(e)));
+            }
         });
     }
 
     #[test]
-    fn concurrent_steps_answer_in_request_order() {
+    fn es2_a_dropped_reply_answers_lost() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop(Reply::to_channel(5, tx));
+        let a = rx.recv().expect("answered on drop");
+        assert_eq!(a.result, Err(EpisodeError::Lost(5)));
+    }
+
+    #[test]
+    fn concurrent_resets_answer_every_episode() {
         let system = actix::System::new();
         system.block_on(async {
             let options = ShardOptions {
@@ -385,13 +509,15 @@ mod tests {
             let shard =
                 EnvShard::with_options(calc(), RestartBudget::new("env_shard", 1), options).start();
             let ids: Vec<u64> = (0..10).collect();
-            let prompts = shard
-                .send(ResetEpisodes(ids.iter().map(|&e| (e, e * 7)).collect()))
-                .await
-                .expect("mailbox");
+            let answers =
+                request_all(&shard, ids.iter().map(|&e| (e, EnvOp::Reset(e * 7))).collect()).await;
             let mut reference = keel_envs::make_env("calc", 3).expect("calc");
-            for (&e, p) in ids.iter().zip(&prompts) {
-                assert_eq!(p.as_ref().expect("reset").prompt, reference.reset(e * 7));
+            for (&e, (a, _)) in ids.iter().zip(&answers) {
+                assert_eq!(a.episode, e);
+                match &a.result {
+                    Ok(EnvReply::Started(s)) => assert_eq!(s.prompt, reference.reset(e * 7)),
+                    other => panic!("reset: {other:?}"),
+                }
             }
         });
     }

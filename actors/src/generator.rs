@@ -82,6 +82,8 @@ pub struct GeneratorSetup {
     pub agent_model: Vec<usize>,
     /// PATS: words of scaffold rendered before a prompt at most.
     pub scaffold_words: usize,
+    /// SA-7: sample with fixed forward shapes (RO-3 under streaming).
+    pub batch_invariant: bool,
 }
 
 /// Why a batch is sampled.
@@ -359,6 +361,7 @@ impl Generator {
             first_id: msg.batch_seq * 1_000_000,
             scaffold,
             capture_boundaries: capture,
+            batch_invariant: setup.batch_invariant,
         };
         let start = std::time::Instant::now();
         let policies = self.policies()?;

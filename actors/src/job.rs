@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use actix::{Addr, Supervisor, SyncArbiter};
+use actix::{Addr, SyncArbiter};
 use bytes::Bytes;
 use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split};
 use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
@@ -31,7 +31,7 @@ use crate::config::TrainConfig;
 use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
 use crate::demo_tokens::{render_demonstration, SftSequence};
-use crate::env_shard::{EnvFactory, EnvShard, ShardOptions};
+use crate::env_shard::{EnvFactory, EnvShard, ShardOptions, ShardPool};
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
@@ -271,12 +271,13 @@ async fn run_in_system(
     };
     let env_budget = RestartBudget::new("env_shard", RESTART_BUDGET);
     let gen_budget = RestartBudget::new("generator", RESTART_BUDGET);
-    let shards: Vec<Addr<EnvShard>> = (0..cfg.rollout.env_shards)
-        .map(|_| {
-            let (f, b, o) = (factory.clone(), env_budget.clone(), shard_options.clone());
-            Supervisor::start(move |_| EnvShard::with_options(f, b, o))
-        })
-        .collect();
+    let shard_pool = ShardPool::start(
+        cfg.rollout.env_shards,
+        factory,
+        env_budget.clone(),
+        shard_options,
+    );
+    let shards: Vec<Addr<EnvShard>> = shard_pool.addrs().to_vec();
 
     let learner = {
         let (s, io) = (store.clone(), io.clone());
@@ -331,6 +332,7 @@ async fn run_in_system(
                 dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
                 agent_model: cfg.agent_model_map(),
                 scaffold_words: cfg.pats.render_words,
+                batch_invariant: cfg.rollout.batch_invariant,
             };
             SyncArbiter::start(1, move || Generator::new(setup.clone()))
         })
@@ -600,6 +602,7 @@ async fn run_in_system(
     metrics.eval_success.set(outcome.eval_after);
     outcome.env_shard_restarts = env_budget.used();
     outcome.generator_restarts = gen_budget.used();
+    drop(shard_pool);
     Ok(outcome)
 }
 

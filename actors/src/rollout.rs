@@ -9,8 +9,10 @@
 //!   recomputes, MD-5), and every turn records the policy version that sampled it.
 //! - RO-3: sampling is a pure function of (weights, tasks, rng seed): each turn's draw is seeded
 //!   by (rng seed, plan index, turn index) (SA-4) — not by the trajectory id, which carries the
-//!   batch sequence number that a regenerated batch does not keep — so the same inputs give the
-//!   same trajectories, which makes sync-mode runs reproducible across crashes.
+//!   batch sequence number that a regenerated batch does not keep — and, with `batch_invariant`
+//!   (SA-7), does not depend on which episodes share a decoding step, so the same inputs give
+//!   the same trajectories however the env's timing interleaves them: sync-mode runs are
+//!   reproducible across crashes.
 //! - RO-4: episodes that failed in their env (ES-1, ES-2) are excluded from the batch and counted.
 //! - RO-5 (RTPO): with `capture_boundaries` the exact token context and the env snapshot before
 //!   every turn are recorded; a plan with a `start` continues from such a boundary: its context
@@ -21,17 +23,25 @@
 //! - RO-7: each turn records the agent that produced it and the env's anchor key of the state it
 //!   answered (EN-8); each turn is sampled by the model of its agent (`Policies`), anchor episodes
 //!   by the reference model.
+//! - RO-8 (streaming): each episode is its own state machine — env (reset/restore/step) →
+//!   sampler → env … — with no barrier across episodes: an episode whose observation arrives is
+//!   queued in its model's sampler at once and joins the next decoding step (SA-2), its action
+//!   goes to its shard as soon as its turn is sampled, and a finished episode frees its slot at
+//!   once. The batch lists trajectories in plan order, whatever order they finished in.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use actix::Addr;
-use futures::executor::block_on;
 
-use keel_learner::hf::{ChatCodec, GenRequest, HfModel, Sampler, SamplingParams};
+use keel_envs::{EnvSnapshot, StepOutcome};
+use keel_learner::hf::{ChatCodec, Completion, GenRequest, HfModel, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Source, Trajectory, Turn};
 
 use crate::demo_tokens::scaffolded_prompt;
 use crate::env_shard::{
-    CloseEpisodes, EnvShard, EpisodeError, ResetEpisodes, RestoreEpisodes, SnapshotEpisodes,
-    StepEpisodes,
+    CloseEpisodes, EnvAnswer, EnvOp, EnvReply, EnvRequest, EnvShard, EpisodeError, Reply,
+    ResetOutcome,
 };
 use crate::error::ActorError;
 use crate::seeds::mix_seed;
@@ -177,6 +187,9 @@ pub struct RolloutSpec {
     pub scaffold: Option<std::sync::Arc<ScaffoldRenderer>>,
     /// RTPO: record the boundary state before every turn (RO-5).
     pub capture_boundaries: bool,
+    /// SA-7: sample with fixed forward shapes, so that a trajectory does not depend on which
+    /// episodes it shared the sampler with (RO-3 under streaming).
+    pub batch_invariant: bool,
 }
 
 /// Aggregate statistics of one rollout.
@@ -233,6 +246,8 @@ pub struct RolloutExtras {
     pub task_types: Vec<String>,
     /// RTPO: per trajectory, the boundary before each of its turns (when captured).
     pub boundaries: Vec<Vec<BoundaryState>>,
+    /// Per trajectory, seconds from the rollout's start to the episode's end (RO-8).
+    pub finished_seconds: Vec<f64>,
 }
 
 struct Episode {
@@ -246,6 +261,12 @@ struct Episode {
     anchor: u64,
     task_type: String,
     boundaries: Vec<BoundaryState>,
+    /// Where the turn being sampled or stepped starts.
+    turn_start: usize,
+    /// When the episode ended (RO-8).
+    finished: Option<Instant>,
+    /// The env ended the episode (so its shard already dropped it).
+    env_ended: bool,
 }
 
 fn shard_of(episode: u64, n: usize) -> usize {
@@ -259,49 +280,368 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.tokens.extend_from_slice(ids);
 }
 
-/// One episode's answer from its shard: `(episode index, answer)`.
-type ShardAnswer<R> = (usize, Result<R, EpisodeError>);
+/// How long the engine waits for an env answer before looking again (nothing else is to do
+/// while it waits: every sampler is idle).
+const ANSWER_POLL: Duration = Duration::from_millis(200);
 
-/// Sends one message per shard carrying the requests of the episodes on that shard; answers in
-/// request order (ES-3).
-fn per_shard<Q, M, R>(
-    shards: &[Addr<EnvShard>],
-    episodes: &[Episode],
-    which: &[usize],
-    request: impl Fn(usize) -> Q,
-    message: impl Fn(Vec<Q>) -> M,
-) -> Result<Vec<ShardAnswer<R>>, ActorError>
-where
-    M: actix::Message<Result = Vec<Result<R, EpisodeError>>> + Send + 'static,
-    M::Result: Send,
-    EnvShard: actix::Handler<M>,
-    R: 'static,
-{
-    let mut out = Vec::with_capacity(which.len());
-    for (s, shard) in shards.iter().enumerate() {
-        let mine: Vec<usize> = which
-            .iter()
-            .copied()
-            .filter(|&i| episodes[i].shard == s)
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let answers = block_on(shard.send(message(mine.iter().map(|&i| request(i)).collect())))
-            .map_err(|e| ActorError::Mailbox(format!("env shard {s}: {e}")))?;
-        if answers.len() != mine.len() {
-            return Err(ActorError::Internal(format!(
-                "env shard {s} answered {} of {} requests",
-                answers.len(),
-                mine.len()
-            )));
-        }
-        out.extend(mine.into_iter().zip(answers));
-    }
-    Ok(out)
+/// One rollout in flight: the episodes, their samplers and the env answers coming back
+/// (module doc, RO-8).
+struct Engine<'a, 'p> {
+    policies: &'a Policies<'p>,
+    codec: &'a ChatCodec,
+    shards: &'a [Addr<EnvShard>],
+    spec: &'a RolloutSpec,
+    episodes: Vec<Episode>,
+    samplers: Vec<Option<Sampler>>,
+    stats: RolloutStats,
+    params: SamplingParams,
+    answers: (mpsc::Sender<EnvAnswer>, mpsc::Receiver<EnvAnswer>),
+    /// Requests sent to shards and not answered yet.
+    in_env: usize,
+    started: Instant,
 }
 
-/// Samples every planned episode against the env shards (module doc, RO-1..RO-6).
+impl<'a, 'p> Engine<'a, 'p> {
+    fn new(
+        policies: &'a Policies<'p>,
+        codec: &'a ChatCodec,
+        shards: &'a [Addr<EnvShard>],
+        spec: &'a RolloutSpec,
+    ) -> Self {
+        let episodes = spec
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(k, plan)| {
+                let id = spec.first_id + k as u64;
+                Episode {
+                    id,
+                    shard: shard_of(id, shards.len()),
+                    traj: Trajectory {
+                        trajectory_id: id,
+                        group_id: plan.group_id,
+                        task_id: plan.task.task_id,
+                        env_name: spec.env_name.clone(),
+                        agent_id: 0,
+                        tokens: Vec::new(),
+                        loss_mask: Vec::new(),
+                        behaviour_logprobs: Vec::new(),
+                        turns: Vec::new(),
+                        final_reward: 0.0,
+                        source: plan.source,
+                        scaffold_version: 0,
+                        trained_turn: plan.start.as_ref().map(|_| 0),
+                    },
+                    done: false,
+                    failed: false,
+                    success: false,
+                    agent: 0,
+                    anchor: 0,
+                    task_type: String::new(),
+                    boundaries: Vec::new(),
+                    turn_start: 0,
+                    finished: None,
+                    env_ended: false,
+                }
+            })
+            .collect();
+        Engine {
+            policies,
+            codec,
+            shards,
+            spec,
+            episodes,
+            samplers: Vec::new(),
+            stats: RolloutStats::default(),
+            params: SamplingParams {
+                temperature: if spec.greedy { 0.0 } else { spec.temperature },
+                max_new_tokens: spec.max_turn_tokens,
+                stop_token_ids: vec![codec.end_of_turn()],
+                ..SamplingParams::default()
+            },
+            answers: mpsc::channel(),
+            in_env: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Sends one episode's request to its shard; the answer comes back on the channel.
+    fn to_env(&mut self, i: usize, op: EnvOp) {
+        let ep = &self.episodes[i];
+        self.shards[ep.shard].do_send(EnvRequest {
+            episode: ep.id,
+            op,
+            snapshot: self.spec.capture_boundaries,
+            reply: Reply::to_channel(ep.id, self.answers.0.clone()),
+        });
+        self.in_env += 1;
+    }
+
+    /// Runs every episode to its end: no episode waits for another (RO-8).
+    fn run(&mut self) -> Result<(), ActorError> {
+        for i in 0..self.episodes.len() {
+            let op = match &self.spec.plans[i].start {
+                None => EnvOp::Reset(self.spec.plans[i].task.task_seed),
+                Some(b) => EnvOp::Restore(b.snapshot.clone()),
+            };
+            self.to_env(i, op);
+        }
+        loop {
+            while let Ok(answer) = self.answers.1.try_recv() {
+                self.on_answer(answer)?;
+            }
+            let busy: Vec<usize> = (0..self.samplers.len())
+                .filter(|&s| self.samplers[s].as_ref().is_some_and(|x| !x.is_idle()))
+                .collect();
+            if busy.is_empty() {
+                if self.in_env == 0 {
+                    return Ok(());
+                }
+                // Every sampler is idle: wait for the env.
+                if let Ok(answer) = self.answers.1.recv_timeout(ANSWER_POLL) {
+                    self.on_answer(answer)?;
+                }
+                continue;
+            }
+            for slot in busy {
+                let model = self.policies.model(slot)?;
+                let Some(sampler) = self.samplers[slot].as_mut() else {
+                    continue;
+                };
+                for (i, completion) in sampler.step(model)? {
+                    self.on_completion(i, completion);
+                }
+            }
+        }
+    }
+
+    /// A sampled turn: record it and send its action to the env. A turn that does not decode
+    /// is an empty (invalid) action, never an error.
+    fn on_completion(&mut self, i: usize, c: Completion) {
+        let t = &mut self.episodes[i].traj;
+        self.stats.sampled_tokens += c.tokens.len();
+        t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
+        t.tokens.extend(c.tokens);
+        t.behaviour_logprobs.extend(c.logprobs);
+        let start = self.episodes[i].turn_start;
+        let action = self
+            .codec
+            .action_text(&self.episodes[i].traj.tokens[start..])
+            .unwrap_or_default();
+        self.to_env(i, EnvOp::Step(action));
+    }
+
+    fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
+        self.in_env = self.in_env.saturating_sub(1);
+        let Some(i) = answer
+            .episode
+            .checked_sub(self.spec.first_id)
+            .map(|k| k as usize)
+            .filter(|&k| k < self.episodes.len())
+        else {
+            return Err(ActorError::Internal(format!(
+                "an env shard answered for unknown episode {}",
+                answer.episode
+            )));
+        };
+        match answer.result {
+            Ok(EnvReply::Started(start)) => self.started_episode(i, start)?,
+            Ok(EnvReply::Restored) => {
+                let plan = &self.spec.plans[i];
+                let ep = &mut self.episodes[i];
+                match &plan.start {
+                    Some(b) => {
+                        push_context(&mut ep.traj, &b.tokens);
+                        ep.agent = b.agent_id;
+                        ep.anchor = b.anchor_key;
+                        ep.task_type = b.task_type.clone();
+                    }
+                    None => {
+                        let lost = EpisodeError::Lost(ep.id);
+                        self.fail(i, &lost);
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(EnvReply::Stepped(outcome)) => {
+                if !self.stepped(i, outcome)? {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                self.fail(i, &e);
+                return Ok(());
+            }
+        }
+        self.next_turn(i, answer.snapshot)
+    }
+
+    fn started_episode(&mut self, i: usize, start: ResetOutcome) -> Result<(), ActorError> {
+        let (scaffold, version) = match &self.spec.scaffold {
+            Some(render) => render(&start.task_type),
+            None => (String::new(), 0),
+        };
+        let ids = self
+            .codec
+            .prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
+        self.stats.prompt_tokens += ids.len();
+        let ep = &mut self.episodes[i];
+        if !scaffold.is_empty() {
+            self.stats.scaffold_tokens += self.codec.count(&scaffold)?;
+            ep.traj.scaffold_version = version;
+        }
+        push_context(&mut ep.traj, &ids);
+        ep.agent = start.agent_id;
+        ep.anchor = start.anchor_key;
+        ep.task_type = start.task_type;
+        Ok(())
+    }
+
+    /// Records a stepped turn; false when the episode ended.
+    fn stepped(&mut self, i: usize, outcome: StepOutcome) -> Result<bool, ActorError> {
+        let version = self.spec.policy_version;
+        let ep = &mut self.episodes[i];
+        self.stats.turns += 1;
+        self.stats.invalid_turns += usize::from(outcome.invalid_action);
+        ep.traj.turns.push(Turn {
+            start: ep.turn_start as u32,
+            end: ep.traj.tokens.len() as u32,
+            policy_version: version,
+            reward: outcome.reward,
+            invalid_action: outcome.invalid_action,
+            agent_id: ep.agent,
+            anchor_key: ep.anchor,
+        });
+        ep.agent = outcome.agent_id;
+        ep.anchor = outcome.anchor_key;
+        if outcome.done {
+            ep.done = true;
+            ep.env_ended = true;
+            ep.finished = Some(Instant::now());
+            ep.traj.final_reward = outcome.reward;
+            ep.success = outcome.reward >= 1.0;
+            return Ok(false);
+        }
+        let ids = self.codec.observation(&outcome.observation)?;
+        push_context(&mut ep.traj, &ids);
+        Ok(true)
+    }
+
+    /// The episode's observation is in: truncate it if another turn cannot fit, else record the
+    /// boundary (RO-5) and queue its next turn in its model's sampler.
+    fn next_turn(&mut self, i: usize, snapshot: Option<EnvSnapshot>) -> Result<(), ActorError> {
+        let spec = self.spec;
+        let ep = &mut self.episodes[i];
+        if ep.traj.tokens.len() + spec.max_turn_tokens + 8 > spec.context_len {
+            ep.done = true;
+            ep.finished = Some(Instant::now());
+            return Ok(());
+        }
+        if spec.capture_boundaries {
+            let Some(snapshot) = snapshot else {
+                let e = EpisodeError::Failed(ep.id, "the shard sent no boundary snapshot".into());
+                self.fail(i, &e);
+                return Ok(());
+            };
+            ep.boundaries.push(BoundaryState {
+                tokens: ep.traj.tokens.clone(),
+                snapshot,
+                agent_id: ep.agent,
+                anchor_key: ep.anchor,
+                task_type: ep.task_type.clone(),
+            });
+        }
+        ep.turn_start = ep.traj.tokens.len();
+        let slot = self.policies.slot(ep.traj.source, ep.agent);
+        let request = GenRequest {
+            prompt: ep.traj.tokens.clone(),
+            params: self.params.clone(),
+            seed: mix_seed(&[spec.rng_seed, i as u64, ep.traj.turns.len() as u64]),
+        };
+        let model = self.policies.model(slot)?;
+        if self.samplers.len() <= slot {
+            self.samplers.resize_with(slot + 1, || None);
+        }
+        let sampler = match &mut self.samplers[slot] {
+            Some(s) => s,
+            empty => {
+                let mut s = Sampler::new(
+                    model,
+                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
+                    spec.context_len,
+                )?;
+                s.set_batch_invariant(spec.batch_invariant);
+                empty.insert(s)
+            }
+        };
+        sampler.submit(model, i, request)?;
+        Ok(())
+    }
+
+    fn fail(&mut self, i: usize, e: &EpisodeError) {
+        let ep = &mut self.episodes[i];
+        tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
+        ep.failed = true;
+        ep.done = true;
+        ep.finished = Some(Instant::now());
+    }
+
+    /// The batch, in plan order, whatever order the episodes finished in.
+    fn finish(mut self) -> (RolloutBatch, RolloutStats, RolloutExtras) {
+        // An episode whose trained (branched) turn never happened cannot be trained.
+        for i in 0..self.episodes.len() {
+            let ep = &self.episodes[i];
+            if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
+                let e = EpisodeError::Failed(ep.id, "no room for the branched turn".into());
+                self.fail(i, &e);
+            }
+        }
+        // Truncated and failed episodes may still be live on their shards.
+        let open: Vec<u64> = self
+            .episodes
+            .iter()
+            .filter(|e| !e.env_ended)
+            .map(|e| e.id)
+            .collect();
+        if !open.is_empty() {
+            for shard in self.shards {
+                shard.do_send(CloseEpisodes(open.clone()));
+            }
+        }
+        let mut stats = self.stats;
+        let mut trajectories = Vec::with_capacity(self.episodes.len());
+        let mut extras = RolloutExtras::default();
+        for ep in self.episodes {
+            if ep.failed {
+                stats.failed_episodes += 1;
+                continue;
+            }
+            stats.episodes += 1;
+            stats.successes += usize::from(ep.success);
+            stats.reward_sum += f64::from(ep.traj.final_reward);
+            extras.task_types.push(ep.task_type);
+            extras.finished_seconds.push(
+                ep.finished
+                    .map_or(0.0, |t| t.duration_since(self.started).as_secs_f64()),
+            );
+            if self.spec.capture_boundaries {
+                extras.boundaries.push(ep.boundaries);
+            }
+            trajectories.push(ep.traj);
+        }
+        let batch = RolloutBatch {
+            run_id: self.spec.run_id.clone(),
+            batch_seq: self.spec.batch_seq,
+            generator_id: self.spec.generator_id,
+            policy_version: self.spec.policy_version,
+            created_unix_ms: unix_ms(),
+            trajectories,
+        };
+        (batch, stats, extras)
+    }
+}
+
+/// Samples every planned episode against the env shards (module doc, RO-1..RO-8).
 pub fn run_episodes(
     policies: &Policies<'_>,
     codec: &ChatCodec,
@@ -311,313 +651,9 @@ pub fn run_episodes(
     if shards.is_empty() {
         return Err(ActorError::Internal("no env shards".into()));
     }
-    let mut samplers: Vec<Option<Sampler>> = Vec::new();
-    let mut stats = RolloutStats::default();
-    let mut episodes: Vec<Episode> = spec
-        .plans
-        .iter()
-        .enumerate()
-        .map(|(k, plan)| {
-            let id = spec.first_id + k as u64;
-            Episode {
-                id,
-                shard: shard_of(id, shards.len()),
-                traj: Trajectory {
-                    trajectory_id: id,
-                    group_id: plan.group_id,
-                    task_id: plan.task.task_id,
-                    env_name: spec.env_name.clone(),
-                    agent_id: 0,
-                    tokens: Vec::new(),
-                    loss_mask: Vec::new(),
-                    behaviour_logprobs: Vec::new(),
-                    turns: Vec::new(),
-                    final_reward: 0.0,
-                    source: plan.source,
-                    scaffold_version: 0,
-                    trained_turn: plan.start.as_ref().map(|_| 0),
-                },
-                done: false,
-                failed: false,
-                success: false,
-                agent: 0,
-                anchor: 0,
-                task_type: String::new(),
-                boundaries: Vec::new(),
-            }
-        })
-        .collect();
-
-    // Start every episode: reset (with the scaffold before the prompt) or restore a boundary.
-    let fresh: Vec<usize> = (0..episodes.len())
-        .filter(|&i| spec.plans[i].start.is_none())
-        .collect();
-    let resets = per_shard(
-        shards,
-        &episodes,
-        &fresh,
-        |i| (episodes[i].id, spec.plans[i].task.task_seed),
-        ResetEpisodes,
-    )?;
-    for (i, answer) in resets {
-        let ep = &mut episodes[i];
-        match answer {
-            Ok(start) => {
-                let (scaffold, version) = match &spec.scaffold {
-                    Some(render) => render(&start.task_type),
-                    None => (String::new(), 0),
-                };
-                let ids = codec.prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
-                stats.prompt_tokens += ids.len();
-                if !scaffold.is_empty() {
-                    stats.scaffold_tokens += codec.count(&scaffold)?;
-                    ep.traj.scaffold_version = version;
-                }
-                push_context(&mut ep.traj, &ids);
-                ep.agent = start.agent_id;
-                ep.anchor = start.anchor_key;
-                ep.task_type = start.task_type;
-            }
-            Err(e) => fail(ep, &e),
-        }
-    }
-    let resumed: Vec<usize> = (0..episodes.len())
-        .filter(|&i| spec.plans[i].start.is_some())
-        .collect();
-    let restores = per_shard(
-        shards,
-        &episodes,
-        &resumed,
-        |i| {
-            let snap = spec.plans[i]
-                .start
-                .as_ref()
-                .map(|b| b.snapshot.clone())
-                .unwrap_or_else(|| keel_envs::EnvSnapshot {
-                    env: String::new(),
-                    state: serde_json::Value::Null,
-                });
-            (episodes[i].id, snap)
-        },
-        RestoreEpisodes,
-    )?;
-    for (i, answer) in restores {
-        let ep = &mut episodes[i];
-        match (answer, &spec.plans[i].start) {
-            (Ok(()), Some(b)) => {
-                push_context(&mut ep.traj, &b.tokens);
-                ep.agent = b.agent_id;
-                ep.anchor = b.anchor_key;
-                ep.task_type = b.task_type.clone();
-            }
-            (Err(e), _) => fail(ep, &e),
-            (Ok(()), None) => fail(ep, &EpisodeError::Lost(ep.id)),
-        }
-    }
-
-    loop {
-        // Truncate episodes that could not fit another turn and its observation.
-        for ep in episodes.iter_mut().filter(|e| !e.done) {
-            if ep.traj.tokens.len() + spec.max_turn_tokens + 8 > spec.context_len {
-                ep.done = true;
-            }
-        }
-        let active: Vec<usize> = (0..episodes.len()).filter(|&i| !episodes[i].done).collect();
-        if active.is_empty() {
-            break;
-        }
-        if spec.capture_boundaries {
-            capture(shards, &mut episodes, &active)?;
-        }
-        let starts: Vec<usize> = active
-            .iter()
-            .map(|&i| episodes[i].traj.tokens.len())
-            .collect();
-        // Sample one agent turn for every active episode, batched per model (KV-cache sampler).
-        let mut slots: Vec<usize> = active
-            .iter()
-            .map(|&i| policies.slot(episodes[i].traj.source, episodes[i].agent))
-            .collect();
-        slots.sort_unstable();
-        slots.dedup();
-        for slot in slots {
-            let model = policies.model(slot)?;
-            let sampling: Vec<usize> = active
-                .iter()
-                .copied()
-                .filter(|&i| policies.slot(episodes[i].traj.source, episodes[i].agent) == slot)
-                .collect();
-            if samplers.len() <= slot {
-                samplers.resize_with(slot + 1, || None);
-            }
-            let sampler = match &mut samplers[slot] {
-                Some(s) => s,
-                empty => empty.insert(Sampler::new(
-                    model,
-                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
-                    spec.context_len,
-                )?),
-            };
-            let params = SamplingParams {
-                temperature: if spec.greedy { 0.0 } else { spec.temperature },
-                max_new_tokens: spec.max_turn_tokens,
-                stop_token_ids: vec![codec.end_of_turn()],
-                ..SamplingParams::default()
-            };
-            let requests = sampling
-                .iter()
-                .map(|&i| {
-                    let t = &episodes[i].traj;
-                    GenRequest {
-                        prompt: t.tokens.clone(),
-                        params: params.clone(),
-                        seed: mix_seed(&[spec.rng_seed, i as u64, t.turns.len() as u64]),
-                    }
-                })
-                .collect();
-            let completions = sampler.generate(model, requests)?;
-            for (&i, c) in sampling.iter().zip(completions) {
-                let t = &mut episodes[i].traj;
-                stats.sampled_tokens += c.tokens.len();
-                t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
-                t.tokens.extend(c.tokens);
-                t.behaviour_logprobs.extend(c.logprobs);
-            }
-        }
-        // Send the actions to the shards, one message per shard. A turn that does not decode
-        // is an empty (invalid) action, never an error.
-        let actions: std::collections::HashMap<usize, String> = active
-            .iter()
-            .zip(&starts)
-            .map(|(&i, &start)| {
-                let ids = &episodes[i].traj.tokens[start..];
-                (i, codec.action_text(ids).unwrap_or_default())
-            })
-            .collect();
-        let steps = per_shard(
-            shards,
-            &episodes,
-            &active,
-            |i| (episodes[i].id, actions.get(&i).cloned().unwrap_or_default()),
-            StepEpisodes,
-        )?;
-        let mut outcomes: Vec<Option<Result<keel_envs::StepOutcome, EpisodeError>>> =
-            vec![None; episodes.len()];
-        for (i, answer) in steps {
-            outcomes[i] = Some(answer);
-        }
-        for (&i, &start) in active.iter().zip(&starts) {
-            let ep = &mut episodes[i];
-            let end = ep.traj.tokens.len();
-            match outcomes[i].take() {
-                Some(Ok(outcome)) => {
-                    stats.turns += 1;
-                    stats.invalid_turns += usize::from(outcome.invalid_action);
-                    ep.traj.turns.push(Turn {
-                        start: start as u32,
-                        end: end as u32,
-                        policy_version: spec.policy_version,
-                        reward: outcome.reward,
-                        invalid_action: outcome.invalid_action,
-                        agent_id: ep.agent,
-                        anchor_key: ep.anchor,
-                    });
-                    ep.agent = outcome.agent_id;
-                    ep.anchor = outcome.anchor_key;
-                    if outcome.done {
-                        ep.done = true;
-                        ep.traj.final_reward = outcome.reward;
-                        ep.success = outcome.reward >= 1.0;
-                    } else {
-                        let ids = codec.observation(&outcome.observation)?;
-                        push_context(&mut ep.traj, &ids);
-                    }
-                }
-                Some(Err(e)) => fail(ep, &e),
-                None => fail(ep, &EpisodeError::Lost(ep.id)),
-            }
-        }
-    }
-    // An episode whose trained (branched) turn never happened cannot be trained.
-    for ep in episodes.iter_mut() {
-        if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
-            fail(
-                ep,
-                &EpisodeError::Failed(ep.id, "no room for the branched turn".into()),
-            );
-        }
-    }
-    let open: Vec<u64> = episodes
-        .iter()
-        .filter(|e| !e.done || e.failed)
-        .map(|e| e.id)
-        .collect();
-    if !open.is_empty() {
-        for shard in shards {
-            shard.do_send(CloseEpisodes(open.clone()));
-        }
-    }
-
-    let mut trajectories = Vec::with_capacity(episodes.len());
-    let mut extras = RolloutExtras::default();
-    for ep in episodes {
-        if ep.failed {
-            stats.failed_episodes += 1;
-            continue;
-        }
-        stats.episodes += 1;
-        stats.successes += usize::from(ep.success);
-        stats.reward_sum += f64::from(ep.traj.final_reward);
-        extras.task_types.push(ep.task_type);
-        if spec.capture_boundaries {
-            extras.boundaries.push(ep.boundaries);
-        }
-        trajectories.push(ep.traj);
-    }
-    let batch = RolloutBatch {
-        run_id: spec.run_id.clone(),
-        batch_seq: spec.batch_seq,
-        generator_id: spec.generator_id,
-        policy_version: spec.policy_version,
-        created_unix_ms: unix_ms(),
-        trajectories,
-    };
-    Ok((batch, stats, extras))
-}
-
-/// Records the boundary state of every active episode before its next turn (RO-5).
-fn capture(
-    shards: &[Addr<EnvShard>],
-    episodes: &mut [Episode],
-    active: &[usize],
-) -> Result<(), ActorError> {
-    let snaps = per_shard(
-        shards,
-        episodes,
-        active,
-        |i| episodes[i].id,
-        SnapshotEpisodes,
-    )?;
-    for (i, answer) in snaps {
-        let ep = &mut episodes[i];
-        match answer {
-            Ok(snapshot) => ep.boundaries.push(BoundaryState {
-                tokens: ep.traj.tokens.clone(),
-                snapshot,
-                agent_id: ep.agent,
-                anchor_key: ep.anchor,
-                task_type: ep.task_type.clone(),
-            }),
-            Err(e) => fail(ep, &e),
-        }
-    }
-    Ok(())
-}
-
-fn fail(ep: &mut Episode, e: &EpisodeError) {
-    tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
-    ep.failed = true;
-    ep.done = true;
+    let mut engine = Engine::new(policies, codec, shards, spec);
+    engine.run()?;
+    Ok(engine.finish())
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).

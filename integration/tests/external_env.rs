@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix::{Actor, Supervisor};
 use keel_actors::env_shard::{
-    EnvFactory, EnvShard, EpisodeError, ResetEpisodes, ShardOptions, StepEpisodes,
+    request_all, EnvAnswer, EnvFactory, EnvOp, EnvReply, EnvShard, EpisodeError, ShardOptions,
 };
 use keel_actors::supervision::RestartBudget;
 use keel_envs::evaluate::{evaluate, oracle_policy};
@@ -173,31 +173,27 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
             EnvShard::with_options(f.clone(), b.clone(), options.clone())
         });
         let n = 16u64;
-        let prompts = shard
-            .send(ResetEpisodes((0..n).map(|e| (e, 100 + e)).collect()))
-            .await
-            .expect("mailbox");
-        assert!(prompts
-            .iter()
-            .all(|p| p.as_ref().is_ok_and(|t| t.prompt.starts_with("task guess"))));
+        let prompts =
+            request_all(&shard, (0..n).map(|e| (e, EnvOp::Reset(100 + e))).collect()).await;
+        assert!(prompts.iter().all(|(a, _)| matches!(
+            &a.result,
+            Ok(EnvReply::Started(t)) if t.prompt.starts_with("task guess")
+        )));
         let mut bounds: Vec<(u32, u32)> = vec![(1, 64); n as usize];
         let mut solved = 0;
         let mut live: Vec<u64> = (0..n).collect();
         for _ in 0..7 {
-            let guesses: Vec<(u64, String)> = live
+            let guesses: Vec<(u64, EnvOp)> = live
                 .iter()
                 .map(|&e| {
                     let (lo, hi) = bounds[e as usize];
-                    (e, format!("guess {}", (lo + hi) / 2))
+                    (e, EnvOp::Step(format!("guess {}", (lo + hi) / 2)))
                 })
                 .collect();
-            let outs = shard
-                .send(StepEpisodes(guesses.clone()))
-                .await
-                .expect("mailbox");
+            let outs = request_all(&shard, guesses.clone()).await;
             let mut next = Vec::new();
-            for ((e, _), out) in guesses.iter().zip(outs) {
-                let out = out.expect("served");
+            for ((e, _), (out, _)) in guesses.iter().zip(outs) {
+                let out = stepped(out);
                 let (lo, hi) = bounds[*e as usize];
                 let mid = (lo + hi) / 2;
                 match out.observation.as_str() {
@@ -220,21 +216,14 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
         }
         assert_eq!(solved, n as usize);
         // Kill the server mid-episode: those episodes fail (ES-4), the shard keeps serving.
-        let prompts = shard
-            .send(ResetEpisodes(vec![(100, 1), (101, 2)]))
-            .await
-            .expect("mailbox");
-        assert!(prompts.iter().all(Result::is_ok));
+        let prompts =
+            request_all(&shard, vec![(100, EnvOp::Reset(1)), (101, EnvOp::Reset(2))]).await;
+        assert!(prompts.iter().all(|(a, _)| a.result.is_ok()));
         drop(server);
-        let outs = shard
-            .send(StepEpisodes(vec![
-                (100, "guess 32".into()),
-                (101, "guess 32".into()),
-            ]))
-            .await
-            .expect("mailbox");
-        for out in outs {
-            match out {
+        let guess = || EnvOp::Step("guess 32".into());
+        let outs = request_all(&shard, vec![(100, guess()), (101, guess())]).await;
+        for (out, _) in outs {
+            match out.result {
                 Err(EpisodeError::Failed(_, msg)) => {
                     assert!(msg.contains("external env at"), "{msg}")
                 }
@@ -242,45 +231,36 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
             }
         }
         assert_eq!(budget.used(), 0, "an env error is not a restart");
-        let again = shard
-            .send(StepEpisodes(vec![(7, "guess 1".into())]))
-            .await
-            .expect("the shard still serves");
-        assert_eq!(again, vec![Err(EpisodeError::Lost(7))]);
+        let again = request_all(&shard, vec![(7, EnvOp::Step("guess 1".into()))]).await;
+        assert_eq!(again[0].0.result, Err(EpisodeError::Lost(7)), "the shard still serves");
     });
 }
 
 #[test]
-fn latency_model_makes_a_shard_step_cost_its_slowest_episode() {
+fn latency_overlaps_and_each_episode_is_answered_when_its_own_step_is_done() {
     let factory: EnvFactory = Arc::new(|| keel_envs::make_env("calc", 1).expect("calc"));
     let system = actix::System::new();
     system.block_on(async move {
         let latency = LatencyModel::Pareto {
             scale_ms: 20.0,
             alpha: 1.2,
-            cap_ms: 200.0,
+            cap_ms: 400.0,
         };
-        let slowest = (0..32u64)
-            .map(|e| latency.delay(e, 1))
-            .max()
-            .expect("episodes");
+        let delays: Vec<std::time::Duration> = (0..32u64).map(|e| latency.delay(e, 1)).collect();
+        let slowest = delays.iter().max().copied().expect("episodes");
         let options = ShardOptions {
             concurrency: 32,
             latency,
         };
         let shard =
             EnvShard::with_options(factory, RestartBudget::new("env_shard", 1), options).start();
-        shard
-            .send(ResetEpisodes((0..32).map(|e| (e, e)).collect()))
-            .await
-            .expect("mailbox");
+        request_all(&shard, (0..32).map(|e| (e, EnvOp::Reset(e))).collect()).await;
         let t = std::time::Instant::now();
-        let outs = shard
-            .send(StepEpisodes(
-                (0..32).map(|e| (e, "answer 1".into())).collect(),
-            ))
-            .await
-            .expect("mailbox");
+        let outs = request_all(
+            &shard,
+            (0..32).map(|e| (e, EnvOp::Step("answer 1".into()))).collect(),
+        )
+        .await;
         let took = t.elapsed();
         assert_eq!(outs.len(), 32);
         assert!(took >= slowest, "{took:?} < slowest {slowest:?}");
@@ -288,5 +268,20 @@ fn latency_model_makes_a_shard_step_cost_its_slowest_episode() {
             took < slowest * 3 + std::time::Duration::from_millis(200),
             "not concurrent: {took:?} vs slowest {slowest:?}"
         );
+        // ES-3/ES-5: a fast episode is answered long before the slowest one.
+        let fastest = (0..32).min_by_key(|&e| delays[e]).expect("episodes");
+        let fast_at = outs[fastest].1.duration_since(t);
+        assert!(
+            fast_at + std::time::Duration::from_millis(100) < slowest,
+            "the fastest episode ({:?} of latency) waited {fast_at:?}, the slowest is {slowest:?}",
+            delays[fastest]
+        );
     });
+}
+
+fn stepped(a: EnvAnswer) -> keel_envs::StepOutcome {
+    match a.result {
+        Ok(EnvReply::Stepped(o)) => o,
+        other => panic!("expected a served step, got {other:?}"),
+    }
 }

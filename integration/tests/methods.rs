@@ -730,6 +730,7 @@ fn eval_has_no_scaffold(
             dynamic_sampling: None,
             agent_model: Vec::new(),
             scaffold_words: 24,
+            batch_invariant: true,
         };
         let generator = actix::SyncArbiter::start(1, move || Generator::new(setup.clone()));
         let tasks: Vec<TaskRef> = (0..8)
