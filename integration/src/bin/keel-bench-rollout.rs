@@ -1,0 +1,243 @@
+//! `keel-bench-rollout`: what streaming rollouts buy under long-tailed tool latency.
+//!
+//! Every cell is an ordinary in-process training run (`run_job`) of the built-in tiny model on
+//! `calc` with the same seed, SFT warm start and Pareto step latency; only the mode and the
+//! rollout layout change. The clock runs from the end of the before-RL evaluation to the last RL
+//! step, so it is the wall time to `steps × tasks_per_batch × group_size` trained episodes.
+//! Ratios are against the sync cell measured in the same run. With `--baseline-bin OLD_KEEL`,
+//! the same sync job is also run as a whole `keel train` process by that binary and by this
+//! build's `keel`, to compare two engines on identical work (total process wall time).
+//!
+//! ```text
+//! cargo build --release -p keel-ops -p keel-integration --bin keel --bin keel-bench-rollout
+//! target/release/keel-bench-rollout [--steps 8] [--baseline-bin /path/to/old/keel]
+//! ```
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use keel_actors::events::TrainEvent;
+use keel_actors::{run_job, JobOptions, TrainConfig, TrainMetrics};
+use keel_store::RunStore;
+
+/// One configuration to time.
+struct Cell {
+    name: &'static str,
+    mode: &'static str,
+    generators: usize,
+    staleness: u64,
+    shards: usize,
+    concurrency: usize,
+}
+
+/// What one cell measured.
+struct Measured {
+    rl_seconds: f64,
+    episodes: u64,
+    eval_after: f64,
+    max_lag: u64,
+}
+
+struct Args {
+    steps: u64,
+    eval_tasks: usize,
+    baseline_bin: Option<PathBuf>,
+    skip_scaling: bool,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        steps: 8,
+        eval_tasks: 128,
+        baseline_bin: None,
+        skip_scaling: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--steps" => args.steps = value("--steps")?.parse().context("--steps")?,
+            "--eval-tasks" => {
+                args.eval_tasks = value("--eval-tasks")?.parse().context("--eval-tasks")?
+            }
+            "--baseline-bin" => args.baseline_bin = Some(PathBuf::from(value("--baseline-bin")?)),
+            "--skip-scaling" => args.skip_scaling = true,
+            other => bail!(
+                "unknown argument {other:?} (expected --steps N, --eval-tasks N, --baseline-bin PATH, --skip-scaling)"
+            ),
+        }
+    }
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    Ok(args)
+}
+
+/// The TOML of a cell: defaults plus Pareto latency (20 ms minimum, tail index 1.2, cap 2 s).
+fn cell_toml(c: &Cell, args: &Args) -> String {
+    format!(
+        r#"[run]
+name = "bench-{name}"
+seed = 7
+steps = {steps}
+mode = "{mode}"
+staleness_bound = {staleness}
+checkpoint_every = 1000
+threads = 1
+
+[env]
+name = "calc"
+latency = "pareto"
+latency_ms = 20.0
+latency_shape = 1.2
+latency_cap_ms = 2000.0
+concurrency = {concurrency}
+
+[rollout]
+generators = {generators}
+env_shards = {shards}
+eval_tasks = {eval_tasks}
+"#,
+        name = c.name,
+        steps = args.steps,
+        mode = c.mode,
+        staleness = c.staleness.max(1),
+        concurrency = c.concurrency,
+        generators = c.generators,
+        shards = c.shards,
+        eval_tasks = args.eval_tasks,
+    )
+}
+
+fn run_cell(c: &Cell, args: &Args) -> Result<Measured> {
+    let cfg = TrainConfig::from_toml(&cell_toml(c, args)).map_err(anyhow::Error::msg)?;
+    let episodes = args.steps * (cfg.rollout.tasks_per_batch * cfg.rollout.group_size) as u64;
+    let dir = tempfile::tempdir()?;
+    let store = RunStore::open(dir.path().to_str().context("utf-8 temp dir")?)?;
+    let metrics = TrainMetrics::new(&cfg.run.name)?;
+    // (RL start, last step, largest lag)
+    let clock: Arc<Mutex<(Option<Instant>, Option<Instant>, u64)>> = Arc::default();
+    let seen = clock.clone();
+    let sink = Arc::new(move |e: &TrainEvent| {
+        if let Ok(mut c) = seen.lock() {
+            match e {
+                TrainEvent::Eval { phase, .. } if phase == "before_rl" => c.0 = Some(Instant::now()),
+                TrainEvent::Step { max_lag, .. } => {
+                    c.1 = Some(Instant::now());
+                    c.2 = c.2.max(*max_lag);
+                }
+                _ => {}
+            }
+        }
+    });
+    let outcome = run_job(cfg, store, metrics, sink, JobOptions::default())?;
+    let (start, end, max_lag) = *clock.lock().map_err(|_| anyhow::anyhow!("clock poisoned"))?;
+    let (Some(start), Some(end)) = (start, end) else {
+        bail!("cell {}: no RL step was timed", c.name);
+    };
+    Ok(Measured {
+        rl_seconds: end.duration_since(start).as_secs_f64(),
+        episodes,
+        eval_after: outcome.eval_after,
+        max_lag,
+    })
+}
+
+/// Wall time of a whole `keel train` process for the sync cell's config.
+fn time_process(bin: &PathBuf, c: &Cell, args: &Args) -> Result<Duration> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("bench.toml");
+    std::fs::write(&config, cell_toml(c, args))?;
+    let root = dir.path().join("root");
+    let t = Instant::now();
+    let status = std::process::Command::new(bin)
+        .arg("train")
+        .arg("--config")
+        .arg(&config)
+        .arg("--run-root")
+        .arg(&root)
+        .arg("--no-progress")
+        .arg("--metrics-port")
+        .arg("0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !status.success() {
+        bail!("{} train failed: {status}", bin.display());
+    }
+    Ok(t.elapsed())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    tch::set_num_threads(1);
+    let sync = Cell {
+        name: "sync",
+        mode: "sync",
+        generators: 1,
+        staleness: 0,
+        shards: 1,
+        concurrency: 32,
+    };
+    let mut cells = vec![Cell {
+        name: "async-4gen-s4",
+        mode: "async",
+        generators: 4,
+        staleness: 4,
+        shards: 1,
+        concurrency: 32,
+    }];
+    if !args.skip_scaling {
+        for (name, shards) in [("shards-1x4", 1), ("shards-2x4", 2), ("shards-4x4", 4)] {
+            cells.push(Cell {
+                name,
+                mode: "sync",
+                generators: 1,
+                staleness: 0,
+                shards,
+                concurrency: 4,
+            });
+        }
+    }
+    println!(
+        "calc, Pareto latency (20 ms, alpha 1.2, cap 2 s), {} RL steps, seed 7",
+        args.steps
+    );
+    println!("| cell | RL wall s | episodes/s | vs sync | held-out success | max lag |");
+    println!("|---|---|---|---|---|---|");
+    let base = run_cell(&sync, &args)?;
+    let row = |name: &str, m: &Measured| {
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2}x | {:.3} | {} |",
+            m.rl_seconds,
+            m.episodes as f64 / m.rl_seconds,
+            base.rl_seconds / m.rl_seconds,
+            m.eval_after,
+            m.max_lag
+        );
+    };
+    row(sync.name, &base);
+    for c in &cells {
+        let m = run_cell(c, &args)?;
+        row(c.name, &m);
+    }
+    if let Some(old) = &args.baseline_bin {
+        let new = std::env::current_exe()?
+            .parent()
+            .map(|d| d.join("keel"))
+            .context("the directory of this binary")?;
+        let t_old = time_process(old, &sync, &args)?;
+        let t_new = time_process(&new, &sync, &args)?;
+        println!(
+            "whole `keel train` process, sync cell: baseline {} {:.1} s, this build {:.1} s: {:.2}x",
+            old.display(),
+            t_old.as_secs_f64(),
+            t_new.as_secs_f64(),
+            t_old.as_secs_f64() / t_new.as_secs_f64()
+        );
+    }
+    Ok(())
+}
