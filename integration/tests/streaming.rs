@@ -1,0 +1,216 @@
+//! The streaming rollout engine (RO-8, ES-3, SA-7): one pathological episode delays no other
+//! episode of its batch, and a rollout's batch is bit-identical run to run however the env's
+//! timing interleaves the episodes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_actors::env_shard::{EnvFactory, ShardOptions, ShardPool};
+use keel_actors::rollout::{group_plans, run_episodes, Policies, RolloutSpec, TaskRef};
+use keel_actors::supervision::RestartBudget;
+use keel_actors::TrainConfig;
+use keel_envs::{make_env, Env, EnvError, EnvSnapshot, LatencyModel, StepOutcome};
+use keel_integration::tiny_config;
+use keel_learner::hf::{ChatCodec, HfModel};
+use keel_store::RolloutBatch;
+
+/// `calc`, except that every step of the task with seed `slow_seed` takes `slow`, every other
+/// step `fast` (a blocking sleep, as a slow tool call would be).
+struct SlowTaskEnv {
+    inner: Box<dyn Env>,
+    seed: u64,
+    slow_seed: u64,
+    slow: Duration,
+    fast: Duration,
+}
+
+impl Env for SlowTaskEnv {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn reset(&mut self, task_seed: u64) -> String {
+        self.seed = task_seed;
+        self.inner.reset(task_seed)
+    }
+    fn step(&mut self, action: &str) -> StepOutcome {
+        std::thread::sleep(if self.seed == self.slow_seed {
+            self.slow
+        } else {
+            self.fast
+        });
+        self.inner.step(action)
+    }
+    fn oracle_action(&self) -> String {
+        self.inner.oracle_action()
+    }
+    fn max_turns(&self) -> usize {
+        self.inner.max_turns()
+    }
+    fn success(&self) -> bool {
+        self.inner.success()
+    }
+    fn vocabulary(&self) -> Vec<String> {
+        self.inner.vocabulary()
+    }
+    fn admissible_actions(&self) -> Vec<String> {
+        self.inner.admissible_actions()
+    }
+    fn anchor_state(&self) -> String {
+        self.inner.anchor_state()
+    }
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
+        self.inner.snapshot()
+    }
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
+        self.inner.restore(snapshot)
+    }
+}
+
+/// A tiny random policy over calc's vocabulary and its codec.
+fn policy() -> (HfModel, ChatCodec, usize) {
+    tch::set_num_threads(1);
+    let cfg = TrainConfig::from_toml(&tiny_config(1, 1, "sync", 1)).expect("config");
+    let env_cfg = cfg.env.env_config();
+    let tokenizer = Arc::new(keel_envs::tokenizer_for(&env_cfg).expect("tokenizer"));
+    let spec = cfg
+        .model_spec(&tokenizer, tch::Device::Cpu)
+        .expect("model spec");
+    let model = spec.build().expect("random model");
+    let codec = cfg.chat_codec(&tokenizer).expect("codec");
+    (model, codec, spec.config.max_position_embeddings)
+}
+
+fn spec(tasks: &[TaskRef], group: usize, context_len: usize) -> RolloutSpec {
+    RolloutSpec {
+        run_id: "streaming".into(),
+        batch_seq: 0,
+        generator_id: 0,
+        policy_version: 0,
+        env_name: "calc".into(),
+        plans: group_plans(tasks, group, 0),
+        temperature: 1.0,
+        greedy: false,
+        max_turn_tokens: 6,
+        context_len,
+        rng_seed: 99,
+        first_id: 0,
+        scaffold: None,
+        capture_boundaries: false,
+        batch_invariant: true,
+    }
+}
+
+fn tasks(n: u64) -> Vec<TaskRef> {
+    (0..n)
+        .map(|i| TaskRef {
+            task_id: i,
+            task_seed: keel_envs::task_seed(keel_envs::Split::Train, i),
+        })
+        .collect()
+}
+
+#[test]
+fn a_pathological_episode_delays_no_other_episode() {
+    let (model, codec, context_len) = policy();
+    let tasks = tasks(8);
+    let slow_seed = tasks[0].task_seed;
+    let (fast, slow) = (Duration::from_millis(10), Duration::from_millis(1000));
+    let factory: EnvFactory = Arc::new(move || {
+        Box::new(SlowTaskEnv {
+            inner: make_env("calc", 2).expect("calc"),
+            seed: 0,
+            slow_seed,
+            slow,
+            fast,
+        }) as Box<dyn Env>
+    });
+    let system = actix::System::new();
+    let (batch, finished) = system.block_on(async move {
+        let options = ShardOptions {
+            concurrency: 64,
+            latency: LatencyModel::None,
+        };
+        let pool = ShardPool::start(2, factory, RestartBudget::new("env_shard", 1), options);
+        let shards = pool.addrs().to_vec();
+        let spec = spec(&tasks, 4, context_len);
+        // The engine blocks its thread (as it does on a generator's own thread).
+        let run = std::thread::spawn(move || {
+            let (batch, _, extras) =
+                run_episodes(&Policies::single(&model), &codec, &shards, &spec).expect("rollout");
+            (batch, extras.finished_seconds)
+        });
+        loop {
+            if run.is_finished() {
+                break run.join().expect("rollout thread");
+            }
+            actix::clock::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert_eq!(batch.trajectories.len(), 32);
+    let mut slow_done = f64::INFINITY;
+    let mut fast_done: f64 = 0.0;
+    let mut fast_turns = 0;
+    for (t, &at) in batch.trajectories.iter().zip(&finished) {
+        if t.task_id == 0 {
+            slow_done = slow_done.min(at);
+        } else {
+            fast_done = fast_done.max(at);
+            fast_turns = fast_turns.max(t.turns.len());
+        }
+    }
+    assert!(fast_turns >= 2, "the episodes should take several turns");
+    // Every other episode ends before the slow one has taken its first step.
+    assert!(
+        fast_done < slow.as_secs_f64() * 0.8,
+        "the slowest fast episode ended at {fast_done:.3} s: it waited for the slow one"
+    );
+    assert!(slow_done >= slow.as_secs_f64(), "slow episodes end at {slow_done:.3} s");
+}
+
+#[test]
+fn a_streamed_rollout_is_bit_identical_run_to_run() {
+    let tasks = tasks(6);
+    // Jittered latency: the episodes interleave differently in every run.
+    let factory: EnvFactory = Arc::new(|| make_env("calc", 2).expect("calc"));
+    let run_once = |jitter: u64| -> RolloutBatch {
+        // The same seeded random weights every time.
+        let (model, codec, context_len) = policy();
+        let (factory, tasks) = (factory.clone(), tasks.clone());
+        let system = actix::System::new();
+        system.block_on(async move {
+            let options = ShardOptions {
+                concurrency: 16,
+                latency: LatencyModel::Lognormal {
+                    median_ms: 2.0 + jitter as f64,
+                    sigma: 1.0,
+                    cap_ms: 40.0,
+                },
+            };
+            let pool = ShardPool::start(2, factory, RestartBudget::new("env_shard", 1), options);
+            let shards = pool.addrs().to_vec();
+            let spec = spec(&tasks, 4, context_len);
+            let run = std::thread::spawn(move || {
+                run_episodes(&Policies::single(&model), &codec, &shards, &spec)
+                    .expect("rollout")
+                    .0
+            });
+            loop {
+                if run.is_finished() {
+                    break run.join().expect("rollout thread");
+                }
+                actix::clock::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let first = run_once(0);
+    let second = run_once(5);
+    assert_eq!(first.trajectories.len(), 24);
+    for (a, b) in first.trajectories.iter().zip(&second.trajectories) {
+        assert_eq!(a.tokens, b.tokens, "trajectory {}", a.trajectory_id);
+        let bits = |t: &keel_store::Trajectory| -> Vec<u32> {
+            t.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(a), bits(b), "log-probs of trajectory {}", a.trajectory_id);
+        assert_eq!(a.turns, b.turns);
+    }
+}
