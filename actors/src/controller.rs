@@ -21,6 +21,9 @@
 //!   checkpoint records (`method_state`) depend on them.
 //! - CT-3: a generator panic or a dropped batch gives its task range back to the cursor; no range
 //!   is lost. A restart budget overrun ends the run with an error.
+//! - CT-8: when every episode of `MAX_FAILED_BATCHES_IN_A_ROW` training batches in a row failed
+//!   in the env (e.g. a server that answers `/info` but fails every `/reset`), the run ends with
+//!   an error naming the env and the last failure instead of retrying for ever.
 //! - CT-4 (collapse guard, GD-1..5): every learner result goes through the `CollapseGuard`; a
 //!   non-finite update is skipped (its batch counts as consumed), and a rewind restores the newest
 //!   `healthy` checkpoint on the lineage into the learner, starts a new branch from it (its first
@@ -168,7 +171,12 @@ pub struct Controller {
     writing_state: bool,
     /// This life's tag in method state keys (MS-4).
     life: String,
+    /// Training batches in a row whose every episode failed in the env (CT-8).
+    failed_batches_in_a_row: u32,
 }
+
+/// CT-8: batches in a row whose every episode failed before the run ends.
+pub const MAX_FAILED_BATCHES_IN_A_ROW: u32 = 3;
 
 pub mod methods;
 mod rewind;
@@ -206,6 +214,7 @@ impl Controller {
             pats,
             writing_state: false,
             life: methods::life_tag(),
+            failed_batches_in_a_row: 0,
             gen_util: Utilization::new(s.generators.len()),
             learner_util: Utilization::new(1),
             next_batch_seq: s.frontier.next_batch_seq,
@@ -421,10 +430,14 @@ impl Controller {
                 }
                 match res {
                     Ok(generated) if generated.key.is_some() || generated.trunk_depth.is_some() => {
+                        act.failed_batches_in_a_row = 0;
                         let m = &act.s.metrics;
                         let stats = &generated.stats;
                         m.generated_tokens_per_s.set(stats.sampled_tokens as f64 / generated.sample_seconds.max(1e-9));
                         m.store_put_seconds.observe_for("batch", generated.put_seconds);
+                        if let Some(u) = stats.sampler_utilization() {
+                            m.sampler_utilization.set(u);
+                        }
                         act.note_generated(&generated);
                         match (generated.key, generated.trunk_depth, trunk_key) {
                             (Some(key), _, _) => act.ready.push_back(ReadyBatch {
@@ -451,11 +464,19 @@ impl Controller {
                         tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
                         give_back(act);
                     }
-                    Err(ActorError::AllEpisodesFailed { batch_seq, failed }) => {
-                        // CT-3: the range is owed again; a persistently failing env exhausts the
-                        // env-shard restart budget and ends the run (SV-2).
-                        tracing::warn!(batch_seq, failed, "every episode of the batch failed in its env; retrying its tasks");
+                    Err(ActorError::AllEpisodesFailed { batch_seq, failed, last_failure }) => {
+                        // CT-3: the range is owed again. CT-8: an env that fails every episode
+                        // of several batches in a row ends the run.
                         give_back(act);
+                        act.failed_batches_in_a_row += 1;
+                        if act.failed_batches_in_a_row >= MAX_FAILED_BATCHES_IN_A_ROW {
+                            return act.finish(ctx, Err(ActorError::EnvFailing {
+                                env: act.s.cfg.env.name.clone(),
+                                batches: act.failed_batches_in_a_row,
+                                last_failure,
+                            }));
+                        }
+                        tracing::warn!(batch_seq, failed, last_failure = %last_failure, "every episode of the batch failed in its env; retrying its tasks");
                     }
                     Err(ActorError::Store(e)) => {
                         act.s.metrics.store_errors.inc_for("put_batch", 1);
@@ -472,6 +493,16 @@ impl Controller {
     /// PATS scaffold tokens.
     fn note_generated(&mut self, g: &Generated) {
         let step = self.s.version;
+        if g.key.is_some() {
+            (self.s.events)(&TrainEvent::Rollout {
+                batch_seq: g.batch_seq,
+                policy_version: g.policy_version,
+                episodes: g.stats.episodes,
+                sample_seconds: g.sample_seconds,
+                decode_steps: g.stats.decode_steps,
+                busy_decode_steps: g.stats.busy_decode_steps,
+            });
+        }
         let mut detail = serde_json::Map::new();
         if g.tries > 1 || g.uniform_groups > 0 {
             detail.insert("tries".into(), g.tries.into());

@@ -409,12 +409,7 @@ impl Handler<CloseEpisodes> for EnvShard {
 
 /// Sends one request and waits for its answer (for callers in async code; the rollout engine
 /// streams answers through a channel instead).
-pub async fn request(
-    shard: &Addr<EnvShard>,
-    episode: u64,
-    op: EnvOp,
-    snapshot: bool,
-) -> EnvAnswer {
+pub async fn request(shard: &Addr<EnvShard>, episode: u64, op: EnvOp, snapshot: bool) -> EnvAnswer {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let reply = Reply::new(episode, move |a| {
         let _ = tx.send(a);
@@ -509,8 +504,11 @@ mod tests {
             let shard =
                 EnvShard::with_options(calc(), RestartBudget::new("env_shard", 1), options).start();
             let ids: Vec<u64> = (0..10).collect();
-            let answers =
-                request_all(&shard, ids.iter().map(|&e| (e, EnvOp::Reset(e * 7))).collect()).await;
+            let answers = request_all(
+                &shard,
+                ids.iter().map(|&e| (e, EnvOp::Reset(e * 7))).collect(),
+            )
+            .await;
             let mut reference = keel_envs::make_env("calc", 3).expect("calc");
             for (&e, (a, _)) in ids.iter().zip(&answers) {
                 assert_eq!(a.episode, e);

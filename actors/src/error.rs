@@ -46,12 +46,24 @@ pub enum ActorError {
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),
     /// Every episode of a training batch failed in its env; the batch is retried.
-    #[error("every one of the {failed} episodes of batch {batch_seq} failed in its environment")]
+    #[error("every one of the {failed} episodes of batch {batch_seq} failed in its environment; the last failure: {last_failure}")]
     AllEpisodesFailed {
         /// The batch.
         batch_seq: u64,
         /// Episodes that failed.
         failed: usize,
+        /// The last episode failure, in words.
+        last_failure: String,
+    },
+    /// The env failed every episode of several batches in a row (CT-8): the run ends.
+    #[error("env `{env}` failed every episode of {batches} training batches in a row; the last failure: {last_failure}")]
+    EnvFailing {
+        /// The env's name.
+        env: String,
+        /// Batches that failed in a row.
+        batches: u32,
+        /// The last episode failure, in words.
+        last_failure: String,
     },
     /// The checkpoint to resume from does not fit this run.
     #[error("cannot resume: {0}")]

@@ -69,6 +69,21 @@ pub enum TrainEvent {
         /// Mean final reward of the batch.
         reward: f64,
     },
+    /// A generator stored a training batch.
+    Rollout {
+        /// The batch.
+        batch_seq: u64,
+        /// The policy version it was sampled with.
+        policy_version: u64,
+        /// Episodes it holds (failed ones excluded).
+        episodes: usize,
+        /// Seconds from the first reset to the last episode's end (store write excluded).
+        sample_seconds: f64,
+        /// Sampler decode steps.
+        decode_steps: u64,
+        /// Of those, steps with at least 90% of the sampler's slots busy.
+        busy_decode_steps: u64,
+    },
     /// The learner refused a non-finite update; the step was skipped (GD-1).
     Skipped {
         /// The policy version that stays.

@@ -368,6 +368,7 @@ impl Generator {
         let (mut batch, mut stats, extras) =
             run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
         let mut task_types = extras.task_types.clone();
+        let mut last_failure = extras.last_failure.clone();
         let mut tries = 1;
         let dynamic = setup
             .dynamic_sampling
@@ -390,6 +391,7 @@ impl Generator {
                 let (again, more, more_extras) =
                     run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
                 stats.add(&more);
+                last_failure = more_extras.last_failure.or(last_failure);
                 tries += 1;
                 let fixed = uninformative_groups(&again, anchors > 0);
                 // Swap in each re-rolled group that became informative.
@@ -429,6 +431,7 @@ impl Generator {
             return Err(ActorError::AllEpisodesFailed {
                 batch_seq: msg.batch_seq,
                 failed: stats.failed_episodes,
+                last_failure: last_failure.unwrap_or_else(|| "unknown".into()),
             });
         }
         let groups = if train && msg.scaffold.is_some() {

@@ -233,6 +233,8 @@ pub struct TrainMetrics {
     pub batches_in_flight: BranchGauge,
     /// Fraction of generator wall time spent idle.
     pub generator_idle_ratio: BranchGauge,
+    /// Fraction of the last batch's decode steps with at least 90% of the sampler's slots busy.
+    pub sampler_utilization: BranchGauge,
     /// Held-out evaluation success rate.
     pub eval_success: BranchGauge,
     /// Batches trained on.
@@ -639,6 +641,11 @@ impl TrainMetrics {
             generator_idle_ratio: b.gauge(
                 "keel_rollouter_idle_ratio",
                 "Fraction of generator wall time spent idle since the last step",
+                &[],
+            )?,
+            sampler_utilization: b.gauge(
+                "keel_rollout_sampler_utilization",
+                "Fraction of the last stored batch's decode steps with at least 90% of the sampler's slots busy",
                 &[],
             )?,
             eval_success: b.gauge(

@@ -213,6 +213,12 @@ pub struct RolloutStats {
     pub prompt_tokens: usize,
     /// Of those, scaffold tokens (PATS).
     pub scaffold_tokens: usize,
+    /// Sampler decode steps.
+    #[serde(default)]
+    pub decode_steps: u64,
+    /// Of those, steps with at least 90% of the sampler's slots busy.
+    #[serde(default)]
+    pub busy_decode_steps: u64,
 }
 
 impl RolloutStats {
@@ -236,6 +242,13 @@ impl RolloutStats {
         self.reward_sum += other.reward_sum;
         self.prompt_tokens += other.prompt_tokens;
         self.scaffold_tokens += other.scaffold_tokens;
+        self.decode_steps += other.decode_steps;
+        self.busy_decode_steps += other.busy_decode_steps;
+    }
+
+    /// Fraction of decode steps with at least 90% of the slots busy (None before any step).
+    pub fn sampler_utilization(&self) -> Option<f64> {
+        (self.decode_steps > 0).then(|| self.busy_decode_steps as f64 / self.decode_steps as f64)
     }
 }
 
@@ -248,6 +261,8 @@ pub struct RolloutExtras {
     pub boundaries: Vec<Vec<BoundaryState>>,
     /// Per trajectory, seconds from the rollout's start to the episode's end (RO-8).
     pub finished_seconds: Vec<f64>,
+    /// The last episode failure (RO-4), in words.
+    pub last_failure: Option<String>,
 }
 
 struct Episode {
@@ -296,6 +311,7 @@ struct Engine<'a, 'p> {
     stats: RolloutStats,
     params: SamplingParams,
     answers: (mpsc::Sender<EnvAnswer>, mpsc::Receiver<EnvAnswer>),
+    last_failure: Option<String>,
     /// Requests sent to shards and not answered yet.
     in_env: usize,
     started: Instant,
@@ -360,6 +376,7 @@ impl<'a, 'p> Engine<'a, 'p> {
                 ..SamplingParams::default()
             },
             answers: mpsc::channel(),
+            last_failure: None,
             in_env: 0,
             started: Instant::now(),
         }
@@ -581,6 +598,7 @@ impl<'a, 'p> Engine<'a, 'p> {
     fn fail(&mut self, i: usize, e: &EpisodeError) {
         let ep = &mut self.episodes[i];
         tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
+        self.last_failure = Some(e.to_string());
         ep.failed = true;
         ep.done = true;
         ep.finished = Some(Instant::now());
@@ -609,8 +627,15 @@ impl<'a, 'p> Engine<'a, 'p> {
             }
         }
         let mut stats = self.stats;
+        for sampler in self.samplers.iter().flatten() {
+            stats.decode_steps += sampler.stats().decode_steps;
+            stats.busy_decode_steps += sampler.stats().busy_decode_steps;
+        }
         let mut trajectories = Vec::with_capacity(self.episodes.len());
-        let mut extras = RolloutExtras::default();
+        let mut extras = RolloutExtras {
+            last_failure: self.last_failure,
+            ..RolloutExtras::default()
+        };
         for ep in self.episodes {
             if ep.failed {
                 stats.failed_episodes += 1;

@@ -80,11 +80,12 @@ class Guess:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr, flaky):
+    def __init__(self, addr, flaky, fail_resets=False):
         super().__init__(addr, Handler)
         self.sessions = {}  # id -> (Guess, last_turn, last_answer)
         self.lock = threading.Lock()
         self.flaky = flaky
+        self.fail_resets = fail_resets
         self.requests = 0
 
 
@@ -131,6 +132,8 @@ class Handler(BaseHTTPRequestHandler):
         srv = self.server
         sid = body.get("session")
         with srv.lock:
+            if self.path == "/reset" and srv.fail_resets:
+                return self.reply(500, {"error": "injected failure (--fail-resets)"})
             if self.path == "/reset":
                 sid = sid if sid in srv.sessions else uuid.uuid4().hex
                 env = Guess()
@@ -168,8 +171,9 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8770)
     parser.add_argument("--flaky", type=int, default=0, help="fail every Nth request with 503")
+    parser.add_argument("--fail-resets", action="store_true", help="answer every /reset with 500")
     args = parser.parse_args()
-    server = Server((args.host, args.port), args.flaky)
+    server = Server((args.host, args.port), args.flaky, args.fail_resets)
     print(f"listening on {server.server_address[1]}", flush=True)
     try:
         server.serve_forever()

@@ -149,6 +149,47 @@ fn external_env_in_a_builtin_registry_config() {
     );
 }
 
+/// CT-8: a server that answers `/info` but fails every `/reset` ends the run with an error that
+/// names the env and the failure, instead of retrying the batch for ever.
+#[test]
+fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
+    let server = Server::start(&["--fail-resets"]);
+    let toml = keel_integration::MethodRun::new("grpo")
+        .toml()
+        .replace(
+            "name = \"calc\"",
+            &format!(
+                "name = \"external\"\nurl = \"{}\"\nretries = 1\ntimeout_ms = 2000",
+                server.url
+            ),
+        )
+        .replace("[sft]\nsteps = 120", "[sft]\nsteps = 0");
+    let cfg = keel_actors::TrainConfig::from_toml(&toml).expect("config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = keel_store::RunStore::open(dir.path().to_str().expect("utf8")).expect("store");
+    let metrics = keel_actors::TrainMetrics::new("ct8").expect("metrics");
+    let t = std::time::Instant::now();
+    let err = keel_actors::run_job(
+        cfg,
+        store,
+        metrics,
+        keel_actors::events::no_events(),
+        keel_actors::JobOptions::default(),
+    )
+    .expect_err("the run must end");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("env `external` failed every episode of 3 training batches in a row")
+            && msg.contains("injected failure (--fail-resets)"),
+        "{msg}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
 /// Binary search over the shard's answers: the shard hosts many remote episodes at once.
 #[test]
 fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
@@ -232,7 +273,11 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
         }
         assert_eq!(budget.used(), 0, "an env error is not a restart");
         let again = request_all(&shard, vec![(7, EnvOp::Step("guess 1".into()))]).await;
-        assert_eq!(again[0].0.result, Err(EpisodeError::Lost(7)), "the shard still serves");
+        assert_eq!(
+            again[0].0.result,
+            Err(EpisodeError::Lost(7)),
+            "the shard still serves"
+        );
     });
 }
 
@@ -258,7 +303,9 @@ fn latency_overlaps_and_each_episode_is_answered_when_its_own_step_is_done() {
         let t = std::time::Instant::now();
         let outs = request_all(
             &shard,
-            (0..32).map(|e| (e, EnvOp::Step("answer 1".into()))).collect(),
+            (0..32)
+                .map(|e| (e, EnvOp::Step("answer 1".into())))
+                .collect(),
         )
         .await;
         let took = t.elapsed();

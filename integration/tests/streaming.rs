@@ -164,7 +164,10 @@ fn a_pathological_episode_delays_no_other_episode() {
         fast_done < slow.as_secs_f64() * 0.8,
         "the slowest fast episode ended at {fast_done:.3} s: it waited for the slow one"
     );
-    assert!(slow_done >= slow.as_secs_f64(), "slow episodes end at {slow_done:.3} s");
+    assert!(
+        slow_done >= slow.as_secs_f64(),
+        "slow episodes end at {slow_done:.3} s"
+    );
 }
 
 #[test]
@@ -210,7 +213,12 @@ fn a_streamed_rollout_is_bit_identical_run_to_run() {
         let bits = |t: &keel_store::Trajectory| -> Vec<u32> {
             t.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
         };
-        assert_eq!(bits(a), bits(b), "log-probs of trajectory {}", a.trajectory_id);
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "log-probs of trajectory {}",
+            a.trajectory_id
+        );
         assert_eq!(a.turns, b.turns);
     }
 }

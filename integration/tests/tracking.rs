@@ -5,6 +5,7 @@
 //! A tracker that cannot be reached never stops training (TR-1).
 //! Needs python3 with tensorboard and mlflow (scripts/setup.sh installs them).
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -178,6 +179,8 @@ impl MlflowServer {
             .arg(dir.join("artifacts"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("mlflow.log")).expect("log"))
+            // Its own process group: the server's workers and job consumers die with it.
+            .process_group(0)
             .spawn()
             .expect("start mlflow server (pip install mlflow)");
         let url = format!("http://127.0.0.1:{port}");
@@ -257,6 +260,10 @@ impl MlflowServer {
 
 impl Drop for MlflowServer {
     fn drop(&mut self) {
+        // The whole group (mlflow leaves its huey job consumers running otherwise).
+        let _ = Command::new("kill")
+            .args(["-KILL", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -52,6 +52,23 @@ pub struct RunLog {
     pub bad_lines: u64,
     /// What the method runtimes did (from `method` events).
     pub methods: MethodTotals,
+    /// Stored rollout batches (from `rollout` events).
+    pub rollouts: RolloutTotals,
+}
+
+/// Totals of the `rollout` events.
+#[derive(Debug, Default, PartialEq)]
+pub struct RolloutTotals {
+    /// Batches stored.
+    pub batches: u64,
+    /// Episodes in them.
+    pub episodes: u64,
+    /// Seconds spent sampling them (summed over generators).
+    pub sample_seconds: f64,
+    /// Sampler decode steps.
+    pub decode_steps: u64,
+    /// Of those, steps with at least 90% of the slots busy.
+    pub busy_decode_steps: u64,
 }
 
 /// Totals of the `method` events: dynamic sampling, RTPO, PATS, ARMOR.
@@ -151,6 +168,15 @@ pub fn parse_log(text: &str) -> RunLog {
                     .to_string(),
             )),
             Some("method") => note_method(&mut log.methods, &v),
+            Some("rollout") => {
+                let r = &mut log.rollouts;
+                let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+                r.batches += 1;
+                r.episodes += n("episodes");
+                r.sample_seconds += num(&v, &["sample_seconds"]).unwrap_or(0.0);
+                r.decode_steps += n("decode_steps");
+                r.busy_decode_steps += n("busy_decode_steps");
+            }
             Some("skipped") => log.skips += 1,
             Some("checkpoint") => log.checkpoints += 1,
             Some("dropped") => log.dropped += 1,
@@ -321,6 +347,30 @@ fn note_method(m: &mut MethodTotals, v: &Value) {
     }
 }
 
+/// The "Rollouts" section of the summary (empty when no rollout event was logged).
+fn rollouts_markdown(r: &RolloutTotals) -> String {
+    if r.batches == 0 {
+        return String::new();
+    }
+    let utilization = if r.decode_steps > 0 {
+        format!(
+            "{:.3} ({} of {} decode steps had at least 90% of the sampler's slots busy)",
+            r.busy_decode_steps as f64 / r.decode_steps as f64,
+            r.busy_decode_steps,
+            r.decode_steps
+        )
+    } else {
+        "- (no decode step)".into()
+    };
+    format!(
+        "## Rollouts\n\n| batches stored | episodes | mean sampling seconds per batch | sampler utilisation |\n| --- | --- | --- | --- |\n| {} | {} | {:.2} | {} |\n\n",
+        r.batches,
+        r.episodes,
+        r.sample_seconds / r.batches as f64,
+        utilization
+    )
+}
+
 /// The "Methods" section of the summary (empty when no method event was logged).
 fn methods_markdown(m: &MethodTotals) -> String {
     let mut rows = Vec::new();
@@ -382,6 +432,7 @@ pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
         }
         md.push('\n');
     }
+    md.push_str(&rollouts_markdown(&log.rollouts));
     md.push_str(&methods_markdown(&log.methods));
     if !log.rewinds.is_empty() {
         md.push_str("## Collapse guard rewinds\n\n| at step | back to step | new branch | reason |\n| --- | --- | --- | --- |\n");
@@ -487,6 +538,21 @@ not json
         assert_eq!(
             (log.skips, log.rewinds.len(), log.bad_lines, log.evals.len()),
             (1, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn rollout_events_give_the_sampler_utilisation() {
+        let text = r#"{"event":"rollout","batch_seq":0,"policy_version":0,"episodes":128,"sample_seconds":2.0,"decode_steps":40,"busy_decode_steps":10}
+{"event":"rollout","batch_seq":1,"policy_version":1,"episodes":126,"sample_seconds":4.0,"decode_steps":60,"busy_decode_steps":15}
+"#;
+        let log = parse_log(text);
+        assert_eq!(log.rollouts.batches, 2);
+        assert_eq!(log.rollouts.episodes, 254);
+        let md = summary_markdown("runs/x", &log, true);
+        assert!(
+            md.contains("| 2 | 254 | 3.00 | 0.250 (25 of 100 decode steps"),
+            "{md}"
         );
     }
 

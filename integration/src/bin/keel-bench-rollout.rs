@@ -123,7 +123,9 @@ fn run_cell(c: &Cell, args: &Args) -> Result<Measured> {
     let sink = Arc::new(move |e: &TrainEvent| {
         if let Ok(mut c) = seen.lock() {
             match e {
-                TrainEvent::Eval { phase, .. } if phase == "before_rl" => c.0 = Some(Instant::now()),
+                TrainEvent::Eval { phase, .. } if phase == "before_rl" => {
+                    c.0 = Some(Instant::now())
+                }
                 TrainEvent::Step { max_lag, .. } => {
                     c.1 = Some(Instant::now());
                     c.2 = c.2.max(*max_lag);
@@ -133,7 +135,9 @@ fn run_cell(c: &Cell, args: &Args) -> Result<Measured> {
         }
     });
     let outcome = run_job(cfg, store, metrics, sink, JobOptions::default())?;
-    let (start, end, max_lag) = *clock.lock().map_err(|_| anyhow::anyhow!("clock poisoned"))?;
+    let (start, end, max_lag) = *clock
+        .lock()
+        .map_err(|_| anyhow::anyhow!("clock poisoned"))?;
     let (Some(start), Some(end)) = (start, end) else {
         bail!("cell {}: no RL step was timed", c.name);
     };

@@ -123,6 +123,8 @@ pub struct SamplerStats {
     pub decode_steps: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// Decode steps with at least 90% of the slots busy (sampler utilisation).
+    pub busy_decode_steps: u64,
 }
 
 struct Slot {
@@ -250,7 +252,12 @@ impl Sampler {
 
     /// Queues a request under the caller's `id` (SA-5 is checked here); it takes the first free
     /// slot at the next [`Sampler::step`] (SA-2).
-    pub fn submit(&mut self, model: &HfModel, id: usize, request: GenRequest) -> Result<(), HfError> {
+    pub fn submit(
+        &mut self,
+        model: &HfModel,
+        id: usize,
+        request: GenRequest,
+    ) -> Result<(), HfError> {
         if shape_of(model) != self.shape {
             return Err(HfError::input(
                 "the model's shape, kind or device differs from the one this sampler was built for",

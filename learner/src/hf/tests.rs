@@ -151,7 +151,10 @@ fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
     // The same request among others, submitted two steps after they started.
     let mut shared = Sampler::new(&m, 4, 24).expect("s");
     shared.set_batch_invariant(true);
-    for (id, p) in [[1u32, 2].as_slice(), &[9, 8, 7, 6, 5], &[3]].iter().enumerate() {
+    for (id, p) in [[1u32, 2].as_slice(), &[9, 8, 7, 6, 5], &[3]]
+        .iter()
+        .enumerate()
+    {
         shared
             .submit(&m, id, req(p, params.clone(), id as u64))
             .expect("submit");
@@ -169,7 +172,11 @@ fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
         }
         steps += 1;
     }
-    assert_eq!(out.as_ref(), solo.first(), "bit-identical tokens and log-probs");
+    assert_eq!(
+        out.as_ref(),
+        solo.first(),
+        "bit-identical tokens and log-probs"
+    );
 }
 
 #[test]

@@ -182,6 +182,10 @@ impl Sampler {
             }
         }
         self.stats.decode_steps += 1;
+        let busy = slots.iter().filter(|s| s.is_some()).count() as i64;
+        if busy * 10 >= self.cache.slots() * 9 {
+            self.stats.busy_decode_steps += 1;
+        }
         Ok(())
     }
 }
