@@ -12,9 +12,11 @@
 //!   `SyncArbiter` factory and the controller retries the batch.
 //! - GN-5 (dynamic sampling): once the policy version reaches the cold start, groups whose
 //!   on-policy rewards are all equal are rolled out again — same task and seed, a fresh sampling
-//!   seed — up to `max_tries` passes in all; a re-rolled group replaces the old one only when it
-//!   became informative. The learner drops groups still uniform (DAPO filter). keel re-rolls the
-//!   same task instead of drawing new ones so that the task accounting (DF-1) stays exact.
+//!   seed — up to `max_tries` attempts in all, each the moment the group's last episode ends,
+//!   in the same stream as the other groups (RO-9); a re-rolled group replaces the old one only
+//!   when it became informative. The learner drops groups still uniform (DAPO filter). keel
+//!   re-rolls the same task instead of drawing new ones so that the task accounting (DF-1)
+//!   stays exact.
 //! - GN-6 (RTPO): `Trunks` samples one episode per task recording every boundary (RO-5) and
 //!   stores them create-only as one JSON record; `Branches` continues `group_size` siblings from
 //!   each trunk's boundary at a depth (0 = before its last turn) with the current weights.
@@ -36,8 +38,8 @@ use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
 use crate::env_shard::EnvShard;
 use crate::error::ActorError;
 use crate::rollout::{
-    group_plans, run_episodes, BoundaryState, EpisodePlan, Policies, RolloutSpec, RolloutStats,
-    ScaffoldRenderer, TaskRef,
+    group_plans, run_episodes, uninformative, BoundaryState, EpisodePlan, Policies, Reroll,
+    RolloutSpec, RolloutStats, ScaffoldRenderer, TaskRef,
 };
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
@@ -346,7 +348,10 @@ impl Generator {
             }
             _ => None,
         };
-        let mut spec = RolloutSpec {
+        let dynamic = setup
+            .dynamic_sampling
+            .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
+        let spec = RolloutSpec {
             run_id: setup.run_id.clone(),
             batch_seq: msg.batch_seq,
             generator_id: setup.id,
@@ -362,65 +367,20 @@ impl Generator {
             scaffold,
             capture_boundaries: capture,
             batch_invariant: setup.batch_invariant,
+            // GN-5: re-rolls join the stream (RO-9).
+            reroll: dynamic.map(|d| Reroll {
+                max_tries: d.max_tries,
+                anchors: anchors > 0,
+            }),
         };
         let start = std::time::Instant::now();
         let policies = self.policies()?;
-        let (mut batch, mut stats, extras) =
+        let (mut batch, stats, extras) =
             run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
-        let mut task_types = extras.task_types.clone();
-        let mut last_failure = extras.last_failure.clone();
-        let mut tries = 1;
-        let dynamic = setup
-            .dynamic_sampling
-            .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
-        let mut uniform = uninformative_groups(&batch, anchors > 0);
-        if let Some(d) = dynamic {
-            // GN-5: re-roll the uninformative groups (same tasks, fresh sampling seed).
-            while !uniform.is_empty() && (d.max_tries == 0 || tries < d.max_tries) {
-                spec.plans = group_plans(
-                    &msg.tasks
-                        .iter()
-                        .copied()
-                        .filter(|t| uniform.contains(&t.task_id))
-                        .collect::<Vec<_>>(),
-                    setup.group_size,
-                    anchors,
-                );
-                spec.rng_seed = mix_seed(&[setup.seed, 7, first_task, version, tries as u64]);
-                spec.first_id = msg.batch_seq * 1_000_000 + tries as u64 * 10_000;
-                let (again, more, more_extras) =
-                    run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
-                stats.add(&more);
-                last_failure = more_extras.last_failure.or(last_failure);
-                tries += 1;
-                let fixed = uninformative_groups(&again, anchors > 0);
-                // Swap in each re-rolled group that became informative.
-                let better: Vec<u64> = uniform
-                    .iter()
-                    .copied()
-                    .filter(|g| {
-                        !fixed.contains(g) && again.trajectories.iter().any(|t| t.group_id == *g)
-                    })
-                    .collect();
-                let mut kept = Vec::new();
-                let mut kept_types = Vec::new();
-                for (t, ty) in batch.trajectories.drain(..).zip(task_types.drain(..)) {
-                    if !better.contains(&t.group_id) {
-                        kept.push(t);
-                        kept_types.push(ty);
-                    }
-                }
-                for (t, ty) in again.trajectories.into_iter().zip(more_extras.task_types) {
-                    if better.contains(&t.group_id) {
-                        kept.push(t);
-                        kept_types.push(ty);
-                    }
-                }
-                batch.trajectories = kept;
-                task_types = kept_types;
-                uniform.retain(|g| !better.contains(g));
-            }
-        }
+        let task_types = extras.task_types.clone();
+        let last_failure = extras.last_failure.clone();
+        let tries = extras.passes.max(1);
+        let uniform = extras.uniform_groups.clone();
         if anchors > 0 {
             filter_anchors(&mut batch);
         }
@@ -531,37 +491,20 @@ impl Generator {
     }
 }
 
-/// Groups whose on-policy final rewards are all equal (ARMOR: or that have no successful anchor
-/// episode), by group id.
-fn uninformative_groups(batch: &RolloutBatch, anchors: bool) -> Vec<u64> {
-    let mut by_group: std::collections::BTreeMap<u64, (Vec<f32>, bool)> = Default::default();
-    for t in &batch.trajectories {
-        let e = by_group.entry(t.group_id).or_default();
-        match t.source {
-            Source::OnPolicy => e.0.push(t.final_reward),
-            Source::Anchor => e.1 |= t.final_reward >= 1.0,
-        }
-    }
-    by_group
-        .into_iter()
-        .filter(|(_, (r, anchor_ok))| r.windows(2).all(|w| w[0] == w[1]) || (anchors && !anchor_ok))
-        .map(|(g, _)| g)
-        .collect()
-}
-
 /// ARMOR's group construction (spec §4.2, GN-7): a group keeps its first successful anchor
 /// episode when its on-policy episodes are neither all right nor all wrong; every other anchor
 /// episode is dropped.
 fn filter_anchors(batch: &mut RolloutBatch) {
-    let informative: Vec<u64> = {
-        let uniform = uninformative_groups(batch, false);
-        batch
-            .trajectories
-            .iter()
-            .map(|t| t.group_id)
-            .filter(|g| !uniform.contains(g))
-            .collect()
-    };
+    let mut groups: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
+        Default::default();
+    for t in &batch.trajectories {
+        groups.entry(t.group_id).or_default().push(t);
+    }
+    let informative: Vec<u64> = groups
+        .into_iter()
+        .filter(|(_, ts)| !uninformative(ts.iter().copied(), false))
+        .map(|(g, _)| g)
+        .collect();
     let mut taken = std::collections::BTreeSet::new();
     batch.trajectories.retain(|t| {
         t.source == Source::OnPolicy

@@ -28,23 +28,21 @@
 //!   queued in its model's sampler at once and joins the next decoding step (SA-2), its action
 //!   goes to its shard as soon as its turn is sampled, and a finished episode frees its slot at
 //!   once. The batch lists trajectories in plan order, whatever order they finished in.
-
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+//! - RO-9 (dynamic sampling in the stream): with `reroll`, a group is judged the moment its last
+//!   episode ends; an uninformative one (GN-5) is rolled out again at once — same task, fresh
+//!   seeds from (rng seed, attempt, plan, turn) — while the other groups go on, up to
+//!   `max_tries` attempts. The batch keeps each group's first informative attempt, or its first
+//!   attempt if none became informative; the stats count every episode sampled.
 
 use actix::Addr;
 
-use keel_envs::{EnvSnapshot, StepOutcome};
-use keel_learner::hf::{ChatCodec, Completion, GenRequest, HfModel, Sampler, SamplingParams};
-use keel_store::{RolloutBatch, Source, Trajectory, Turn};
+use keel_learner::hf::{ChatCodec, HfModel};
+use keel_store::{RolloutBatch, Source, Trajectory};
 
-use crate::demo_tokens::scaffolded_prompt;
-use crate::env_shard::{
-    CloseEpisodes, EnvAnswer, EnvOp, EnvReply, EnvRequest, EnvShard, EpisodeError, Reply,
-    ResetOutcome,
-};
+use crate::env_shard::EnvShard;
 use crate::error::ActorError;
-use crate::seeds::mix_seed;
+
+mod engine;
 
 /// Most sequences one sampler decodes at once (its KV-cache slots); more requests queue
 /// (continuous batching, SA-2).
@@ -190,6 +188,17 @@ pub struct RolloutSpec {
     /// SA-7: sample with fixed forward shapes, so that a trajectory does not depend on which
     /// episodes it shared the sampler with (RO-3 under streaming).
     pub batch_invariant: bool,
+    /// Dynamic sampling: re-roll uninformative groups in the stream (RO-9).
+    pub reroll: Option<Reroll>,
+}
+
+/// RO-9: how uninformative groups are rolled out again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reroll {
+    /// Attempts per group in all (0 = until informative).
+    pub max_tries: usize,
+    /// ARMOR: a group without a successful anchor episode is uninformative too.
+    pub anchors: bool,
 }
 
 /// Aggregate statistics of one rollout.
@@ -263,407 +272,23 @@ pub struct RolloutExtras {
     pub finished_seconds: Vec<f64>,
     /// The last episode failure (RO-4), in words.
     pub last_failure: Option<String>,
+    /// RO-9: most attempts any group took (0 without dynamic sampling).
+    pub passes: usize,
+    /// RO-9: groups still uninformative after their last attempt.
+    pub uniform_groups: Vec<u64>,
 }
 
-struct Episode {
-    id: u64,
-    shard: usize,
-    traj: Trajectory,
-    done: bool,
-    failed: bool,
-    success: bool,
-    agent: u32,
-    anchor: u64,
-    task_type: String,
-    boundaries: Vec<BoundaryState>,
-    /// Where the turn being sampled or stepped starts.
-    turn_start: usize,
-    /// When the episode ended (RO-8).
-    finished: Option<Instant>,
-    /// The env ended the episode (so its shard already dropped it).
-    env_ended: bool,
-}
-
-fn shard_of(episode: u64, n: usize) -> usize {
-    (episode % n as u64) as usize
-}
-
-fn push_context(traj: &mut Trajectory, ids: &[u32]) {
-    traj.loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
-    traj.behaviour_logprobs
-        .extend(std::iter::repeat_n(0f32, ids.len()));
-    traj.tokens.extend_from_slice(ids);
-}
-
-/// How long the engine waits for an env answer before looking again (nothing else is to do
-/// while it waits: every sampler is idle).
-const ANSWER_POLL: Duration = Duration::from_millis(200);
-
-/// One rollout in flight: the episodes, their samplers and the env answers coming back
-/// (module doc, RO-8).
-struct Engine<'a, 'p> {
-    policies: &'a Policies<'p>,
-    codec: &'a ChatCodec,
-    shards: &'a [Addr<EnvShard>],
-    spec: &'a RolloutSpec,
-    episodes: Vec<Episode>,
-    samplers: Vec<Option<Sampler>>,
-    stats: RolloutStats,
-    params: SamplingParams,
-    answers: (mpsc::Sender<EnvAnswer>, mpsc::Receiver<EnvAnswer>),
-    last_failure: Option<String>,
-    /// Requests sent to shards and not answered yet.
-    in_env: usize,
-    started: Instant,
-}
-
-impl<'a, 'p> Engine<'a, 'p> {
-    fn new(
-        policies: &'a Policies<'p>,
-        codec: &'a ChatCodec,
-        shards: &'a [Addr<EnvShard>],
-        spec: &'a RolloutSpec,
-    ) -> Self {
-        let episodes = spec
-            .plans
-            .iter()
-            .enumerate()
-            .map(|(k, plan)| {
-                let id = spec.first_id + k as u64;
-                Episode {
-                    id,
-                    shard: shard_of(id, shards.len()),
-                    traj: Trajectory {
-                        trajectory_id: id,
-                        group_id: plan.group_id,
-                        task_id: plan.task.task_id,
-                        env_name: spec.env_name.clone(),
-                        agent_id: 0,
-                        tokens: Vec::new(),
-                        loss_mask: Vec::new(),
-                        behaviour_logprobs: Vec::new(),
-                        turns: Vec::new(),
-                        final_reward: 0.0,
-                        source: plan.source,
-                        scaffold_version: 0,
-                        trained_turn: plan.start.as_ref().map(|_| 0),
-                    },
-                    done: false,
-                    failed: false,
-                    success: false,
-                    agent: 0,
-                    anchor: 0,
-                    task_type: String::new(),
-                    boundaries: Vec::new(),
-                    turn_start: 0,
-                    finished: None,
-                    env_ended: false,
-                }
-            })
-            .collect();
-        Engine {
-            policies,
-            codec,
-            shards,
-            spec,
-            episodes,
-            samplers: Vec::new(),
-            stats: RolloutStats::default(),
-            params: SamplingParams {
-                temperature: if spec.greedy { 0.0 } else { spec.temperature },
-                max_new_tokens: spec.max_turn_tokens,
-                stop_token_ids: vec![codec.end_of_turn()],
-                ..SamplingParams::default()
-            },
-            answers: mpsc::channel(),
-            last_failure: None,
-            in_env: 0,
-            started: Instant::now(),
+/// Whether a group's trajectories teach nothing (GN-5): all on-policy final rewards equal, or
+/// (ARMOR, `anchors`) no successful anchor episode.
+pub fn uninformative<'t>(group: impl Iterator<Item = &'t Trajectory>, anchors: bool) -> bool {
+    let (mut rewards, mut anchor_ok) = (Vec::new(), false);
+    for t in group {
+        match t.source {
+            Source::OnPolicy => rewards.push(t.final_reward),
+            Source::Anchor => anchor_ok |= t.final_reward >= 1.0,
         }
     }
-
-    /// Sends one episode's request to its shard; the answer comes back on the channel.
-    fn to_env(&mut self, i: usize, op: EnvOp) {
-        let ep = &self.episodes[i];
-        self.shards[ep.shard].do_send(EnvRequest {
-            episode: ep.id,
-            op,
-            snapshot: self.spec.capture_boundaries,
-            reply: Reply::to_channel(ep.id, self.answers.0.clone()),
-        });
-        self.in_env += 1;
-    }
-
-    /// Runs every episode to its end: no episode waits for another (RO-8).
-    fn run(&mut self) -> Result<(), ActorError> {
-        for i in 0..self.episodes.len() {
-            let op = match &self.spec.plans[i].start {
-                None => EnvOp::Reset(self.spec.plans[i].task.task_seed),
-                Some(b) => EnvOp::Restore(b.snapshot.clone()),
-            };
-            self.to_env(i, op);
-        }
-        loop {
-            while let Ok(answer) = self.answers.1.try_recv() {
-                self.on_answer(answer)?;
-            }
-            let busy: Vec<usize> = (0..self.samplers.len())
-                .filter(|&s| self.samplers[s].as_ref().is_some_and(|x| !x.is_idle()))
-                .collect();
-            if busy.is_empty() {
-                if self.in_env == 0 {
-                    return Ok(());
-                }
-                // Every sampler is idle: wait for the env.
-                if let Ok(answer) = self.answers.1.recv_timeout(ANSWER_POLL) {
-                    self.on_answer(answer)?;
-                }
-                continue;
-            }
-            for slot in busy {
-                let model = self.policies.model(slot)?;
-                let Some(sampler) = self.samplers[slot].as_mut() else {
-                    continue;
-                };
-                for (i, completion) in sampler.step(model)? {
-                    self.on_completion(i, completion);
-                }
-            }
-        }
-    }
-
-    /// A sampled turn: record it and send its action to the env. A turn that does not decode
-    /// is an empty (invalid) action, never an error.
-    fn on_completion(&mut self, i: usize, c: Completion) {
-        let t = &mut self.episodes[i].traj;
-        self.stats.sampled_tokens += c.tokens.len();
-        t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
-        t.tokens.extend(c.tokens);
-        t.behaviour_logprobs.extend(c.logprobs);
-        let start = self.episodes[i].turn_start;
-        let action = self
-            .codec
-            .action_text(&self.episodes[i].traj.tokens[start..])
-            .unwrap_or_default();
-        self.to_env(i, EnvOp::Step(action));
-    }
-
-    fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
-        self.in_env = self.in_env.saturating_sub(1);
-        let Some(i) = answer
-            .episode
-            .checked_sub(self.spec.first_id)
-            .map(|k| k as usize)
-            .filter(|&k| k < self.episodes.len())
-        else {
-            return Err(ActorError::Internal(format!(
-                "an env shard answered for unknown episode {}",
-                answer.episode
-            )));
-        };
-        match answer.result {
-            Ok(EnvReply::Started(start)) => self.started_episode(i, start)?,
-            Ok(EnvReply::Restored) => {
-                let plan = &self.spec.plans[i];
-                let ep = &mut self.episodes[i];
-                match &plan.start {
-                    Some(b) => {
-                        push_context(&mut ep.traj, &b.tokens);
-                        ep.agent = b.agent_id;
-                        ep.anchor = b.anchor_key;
-                        ep.task_type = b.task_type.clone();
-                    }
-                    None => {
-                        let lost = EpisodeError::Lost(ep.id);
-                        self.fail(i, &lost);
-                        return Ok(());
-                    }
-                }
-            }
-            Ok(EnvReply::Stepped(outcome)) => {
-                if !self.stepped(i, outcome)? {
-                    return Ok(());
-                }
-            }
-            Err(e) => {
-                self.fail(i, &e);
-                return Ok(());
-            }
-        }
-        self.next_turn(i, answer.snapshot)
-    }
-
-    fn started_episode(&mut self, i: usize, start: ResetOutcome) -> Result<(), ActorError> {
-        let (scaffold, version) = match &self.spec.scaffold {
-            Some(render) => render(&start.task_type),
-            None => (String::new(), 0),
-        };
-        let ids = self
-            .codec
-            .prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
-        self.stats.prompt_tokens += ids.len();
-        let ep = &mut self.episodes[i];
-        if !scaffold.is_empty() {
-            self.stats.scaffold_tokens += self.codec.count(&scaffold)?;
-            ep.traj.scaffold_version = version;
-        }
-        push_context(&mut ep.traj, &ids);
-        ep.agent = start.agent_id;
-        ep.anchor = start.anchor_key;
-        ep.task_type = start.task_type;
-        Ok(())
-    }
-
-    /// Records a stepped turn; false when the episode ended.
-    fn stepped(&mut self, i: usize, outcome: StepOutcome) -> Result<bool, ActorError> {
-        let version = self.spec.policy_version;
-        let ep = &mut self.episodes[i];
-        self.stats.turns += 1;
-        self.stats.invalid_turns += usize::from(outcome.invalid_action);
-        ep.traj.turns.push(Turn {
-            start: ep.turn_start as u32,
-            end: ep.traj.tokens.len() as u32,
-            policy_version: version,
-            reward: outcome.reward,
-            invalid_action: outcome.invalid_action,
-            agent_id: ep.agent,
-            anchor_key: ep.anchor,
-        });
-        ep.agent = outcome.agent_id;
-        ep.anchor = outcome.anchor_key;
-        if outcome.done {
-            ep.done = true;
-            ep.env_ended = true;
-            ep.finished = Some(Instant::now());
-            ep.traj.final_reward = outcome.reward;
-            ep.success = outcome.reward >= 1.0;
-            return Ok(false);
-        }
-        let ids = self.codec.observation(&outcome.observation)?;
-        push_context(&mut ep.traj, &ids);
-        Ok(true)
-    }
-
-    /// The episode's observation is in: truncate it if another turn cannot fit, else record the
-    /// boundary (RO-5) and queue its next turn in its model's sampler.
-    fn next_turn(&mut self, i: usize, snapshot: Option<EnvSnapshot>) -> Result<(), ActorError> {
-        let spec = self.spec;
-        let ep = &mut self.episodes[i];
-        if ep.traj.tokens.len() + spec.max_turn_tokens + 8 > spec.context_len {
-            ep.done = true;
-            ep.finished = Some(Instant::now());
-            return Ok(());
-        }
-        if spec.capture_boundaries {
-            let Some(snapshot) = snapshot else {
-                let e = EpisodeError::Failed(ep.id, "the shard sent no boundary snapshot".into());
-                self.fail(i, &e);
-                return Ok(());
-            };
-            ep.boundaries.push(BoundaryState {
-                tokens: ep.traj.tokens.clone(),
-                snapshot,
-                agent_id: ep.agent,
-                anchor_key: ep.anchor,
-                task_type: ep.task_type.clone(),
-            });
-        }
-        ep.turn_start = ep.traj.tokens.len();
-        let slot = self.policies.slot(ep.traj.source, ep.agent);
-        let request = GenRequest {
-            prompt: ep.traj.tokens.clone(),
-            params: self.params.clone(),
-            seed: mix_seed(&[spec.rng_seed, i as u64, ep.traj.turns.len() as u64]),
-        };
-        let model = self.policies.model(slot)?;
-        if self.samplers.len() <= slot {
-            self.samplers.resize_with(slot + 1, || None);
-        }
-        let sampler = match &mut self.samplers[slot] {
-            Some(s) => s,
-            empty => {
-                let mut s = Sampler::new(
-                    model,
-                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
-                    spec.context_len,
-                )?;
-                s.set_batch_invariant(spec.batch_invariant);
-                empty.insert(s)
-            }
-        };
-        sampler.submit(model, i, request)?;
-        Ok(())
-    }
-
-    fn fail(&mut self, i: usize, e: &EpisodeError) {
-        let ep = &mut self.episodes[i];
-        tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
-        self.last_failure = Some(e.to_string());
-        ep.failed = true;
-        ep.done = true;
-        ep.finished = Some(Instant::now());
-    }
-
-    /// The batch, in plan order, whatever order the episodes finished in.
-    fn finish(mut self) -> (RolloutBatch, RolloutStats, RolloutExtras) {
-        // An episode whose trained (branched) turn never happened cannot be trained.
-        for i in 0..self.episodes.len() {
-            let ep = &self.episodes[i];
-            if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
-                let e = EpisodeError::Failed(ep.id, "no room for the branched turn".into());
-                self.fail(i, &e);
-            }
-        }
-        // Truncated and failed episodes may still be live on their shards.
-        let open: Vec<u64> = self
-            .episodes
-            .iter()
-            .filter(|e| !e.env_ended)
-            .map(|e| e.id)
-            .collect();
-        if !open.is_empty() {
-            for shard in self.shards {
-                shard.do_send(CloseEpisodes(open.clone()));
-            }
-        }
-        let mut stats = self.stats;
-        for sampler in self.samplers.iter().flatten() {
-            stats.decode_steps += sampler.stats().decode_steps;
-            stats.busy_decode_steps += sampler.stats().busy_decode_steps;
-        }
-        let mut trajectories = Vec::with_capacity(self.episodes.len());
-        let mut extras = RolloutExtras {
-            last_failure: self.last_failure,
-            ..RolloutExtras::default()
-        };
-        for ep in self.episodes {
-            if ep.failed {
-                stats.failed_episodes += 1;
-                continue;
-            }
-            stats.episodes += 1;
-            stats.successes += usize::from(ep.success);
-            stats.reward_sum += f64::from(ep.traj.final_reward);
-            extras.task_types.push(ep.task_type);
-            extras.finished_seconds.push(
-                ep.finished
-                    .map_or(0.0, |t| t.duration_since(self.started).as_secs_f64()),
-            );
-            if self.spec.capture_boundaries {
-                extras.boundaries.push(ep.boundaries);
-            }
-            trajectories.push(ep.traj);
-        }
-        let batch = RolloutBatch {
-            run_id: self.spec.run_id.clone(),
-            batch_seq: self.spec.batch_seq,
-            generator_id: self.spec.generator_id,
-            policy_version: self.spec.policy_version,
-            created_unix_ms: unix_ms(),
-            trajectories,
-        };
-        (batch, stats, extras)
-    }
+    rewards.windows(2).all(|w| w[0] == w[1]) || (anchors && !anchor_ok)
 }
 
 /// Samples every planned episode against the env shards (module doc, RO-1..RO-8).
@@ -676,7 +301,7 @@ pub fn run_episodes(
     if shards.is_empty() {
         return Err(ActorError::Internal("no env shards".into()));
     }
-    let mut engine = Engine::new(policies, codec, shards, spec);
+    let mut engine = engine::Engine::new(policies, codec, shards, spec);
     engine.run()?;
     Ok(engine.finish())
 }

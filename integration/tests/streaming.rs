@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_actors::env_shard::{EnvFactory, ShardOptions, ShardPool};
-use keel_actors::rollout::{group_plans, run_episodes, Policies, RolloutSpec, TaskRef};
+use keel_actors::rollout::{
+    group_plans, run_episodes, Policies, Reroll, RolloutExtras, RolloutSpec, RolloutStats, TaskRef,
+};
 use keel_actors::supervision::RestartBudget;
 use keel_actors::TrainConfig;
 use keel_envs::{make_env, Env, EnvError, EnvSnapshot, LatencyModel, StepOutcome};
@@ -80,7 +82,12 @@ fn policy() -> (HfModel, ChatCodec, usize) {
     (model, codec, spec.config.max_position_embeddings)
 }
 
-fn spec(tasks: &[TaskRef], group: usize, context_len: usize) -> RolloutSpec {
+fn spec(
+    tasks: &[TaskRef],
+    group: usize,
+    context_len: usize,
+    reroll: Option<Reroll>,
+) -> RolloutSpec {
     RolloutSpec {
         run_id: "streaming".into(),
         batch_seq: 0,
@@ -97,6 +104,7 @@ fn spec(tasks: &[TaskRef], group: usize, context_len: usize) -> RolloutSpec {
         scaffold: None,
         capture_boundaries: false,
         batch_invariant: true,
+        reroll,
     }
 }
 
@@ -132,7 +140,7 @@ fn a_pathological_episode_delays_no_other_episode() {
         };
         let pool = ShardPool::start(2, factory, RestartBudget::new("env_shard", 1), options);
         let shards = pool.addrs().to_vec();
-        let spec = spec(&tasks, 4, context_len);
+        let spec = spec(&tasks, 4, context_len, None);
         // The engine blocks its thread (as it does on a generator's own thread).
         let run = std::thread::spawn(move || {
             let (batch, _, extras) =
@@ -175,7 +183,7 @@ fn a_streamed_rollout_is_bit_identical_run_to_run() {
     let tasks = tasks(6);
     // Jittered latency: the episodes interleave differently in every run.
     let factory: EnvFactory = Arc::new(|| make_env("calc", 2).expect("calc"));
-    let run_once = |jitter: u64| -> RolloutBatch {
+    let run_once = |jitter: u64| -> (RolloutBatch, RolloutStats, RolloutExtras) {
         // The same seeded random weights every time.
         let (model, codec, context_len) = policy();
         let (factory, tasks) = (factory.clone(), tasks.clone());
@@ -191,11 +199,14 @@ fn a_streamed_rollout_is_bit_identical_run_to_run() {
             };
             let pool = ShardPool::start(2, factory, RestartBudget::new("env_shard", 1), options);
             let shards = pool.addrs().to_vec();
-            let spec = spec(&tasks, 4, context_len);
+            // RO-9 too: uniform groups are re-rolled in the stream, in whatever order they end.
+            let reroll = Reroll {
+                max_tries: 3,
+                anchors: false,
+            };
+            let spec = spec(&tasks, 4, context_len, Some(reroll));
             let run = std::thread::spawn(move || {
-                run_episodes(&Policies::single(&model), &codec, &shards, &spec)
-                    .expect("rollout")
-                    .0
+                run_episodes(&Policies::single(&model), &codec, &shards, &spec).expect("rollout")
             });
             loop {
                 if run.is_finished() {
@@ -205,9 +216,23 @@ fn a_streamed_rollout_is_bit_identical_run_to_run() {
             }
         })
     };
-    let first = run_once(0);
-    let second = run_once(5);
+    let (first, stats, extras) = run_once(0);
+    let (second, _, _) = run_once(5);
+    // One attempt per group is kept; the uniform groups were rolled out three times in all.
     assert_eq!(first.trajectories.len(), 24);
+    assert!(
+        extras.passes >= 2,
+        "a random policy leaves some group uniform: {extras:?}"
+    );
+    let uniform = extras.uniform_groups.len();
+    assert!(
+        stats.episodes + stats.failed_episodes > 24,
+        "re-rolled episodes are counted: {stats:?}"
+    );
+    assert!(uniform <= 6);
+    let ids: std::collections::BTreeSet<u64> =
+        first.trajectories.iter().map(|t| t.trajectory_id).collect();
+    assert_eq!(ids.len(), 24, "trajectory ids are unique");
     for (a, b) in first.trajectories.iter().zip(&second.trajectories) {
         assert_eq!(a.tokens, b.tokens, "trajectory {}", a.trajectory_id);
         let bits = |t: &keel_store::Trajectory| -> Vec<u32> {

@@ -38,6 +38,23 @@ struct Measured {
     episodes: u64,
     eval_after: f64,
     max_lag: u64,
+    /// Mean learner seconds per step.
+    learn_seconds: f64,
+    /// Mean seconds to sample one batch.
+    sample_seconds: f64,
+    /// Decode steps with >= 90% of the slots busy, over all decode steps.
+    utilization: f64,
+}
+
+/// What the event sink saw.
+#[derive(Default)]
+struct Seen {
+    rl_start: Option<Instant>,
+    last_step: Option<Instant>,
+    max_lag: u64,
+    learn: (f64, u64),
+    sample: (f64, u64),
+    decode: (u64, u64),
 }
 
 struct Args {
@@ -117,35 +134,53 @@ fn run_cell(c: &Cell, args: &Args) -> Result<Measured> {
     let dir = tempfile::tempdir()?;
     let store = RunStore::open(dir.path().to_str().context("utf-8 temp dir")?)?;
     let metrics = TrainMetrics::new(&cfg.run.name)?;
-    // (RL start, last step, largest lag)
-    let clock: Arc<Mutex<(Option<Instant>, Option<Instant>, u64)>> = Arc::default();
-    let seen = clock.clone();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let sink_seen = seen.clone();
     let sink = Arc::new(move |e: &TrainEvent| {
-        if let Ok(mut c) = seen.lock() {
+        if let Ok(mut s) = sink_seen.lock() {
             match e {
                 TrainEvent::Eval { phase, .. } if phase == "before_rl" => {
-                    c.0 = Some(Instant::now())
+                    s.rl_start = Some(Instant::now())
                 }
-                TrainEvent::Step { max_lag, .. } => {
-                    c.1 = Some(Instant::now());
-                    c.2 = c.2.max(*max_lag);
+                TrainEvent::Step {
+                    max_lag, metrics, ..
+                } => {
+                    s.last_step = Some(Instant::now());
+                    s.max_lag = s.max_lag.max(*max_lag);
+                    s.learn.0 += metrics.step_seconds;
+                    s.learn.1 += 1;
+                }
+                TrainEvent::Rollout {
+                    sample_seconds,
+                    decode_steps,
+                    busy_decode_steps,
+                    ..
+                } if s.rl_start.is_some() => {
+                    s.sample.0 += sample_seconds;
+                    s.sample.1 += 1;
+                    s.decode.0 += busy_decode_steps;
+                    s.decode.1 += decode_steps;
                 }
                 _ => {}
             }
         }
     });
     let outcome = run_job(cfg, store, metrics, sink, JobOptions::default())?;
-    let (start, end, max_lag) = *clock
+    let s = seen
         .lock()
-        .map_err(|_| anyhow::anyhow!("clock poisoned"))?;
-    let (Some(start), Some(end)) = (start, end) else {
+        .map_err(|_| anyhow::anyhow!("event log poisoned"))?;
+    let (Some(start), Some(end)) = (s.rl_start, s.last_step) else {
         bail!("cell {}: no RL step was timed", c.name);
     };
+    let mean = |(sum, n): (f64, u64)| sum / n.max(1) as f64;
     Ok(Measured {
         rl_seconds: end.duration_since(start).as_secs_f64(),
         episodes,
         eval_after: outcome.eval_after,
-        max_lag,
+        max_lag: s.max_lag,
+        learn_seconds: mean(s.learn),
+        sample_seconds: mean(s.sample),
+        utilization: s.decode.0 as f64 / s.decode.1.max(1) as f64,
     })
 }
 
@@ -210,17 +245,20 @@ fn main() -> Result<()> {
         "calc, Pareto latency (20 ms, alpha 1.2, cap 2 s), {} RL steps, seed 7",
         args.steps
     );
-    println!("| cell | RL wall s | episodes/s | vs sync | held-out success | max lag |");
-    println!("|---|---|---|---|---|---|");
+    println!("| cell | RL wall s | episodes/s | vs sync | held-out success | max lag | learner s/step | sampling s/batch | sampler utilisation |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let base = run_cell(&sync, &args)?;
     let row = |name: &str, m: &Measured| {
         println!(
-            "| {name} | {:.1} | {:.1} | {:.2}x | {:.3} | {} |",
+            "| {name} | {:.1} | {:.1} | {:.2}x | {:.3} | {} | {:.2} | {:.2} | {:.3} |",
             m.rl_seconds,
             m.episodes as f64 / m.rl_seconds,
             base.rl_seconds / m.rl_seconds,
             m.eval_after,
-            m.max_lag
+            m.max_lag,
+            m.learn_seconds,
+            m.sample_seconds,
+            m.utilization
         );
     };
     row(sync.name, &base);

@@ -1,0 +1,547 @@
+//! The streaming engine behind [`super::run_episodes`] (RO-8): one state machine per episode,
+//! env answers arriving on a channel, one sampler per model stepped in turn.
+//!
+//! An episode goes env (reset / restore) → sampler → env (step) → sampler … → done. The loop
+//! drains every env answer that has arrived, then runs one decode step of every busy sampler;
+//! when every sampler is idle it blocks on the next answer. Nothing waits for an episode it does
+//! not need: a finished group is judged at once, and under dynamic sampling its re-roll joins
+//! the same stream (RO-9).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use keel_envs::{EnvSnapshot, StepOutcome};
+use keel_learner::hf::{ChatCodec, Completion, GenRequest, Sampler, SamplingParams};
+use keel_store::{RolloutBatch, Trajectory, Turn};
+
+use super::{
+    uninformative, unix_ms, BoundaryState, Policies, RolloutExtras, RolloutSpec, RolloutStats,
+    MAX_SAMPLER_SLOTS,
+};
+use crate::demo_tokens::scaffolded_prompt;
+use crate::env_shard::{
+    CloseEpisodes, EnvAnswer, EnvOp, EnvReply, EnvRequest, EnvShard, EpisodeError, Reply,
+    ResetOutcome,
+};
+use crate::error::ActorError;
+use crate::seeds::mix_seed;
+
+/// How long the engine waits for an env answer before looking again (nothing else is to do
+/// while it waits: every sampler is idle).
+const ANSWER_POLL: Duration = Duration::from_millis(200);
+
+struct Episode {
+    id: u64,
+    /// Index of its plan in the spec.
+    plan: usize,
+    /// 0 = the first roll-out of its plan; k = the k-th re-roll (RO-9).
+    attempt: usize,
+    shard: usize,
+    traj: Trajectory,
+    done: bool,
+    failed: bool,
+    success: bool,
+    agent: u32,
+    anchor: u64,
+    task_type: String,
+    boundaries: Vec<BoundaryState>,
+    /// Where the turn being sampled or stepped starts.
+    turn_start: usize,
+    /// When the episode ended (RO-8).
+    finished: Option<Instant>,
+    /// The env ended the episode (so its shard already dropped it).
+    env_ended: bool,
+}
+
+/// One group's roll-outs under dynamic sampling (RO-9).
+#[derive(Default)]
+struct Group {
+    /// Its plans, in spec order.
+    plans: Vec<usize>,
+    /// Episodes of each attempt.
+    attempts: Vec<Vec<usize>>,
+    /// Episodes of the last attempt still running.
+    open: usize,
+    /// The attempt that became informative (None: keep attempt 0).
+    chosen: Option<usize>,
+}
+
+fn shard_of(episode: u64, n: usize) -> usize {
+    (episode % n as u64) as usize
+}
+
+fn push_context(traj: &mut Trajectory, ids: &[u32]) {
+    traj.loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
+    traj.behaviour_logprobs
+        .extend(std::iter::repeat_n(0f32, ids.len()));
+    traj.tokens.extend_from_slice(ids);
+}
+
+/// One rollout in flight (module doc).
+pub(super) struct Engine<'a, 'p> {
+    policies: &'a Policies<'p>,
+    codec: &'a ChatCodec,
+    shards: &'a [Addr<EnvShard>],
+    spec: &'a RolloutSpec,
+    episodes: Vec<Episode>,
+    by_id: HashMap<u64, usize>,
+    groups: BTreeMap<u64, Group>,
+    samplers: Vec<Option<Sampler>>,
+    stats: RolloutStats,
+    params: SamplingParams,
+    answers: (mpsc::Sender<EnvAnswer>, mpsc::Receiver<EnvAnswer>),
+    last_failure: Option<String>,
+    /// Requests sent to shards and not answered yet.
+    in_env: usize,
+    started: Instant,
+}
+
+impl<'a, 'p> Engine<'a, 'p> {
+    pub(super) fn new(
+        policies: &'a Policies<'p>,
+        codec: &'a ChatCodec,
+        shards: &'a [Addr<EnvShard>],
+        spec: &'a RolloutSpec,
+    ) -> Self {
+        let mut groups: BTreeMap<u64, Group> = BTreeMap::new();
+        for (k, plan) in spec.plans.iter().enumerate() {
+            groups.entry(plan.group_id).or_default().plans.push(k);
+        }
+        Engine {
+            policies,
+            codec,
+            shards,
+            spec,
+            episodes: Vec::with_capacity(spec.plans.len()),
+            by_id: HashMap::with_capacity(spec.plans.len()),
+            groups,
+            samplers: Vec::new(),
+            stats: RolloutStats::default(),
+            params: SamplingParams {
+                temperature: if spec.greedy { 0.0 } else { spec.temperature },
+                max_new_tokens: spec.max_turn_tokens,
+                stop_token_ids: vec![codec.end_of_turn()],
+                ..SamplingParams::default()
+            },
+            answers: mpsc::channel(),
+            last_failure: None,
+            in_env: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Starts attempt `attempt` of plan `plan`: a fresh episode, reset or restored by its shard.
+    fn launch(&mut self, plan: usize, attempt: usize) {
+        let p = &self.spec.plans[plan];
+        // Attempt a of plan k is trajectory first_id + a·plans + k: unique within the batch.
+        let plans = self.spec.plans.len() as u64;
+        let id = self.spec.first_id + attempt as u64 * plans + plan as u64;
+        let i = self.episodes.len();
+        self.episodes.push(Episode {
+            id,
+            plan,
+            attempt,
+            shard: shard_of(id, self.shards.len()),
+            traj: Trajectory {
+                trajectory_id: id,
+                group_id: p.group_id,
+                task_id: p.task.task_id,
+                env_name: self.spec.env_name.clone(),
+                agent_id: 0,
+                tokens: Vec::new(),
+                loss_mask: Vec::new(),
+                behaviour_logprobs: Vec::new(),
+                turns: Vec::new(),
+                final_reward: 0.0,
+                source: p.source,
+                scaffold_version: 0,
+                trained_turn: p.start.as_ref().map(|_| 0),
+            },
+            done: false,
+            failed: false,
+            success: false,
+            agent: 0,
+            anchor: 0,
+            task_type: String::new(),
+            boundaries: Vec::new(),
+            turn_start: 0,
+            finished: None,
+            env_ended: false,
+        });
+        self.by_id.insert(id, i);
+        if let Some(g) = self.groups.get_mut(&p.group_id) {
+            if g.attempts.len() <= attempt {
+                g.attempts.resize_with(attempt + 1, Vec::new);
+            }
+            g.attempts[attempt].push(i);
+            g.open += 1;
+        }
+        let op = match &p.start {
+            None => EnvOp::Reset(p.task.task_seed),
+            Some(b) => EnvOp::Restore(b.snapshot.clone()),
+        };
+        self.to_env(i, op);
+    }
+
+    /// Sends one episode's request to its shard; the answer comes back on the channel.
+    fn to_env(&mut self, i: usize, op: EnvOp) {
+        let ep = &self.episodes[i];
+        self.shards[ep.shard].do_send(EnvRequest {
+            episode: ep.id,
+            op,
+            snapshot: self.spec.capture_boundaries,
+            reply: Reply::to_channel(ep.id, self.answers.0.clone()),
+        });
+        self.in_env += 1;
+    }
+
+    /// Runs every episode to its end: no episode waits for another (RO-8).
+    pub(super) fn run(&mut self) -> Result<(), ActorError> {
+        for plan in 0..self.spec.plans.len() {
+            self.launch(plan, 0);
+        }
+        loop {
+            while let Ok(answer) = self.answers.1.try_recv() {
+                self.on_answer(answer)?;
+            }
+            let busy: Vec<usize> = (0..self.samplers.len())
+                .filter(|&s| self.samplers[s].as_ref().is_some_and(|x| !x.is_idle()))
+                .collect();
+            if busy.is_empty() {
+                if self.in_env == 0 {
+                    return Ok(());
+                }
+                // Every sampler is idle: wait for the env.
+                if let Ok(answer) = self.answers.1.recv_timeout(ANSWER_POLL) {
+                    self.on_answer(answer)?;
+                }
+                continue;
+            }
+            for slot in busy {
+                let model = self.policies.model(slot)?;
+                let Some(sampler) = self.samplers[slot].as_mut() else {
+                    continue;
+                };
+                for (i, completion) in sampler.step(model)? {
+                    self.on_completion(i, completion);
+                }
+            }
+        }
+    }
+
+    /// A sampled turn: record it and send its action to the env. A turn that does not decode
+    /// is an empty (invalid) action, never an error.
+    fn on_completion(&mut self, i: usize, c: Completion) {
+        let t = &mut self.episodes[i].traj;
+        self.stats.sampled_tokens += c.tokens.len();
+        t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
+        t.tokens.extend(c.tokens);
+        t.behaviour_logprobs.extend(c.logprobs);
+        let start = self.episodes[i].turn_start;
+        let action = self
+            .codec
+            .action_text(&self.episodes[i].traj.tokens[start..])
+            .unwrap_or_default();
+        self.to_env(i, EnvOp::Step(action));
+    }
+
+    fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
+        self.in_env = self.in_env.saturating_sub(1);
+        let Some(&i) = self.by_id.get(&answer.episode) else {
+            return Err(ActorError::Internal(format!(
+                "an env shard answered for unknown episode {}",
+                answer.episode
+            )));
+        };
+        match answer.result {
+            Ok(EnvReply::Started(start)) => self.started_episode(i, start)?,
+            Ok(EnvReply::Restored) => {
+                let plan = &self.spec.plans[self.episodes[i].plan];
+                let ep = &mut self.episodes[i];
+                match &plan.start {
+                    Some(b) => {
+                        push_context(&mut ep.traj, &b.tokens);
+                        ep.agent = b.agent_id;
+                        ep.anchor = b.anchor_key;
+                        ep.task_type = b.task_type.clone();
+                    }
+                    None => {
+                        let lost = EpisodeError::Lost(ep.id);
+                        self.fail(i, &lost);
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(EnvReply::Stepped(outcome)) => {
+                if !self.stepped(i, outcome)? {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                self.fail(i, &e);
+                return Ok(());
+            }
+        }
+        self.next_turn(i, answer.snapshot)
+    }
+
+    fn started_episode(&mut self, i: usize, start: ResetOutcome) -> Result<(), ActorError> {
+        let (scaffold, version) = match &self.spec.scaffold {
+            Some(render) => render(&start.task_type),
+            None => (String::new(), 0),
+        };
+        let ids = self
+            .codec
+            .prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
+        self.stats.prompt_tokens += ids.len();
+        let ep = &mut self.episodes[i];
+        if !scaffold.is_empty() {
+            self.stats.scaffold_tokens += self.codec.count(&scaffold)?;
+            ep.traj.scaffold_version = version;
+        }
+        push_context(&mut ep.traj, &ids);
+        ep.agent = start.agent_id;
+        ep.anchor = start.anchor_key;
+        ep.task_type = start.task_type;
+        Ok(())
+    }
+
+    /// Records a stepped turn; false when the episode ended.
+    fn stepped(&mut self, i: usize, outcome: StepOutcome) -> Result<bool, ActorError> {
+        let version = self.spec.policy_version;
+        let ep = &mut self.episodes[i];
+        self.stats.turns += 1;
+        self.stats.invalid_turns += usize::from(outcome.invalid_action);
+        ep.traj.turns.push(Turn {
+            start: ep.turn_start as u32,
+            end: ep.traj.tokens.len() as u32,
+            policy_version: version,
+            reward: outcome.reward,
+            invalid_action: outcome.invalid_action,
+            agent_id: ep.agent,
+            anchor_key: ep.anchor,
+        });
+        ep.agent = outcome.agent_id;
+        ep.anchor = outcome.anchor_key;
+        if outcome.done {
+            ep.env_ended = true;
+            ep.traj.final_reward = outcome.reward;
+            ep.success = outcome.reward >= 1.0;
+            self.end(i);
+            return Ok(false);
+        }
+        let ids = self.codec.observation(&outcome.observation)?;
+        push_context(&mut ep.traj, &ids);
+        Ok(true)
+    }
+
+    /// The episode's observation is in: truncate it if another turn cannot fit, else record the
+    /// boundary (RO-5) and queue its next turn in its model's sampler.
+    fn next_turn(&mut self, i: usize, snapshot: Option<EnvSnapshot>) -> Result<(), ActorError> {
+        let spec = self.spec;
+        let ep = &mut self.episodes[i];
+        if ep.traj.tokens.len() + spec.max_turn_tokens + 8 > spec.context_len {
+            self.end(i);
+            return Ok(());
+        }
+        if spec.capture_boundaries {
+            let Some(snapshot) = snapshot else {
+                let e = EpisodeError::Failed(ep.id, "the shard sent no boundary snapshot".into());
+                self.fail(i, &e);
+                return Ok(());
+            };
+            ep.boundaries.push(BoundaryState {
+                tokens: ep.traj.tokens.clone(),
+                snapshot,
+                agent_id: ep.agent,
+                anchor_key: ep.anchor,
+                task_type: ep.task_type.clone(),
+            });
+        }
+        ep.turn_start = ep.traj.tokens.len();
+        let slot = self.policies.slot(ep.traj.source, ep.agent);
+        // RO-3: the draw depends on (seed, plan, attempt, turn), never on timing.
+        let seed = match ep.attempt {
+            0 => mix_seed(&[spec.rng_seed, ep.plan as u64, ep.traj.turns.len() as u64]),
+            a => mix_seed(&[
+                spec.rng_seed,
+                7,
+                a as u64,
+                ep.plan as u64,
+                ep.traj.turns.len() as u64,
+            ]),
+        };
+        let request = GenRequest {
+            prompt: ep.traj.tokens.clone(),
+            params: self.params.clone(),
+            seed,
+        };
+        let model = self.policies.model(slot)?;
+        if self.samplers.len() <= slot {
+            self.samplers.resize_with(slot + 1, || None);
+        }
+        let sampler = match &mut self.samplers[slot] {
+            Some(s) => s,
+            empty => {
+                let mut s = Sampler::new(
+                    model,
+                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
+                    spec.context_len,
+                )?;
+                s.set_batch_invariant(spec.batch_invariant);
+                empty.insert(s)
+            }
+        };
+        sampler.submit(model, i, request)?;
+        Ok(())
+    }
+
+    fn fail(&mut self, i: usize, e: &EpisodeError) {
+        let ep = &mut self.episodes[i];
+        tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
+        self.last_failure = Some(e.to_string());
+        ep.failed = true;
+        self.end(i);
+    }
+
+    /// Marks an episode ended; the last one of its group's attempt judges the group (RO-9).
+    fn end(&mut self, i: usize) {
+        let ep = &mut self.episodes[i];
+        if ep.done {
+            return;
+        }
+        ep.done = true;
+        ep.finished = Some(Instant::now());
+        let group = ep.traj.group_id;
+        let closed = self.groups.get_mut(&group).is_some_and(|g| {
+            g.open = g.open.saturating_sub(1);
+            g.open == 0
+        });
+        if closed {
+            self.judge(group);
+        }
+    }
+
+    /// RO-9: a finished attempt that became informative is chosen; an uninformative one is
+    /// rolled out again (same task, fresh seeds) while tries remain.
+    fn judge(&mut self, group: u64) {
+        let Some(reroll) = self.spec.reroll else {
+            return;
+        };
+        let Some(g) = self.groups.get(&group) else {
+            return;
+        };
+        let attempt = g.attempts.len() - 1;
+        let last = g.attempts[attempt]
+            .iter()
+            .map(|&i| &self.episodes[i])
+            .filter(|e| !e.failed)
+            .map(|e| &e.traj);
+        if !uninformative(last, reroll.anchors) {
+            if let Some(g) = self.groups.get_mut(&group) {
+                g.chosen = Some(attempt);
+            }
+            return;
+        }
+        if reroll.max_tries != 0 && attempt + 1 >= reroll.max_tries {
+            return;
+        }
+        let plans = g.plans.clone();
+        for plan in plans {
+            self.launch(plan, attempt + 1);
+        }
+    }
+
+    /// The batch, in plan order, whatever order the episodes finished in; under dynamic
+    /// sampling each group's chosen attempt (RO-9). Stats count every episode sampled.
+    pub(super) fn finish(mut self) -> (RolloutBatch, RolloutStats, RolloutExtras) {
+        // An episode whose trained (branched) turn never happened cannot be trained.
+        for i in 0..self.episodes.len() {
+            let ep = &self.episodes[i];
+            if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
+                let e = EpisodeError::Failed(ep.id, "no room for the branched turn".into());
+                self.episodes[i].done = false;
+                self.fail(i, &e);
+            }
+        }
+        // Truncated and failed episodes may still be live on their shards.
+        let open: Vec<u64> = self
+            .episodes
+            .iter()
+            .filter(|e| !e.env_ended)
+            .map(|e| e.id)
+            .collect();
+        if !open.is_empty() {
+            for shard in self.shards {
+                shard.do_send(CloseEpisodes(open.clone()));
+            }
+        }
+        let mut stats = self.stats;
+        for sampler in self.samplers.iter().flatten() {
+            stats.decode_steps += sampler.stats().decode_steps;
+            stats.busy_decode_steps += sampler.stats().busy_decode_steps;
+        }
+        let mut extras = RolloutExtras {
+            last_failure: self.last_failure,
+            ..RolloutExtras::default()
+        };
+        if self.spec.reroll.is_some() {
+            extras.passes = self
+                .groups
+                .values()
+                .map(|g| g.attempts.len())
+                .max()
+                .unwrap_or(1);
+            extras.uniform_groups = self
+                .groups
+                .iter()
+                .filter(|(_, g)| g.chosen.is_none())
+                .map(|(&id, _)| id)
+                .collect();
+        }
+        let kept: HashMap<u64, usize> = self
+            .groups
+            .iter()
+            .map(|(&id, g)| (id, g.chosen.unwrap_or(0)))
+            .collect();
+        let mut order: Vec<usize> = (0..self.episodes.len()).collect();
+        order.sort_by_key(|&i| (self.episodes[i].plan, self.episodes[i].attempt));
+        let mut episodes: Vec<Option<Episode>> = self.episodes.into_iter().map(Some).collect();
+        let mut trajectories = Vec::with_capacity(episodes.len());
+        for i in order {
+            let Some(ep) = episodes[i].take() else {
+                continue;
+            };
+            if ep.failed {
+                stats.failed_episodes += 1;
+                continue;
+            }
+            stats.episodes += 1;
+            stats.successes += usize::from(ep.success);
+            stats.reward_sum += f64::from(ep.traj.final_reward);
+            if kept.get(&ep.traj.group_id).copied().unwrap_or(0) != ep.attempt {
+                continue;
+            }
+            extras.task_types.push(ep.task_type);
+            extras.finished_seconds.push(
+                ep.finished
+                    .map_or(0.0, |t| t.duration_since(self.started).as_secs_f64()),
+            );
+            if self.spec.capture_boundaries {
+                extras.boundaries.push(ep.boundaries);
+            }
+            trajectories.push(ep.traj);
+        }
+        let batch = RolloutBatch {
+            run_id: self.spec.run_id.clone(),
+            batch_seq: self.spec.batch_seq,
+            generator_id: self.spec.generator_id,
+            policy_version: self.spec.policy_version,
+            created_unix_ms: unix_ms(),
+            trajectories,
+        };
+        (batch, stats, extras)
+    }
+}
