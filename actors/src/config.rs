@@ -41,6 +41,19 @@ pub enum Mode {
     Async,
 }
 
+/// `rollout.batch_invariant`: whether the sampler decodes with fixed shapes (SA-7).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchInvariance {
+    /// On in sync mode (whose runs are reproducible), off in async mode (whose batches depend on
+    /// timing anyway, through the weight version each one starts with).
+    Auto,
+    /// Always on.
+    On,
+    /// Always off.
+    Off,
+}
+
 /// `[run]`: the job as a whole.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -260,7 +273,7 @@ pub struct RolloutSection {
     pub eval_tasks: usize,
     /// Sample with fixed forward shapes (SA-7): a trajectory does not depend on which episodes
     /// shared its decoding steps, so streamed sync runs are bit-reproducible on CPU.
-    pub batch_invariant: bool,
+    pub batch_invariant: BatchInvariance,
 }
 
 impl Default for RolloutSection {
@@ -273,7 +286,18 @@ impl Default for RolloutSection {
             generators: 1,
             env_shards: 1,
             eval_tasks: 256,
-            batch_invariant: true,
+            batch_invariant: BatchInvariance::Auto,
+        }
+    }
+}
+
+impl RolloutSection {
+    /// Whether the sampler decodes with fixed shapes in `mode` (SA-7).
+    pub fn batch_invariant(&self, mode: Mode) -> bool {
+        match self.batch_invariant {
+            BatchInvariance::On => true,
+            BatchInvariance::Off => false,
+            BatchInvariance::Auto => mode == Mode::Sync,
         }
     }
 }

@@ -679,43 +679,86 @@ impl Controller {
         }
     }
 
-    /// PATS (MS-2): reviews the trained batch's groups; a new bank version is stored before any
-    /// generation may use it and before a checkpoint names it. True when a store write is in
-    /// flight: it ends the step (`end_step`) when it lands.
+    /// PATS (MS-2): reviews the trained batch's groups on the blocking pool (a reviewer may be
+    /// an HTTP service; nothing slow runs on the controller's thread). Nothing new starts until
+    /// the review and its bank write are done; a new bank version is stored before any generation
+    /// may use it and before a checkpoint names it. True when the review took the step over: it
+    /// ends the step (`end_step`) when it lands.
     fn review_scaffold(
         &mut self,
         step: u64,
         groups: &[keel_envs::scaffold::GroupRecord],
         ctx: &mut Context<Self>,
     ) -> bool {
-        let Some(pats) = self.pats.as_mut() else {
+        let Some(mut pats) = self.pats.take() else {
             return false;
         };
+        self.writing_state = true;
         let store = self.s.store.clone();
         let life = self.life.clone();
-        let reviewed = pats.review(step, groups, |v| {
-            store.state_key(&format!("pats/scaffold-{v:06}-{life}.json"))
-        });
+        let groups = groups.to_vec();
+        let io = self.s.io.clone();
+        async move {
+            io.spawn_blocking(move || {
+                let reviewed = pats.review(step, &groups, |v| {
+                    store.state_key(&format!("pats/scaffold-{v:06}-{life}.json"))
+                });
+                (pats, reviewed)
+            })
+            .await
+        }
+        .into_actor(self)
+        .map(move |res, act, ctx| match res {
+            Ok((pats, reviewed)) => {
+                act.pats = Some(pats);
+                act.writing_state = false;
+                act.after_review(step, reviewed, ctx)
+            }
+            Err(e) => act.finish(
+                ctx,
+                Err(ActorError::Internal(format!(
+                    "PATS review at step {step}: {e}"
+                ))),
+            ),
+        })
+        .spawn(ctx);
+        true
+    }
+
+    /// Records a PATS review and stores the new bank version, then ends the step (MS-2).
+    fn after_review(
+        &mut self,
+        step: u64,
+        reviewed: Result<
+            (keel_envs::scaffold::StepReview, Option<methods::StateWrite>),
+            ActorError,
+        >,
+        ctx: &mut Context<Self>,
+    ) {
         let (review, write) = match reviewed {
             Ok(x) => x,
             Err(e) => {
                 tracing::warn!(step, error = %e, "PATS review skipped");
-                return false;
+                self.end_step(step, ctx);
+                return self.pump(ctx);
             }
         };
-        let m = &self.s.metrics;
-        m.scaffold_version.set(pats.bank.version() as f64);
-        m.scaffold_entries.set(pats.bank.len() as f64);
+        if let Some(pats) = &self.pats {
+            let m = &self.s.metrics;
+            m.scaffold_version.set(pats.bank.version() as f64);
+            m.scaffold_entries.set(pats.bank.len() as f64);
+        }
         (self.s.events)(&TrainEvent::Method {
             step,
             method: "pats".into(),
             detail: serde_json::to_value(&review).unwrap_or_default(),
         });
         let Some((key, bytes)) = write else {
-            return false;
+            self.end_step(step, ctx);
+            return self.pump(ctx);
         };
         self.writing_state = true;
-        let io = self.s.io.clone();
+        let (io, store) = (self.s.io.clone(), self.s.store.clone());
         async move {
             io.spawn(async move { store.create_object(&key, bytes.into()).await })
                 .await
@@ -736,7 +779,6 @@ impl Controller {
             }
         })
         .spawn(ctx);
-        true
     }
 
     /// ARMOR (MS-3): copies the policy into the reference, publishes it to the generators and

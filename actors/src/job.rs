@@ -332,7 +332,7 @@ async fn run_in_system(
                 dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
                 agent_model: cfg.agent_model_map(),
                 scaffold_words: cfg.pats.render_words,
-                batch_invariant: cfg.rollout.batch_invariant,
+                batch_invariant: cfg.rollout.batch_invariant(cfg.run.mode),
             };
             SyncArbiter::start(1, move || Generator::new(setup.clone()))
         })

@@ -25,6 +25,8 @@ use keel_store::RunStore;
 /// One configuration to time.
 struct Cell {
     name: &'static str,
+    /// `rollout.batch_invariant`.
+    invariance: &'static str,
     mode: &'static str,
     generators: usize,
     staleness: u64,
@@ -113,11 +115,13 @@ latency_cap_ms = 2000.0
 concurrency = {concurrency}
 
 [rollout]
+batch_invariant = "{invariance}"
 generators = {generators}
 env_shards = {shards}
 eval_tasks = {eval_tasks}
 "#,
         name = c.name,
+        invariance = c.invariance,
         steps = args.steps,
         mode = c.mode,
         staleness = c.staleness.max(1),
@@ -215,6 +219,7 @@ fn main() -> Result<()> {
     tch::set_num_threads(1);
     let sync = Cell {
         name: "sync",
+        invariance: "auto",
         mode: "sync",
         generators: 1,
         staleness: 0,
@@ -223,16 +228,23 @@ fn main() -> Result<()> {
     };
     let mut cells = vec![Cell {
         name: "async-4gen-s4",
+        invariance: "auto",
         mode: "async",
         generators: 4,
         staleness: 4,
         shards: 1,
         concurrency: 32,
     }];
+    cells.push(Cell {
+        name: "sync-not-invariant",
+        invariance: "off",
+        ..sync
+    });
     if !args.skip_scaling {
         for (name, shards) in [("shards-1x4", 1), ("shards-2x4", 2), ("shards-4x4", 4)] {
             cells.push(Cell {
                 name,
+                invariance: "auto",
                 mode: "sync",
                 generators: 1,
                 staleness: 0,
