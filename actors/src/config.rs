@@ -114,6 +114,10 @@ pub struct EnvSection {
     pub timeout_ms: u64,
     /// External env: retries after a failed request.
     pub retries: u32,
+    /// External env: environment variable holding a bearer token (empty: none).
+    pub auth_env: String,
+    /// External env: largest answer accepted, in bytes.
+    pub max_response_bytes: u64,
     /// Env calls each env shard serves at once (ES-3); 1 serves them one after another.
     pub concurrency: usize,
     /// Simulated step latency: `none`, `lognormal` or `pareto`.
@@ -134,6 +138,8 @@ impl Default for EnvSection {
             url: String::new(),
             timeout_ms: 5_000,
             retries: 3,
+            auth_env: String::new(),
+            max_response_bytes: keel_envs::ExternalConfig::default().max_response_bytes,
             concurrency: 32,
             latency: "none".into(),
             latency_ms: 20.0,
@@ -150,6 +156,8 @@ impl EnvSection {
             url: self.url.clone(),
             timeout_ms: self.timeout_ms,
             retries: self.retries,
+            auth_env: self.auth_env.clone(),
+            max_response_bytes: self.max_response_bytes,
             ..keel_envs::ExternalConfig::default()
         });
         keel_envs::EnvConfig {

@@ -34,8 +34,8 @@ use tokio::sync::Semaphore;
 
 use crate::supervision::{run_caught, RestartBudget};
 
-/// Builds a fresh environment instance.
-pub type EnvFactory = Arc<dyn Fn() -> Box<dyn Env> + Send + Sync>;
+/// Builds a fresh environment instance (an error fails the episode it was for, ES-4).
+pub type EnvFactory = Arc<dyn Fn() -> Result<Box<dyn Env>, keel_envs::EnvError> + Send + Sync>;
 
 /// Why an episode could not be served.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -288,9 +288,12 @@ fn serve(
         let mut live = match (live, &op) {
             (Some(l), EnvOp::Step(_)) => l,
             (_, EnvOp::Step(_)) => return (None, Err(EpisodeError::Lost(episode)), None),
-            _ => Live {
-                env: factory(),
-                turn: 0,
+            _ => match factory() {
+                Ok(env) => Live { env, turn: 0 },
+                Err(e) => {
+                    let why = format!("building the env: {e}");
+                    return (None, Err(EpisodeError::Failed(episode, why)), None);
+                }
             },
         };
         let reply = match op {
@@ -445,7 +448,7 @@ mod tests {
     use super::*;
 
     fn calc() -> EnvFactory {
-        Arc::new(|| keel_envs::make_env("calc", 3).expect("calc"))
+        Arc::new(|| keel_envs::make_env("calc", 3))
     }
 
     fn stepped(a: &EnvAnswer) -> StepOutcome {

@@ -262,7 +262,9 @@ async fn run_in_system(
     let factory: EnvFactory = match options.env_factory {
         Some(f) => f,
         None => {
-            Arc::new(move || build_env(&env_cfg).unwrap_or_else(|e| panic!("env factory: {e}")))
+            // EX-4: one client per external server, shared by every episode.
+            let builder = keel_envs::EnvBuilder::new(&env_cfg)?;
+            Arc::new(move || builder.build())
         }
     };
     let shard_options = ShardOptions {

@@ -80,8 +80,9 @@ class Guess:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr, flaky, fail_resets=False):
+    def __init__(self, addr, flaky, fail_resets=False, auth_token=""):
         super().__init__(addr, Handler)
+        self.auth_token = auth_token
         self.sessions = {}  # id -> (Guess, last_turn, last_answer)
         self.lock = threading.Lock()
         self.flaky = flaky
@@ -104,6 +105,14 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def refused(self):
+        """With --auth-token, a request without `Authorization: Bearer <token>` gets 401."""
+        token = self.server.auth_token
+        if token and self.headers.get("Authorization") != f"Bearer {token}":
+            self.reply(401, {"error": "missing or wrong bearer token"})
+            return True
+        return False
+
     def flaked(self):
         srv = self.server
         with srv.lock:
@@ -114,7 +123,7 @@ class Handler(BaseHTTPRequestHandler):
         return fail
 
     def do_GET(self):
-        if self.flaked():
+        if self.refused() or self.flaked():
             return
         if self.path == "/info":
             self.reply(200, {"name": NAME, "max_turns": MAX_TURNS, "vocabulary": VOCABULARY})
@@ -127,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             return self.reply(400, {"error": "body is not JSON"})
-        if self.flaked():
+        if self.refused() or self.flaked():
             return
         srv = self.server
         sid = body.get("session")
@@ -172,8 +181,9 @@ def main():
     parser.add_argument("--port", type=int, default=8770)
     parser.add_argument("--flaky", type=int, default=0, help="fail every Nth request with 503")
     parser.add_argument("--fail-resets", action="store_true", help="answer every /reset with 500")
+    parser.add_argument("--auth-token", default="", help="require `Authorization: Bearer TOKEN`")
     args = parser.parse_args()
-    server = Server((args.host, args.port), args.flaky, args.fail_resets)
+    server = Server((args.host, args.port), args.flaky, args.fail_resets, args.auth_token)
     print(f"listening on {server.server_address[1]}", flush=True)
     try:
         server.serve_forever()

@@ -12,11 +12,16 @@
 //!   doubling backoff on transport errors and 5xx answers; 4xx answers are not retried.
 //! - EX-2 Retrying a step is safe: each `/step` names its turn number and the server answers a
 //!   repeated turn with the stored answer instead of stepping again.
+//! - EX-4 One [`ExternalClient`] per server: its episodes share the connection pool (keep-alive;
+//!   TLS for `https://`) and the `/info` answer; an optional bearer token comes from the
+//!   environment variable `auth_env` names.
+//! - EX-5 An answer larger than `max_response_bytes` is an error, never buffered whole.
 //! - EX-3 A server that stays unreachable makes `try_reset`/`try_step` return
 //!   `EnvError::External`; the env shard fails that episode without restarting (ES-4). The
 //!   infallible `reset`/`step` panic with the same message, which the shard's supervision
 //!   (ES-1) turns into a failed episode.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -39,6 +44,17 @@ pub struct ExternalConfig {
     pub retries: u32,
     /// First backoff in milliseconds (doubles per retry).
     pub backoff_ms: u64,
+    /// Name of an environment variable whose value is sent as `Authorization: Bearer <value>`
+    /// with every request (empty: no auth header). The token itself never sits in a config.
+    #[serde(default)]
+    pub auth_env: String,
+    /// Largest answer body accepted, in bytes (EX-5).
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+}
+
+fn default_max_response_bytes() -> u64 {
+    4 << 20
 }
 
 impl Default for ExternalConfig {
@@ -48,6 +64,8 @@ impl Default for ExternalConfig {
             timeout_ms: 5_000,
             retries: 3,
             backoff_ms: 50,
+            auth_env: String::new(),
+            max_response_bytes: default_max_response_bytes(),
         }
     }
 }
@@ -55,12 +73,20 @@ impl Default for ExternalConfig {
 impl ExternalConfig {
     /// Checks the URL scheme and the timeout.
     pub fn validate(&self) -> Result<(), EnvError> {
-        if !self.url.starts_with("http://") {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return Err(EnvError::InvalidConfig {
                 env: "external",
                 field: "url",
                 value: crate::redact_url(&self.url),
-                expected: "an http:// base URL of an env server",
+                expected: "an http:// or https:// base URL of an env server",
+            });
+        }
+        if self.max_response_bytes == 0 {
+            return Err(EnvError::InvalidConfig {
+                env: "external",
+                field: "max_response_bytes",
+                value: "0".into(),
+                expected: "a positive number of bytes",
             });
         }
         if self.timeout_ms == 0 {
@@ -114,40 +140,60 @@ struct Outcome {
     invalid_action: bool,
 }
 
-/// A client of one environment instance on an external server.
-pub struct ExternalEnv {
-    cfg: ExternalConfig,
+/// A connection pool to one env server and what its `/info` said (EX-4): cloned into every
+/// episode's [`ExternalEnv`], so episodes share connections and `/info` is asked once.
+#[derive(Clone)]
+pub struct ExternalClient {
+    cfg: Arc<ExternalConfig>,
     agent: ureq::Agent,
-    info: Info,
-    session: Option<String>,
-    view: View,
+    auth: Option<String>,
+    info: Arc<Info>,
 }
 
-impl ExternalEnv {
-    /// Connects and reads `/info`.
+impl ExternalClient {
+    /// Checks the config, connects and reads `/info`.
     pub fn connect(cfg: ExternalConfig) -> Result<Self, EnvError> {
         cfg.validate()?;
+        let auth = if cfg.auth_env.is_empty() {
+            None
+        } else {
+            let token = std::env::var(&cfg.auth_env).map_err(|_| EnvError::InvalidConfig {
+                env: "external",
+                field: "auth_env",
+                value: cfg.auth_env.clone(),
+                expected: "the name of a set environment variable holding the bearer token",
+            })?;
+            Some(format!("Bearer {token}"))
+        };
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_millis(cfg.timeout_ms)))
             .http_status_as_error(false)
             .build()
             .into();
-        let mut env = ExternalEnv {
-            cfg,
+        let mut client = ExternalClient {
+            cfg: Arc::new(cfg),
             agent,
-            info: Info {
+            auth,
+            info: Arc::new(Info {
                 name: String::new(),
                 max_turns: 0,
                 vocabulary: vec![],
-            },
+            }),
+        };
+        client.info = Arc::new(client.call("info", None)?);
+        Ok(client)
+    }
+
+    /// A fresh episode on this server (no request until its reset).
+    pub fn env(&self) -> ExternalEnv {
+        ExternalEnv {
+            client: self.clone(),
             session: None,
             view: View {
                 done: true,
                 ..View::default()
             },
-        };
-        env.info = env.call("info", None)?;
-        Ok(env)
+        }
     }
 
     fn err(&self, reason: String) -> EnvError {
@@ -167,9 +213,15 @@ impl ExternalEnv {
                 std::thread::sleep(backoff);
                 backoff *= 2;
             }
-            let sent = match &body {
-                Some(b) => self.agent.post(&url).send_json(b),
-                None => self.agent.get(&url).call(),
+            let sent = match (&body, &self.auth) {
+                (Some(b), Some(auth)) => self
+                    .agent
+                    .post(&url)
+                    .header("Authorization", auth)
+                    .send_json(b),
+                (Some(b), None) => self.agent.post(&url).send_json(b),
+                (None, Some(auth)) => self.agent.get(&url).header("Authorization", auth).call(),
+                (None, None) => self.agent.get(&url).call(),
             };
             let mut resp = match sent {
                 Ok(r) => r,
@@ -179,7 +231,19 @@ impl ExternalEnv {
                 }
             };
             let status = resp.status().as_u16();
-            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            let limit = self.cfg.max_response_bytes;
+            let text = match resp.body_mut().with_config().limit(limit).read_to_string() {
+                Ok(t) => t,
+                Err(ureq::Error::BodyExceedsLimit(_)) => {
+                    return Err(self.err(format!(
+                        "{path}: the answer is larger than max_response_bytes ({limit})"
+                    )))
+                }
+                Err(e) => {
+                    last = format!("{path}: reading the answer: {e}");
+                    continue;
+                }
+            };
             if status >= 500 {
                 last = format!("{path}: HTTP {status}: {text}");
                 continue;
@@ -192,6 +256,25 @@ impl ExternalEnv {
         }
         Err(self.err(format!("{last} (after {} retries)", self.cfg.retries)))
     }
+}
+
+/// A client of one environment instance (one episode) on an external server.
+pub struct ExternalEnv {
+    client: ExternalClient,
+    session: Option<String>,
+    view: View,
+}
+
+impl ExternalEnv {
+    /// Connects and reads `/info` (one client for this env alone; a shard shares one
+    /// [`ExternalClient`] between its episodes instead).
+    pub fn connect(cfg: ExternalConfig) -> Result<Self, EnvError> {
+        Ok(ExternalClient::connect(cfg)?.env())
+    }
+
+    fn call<T: DeserializeOwned>(&self, path: &str, body: Option<Value>) -> Result<T, EnvError> {
+        self.client.call(path, body)
+    }
 
     fn session_value(&self) -> Value {
         self.session.clone().map_or(Value::Null, Value::String)
@@ -201,8 +284,15 @@ impl ExternalEnv {
 impl Drop for ExternalEnv {
     fn drop(&mut self) {
         if let Some(s) = self.session.take() {
-            let url = format!("{}/close", self.cfg.url.trim_end_matches('/'));
-            let _ = self.agent.post(&url).send_json(json!({ "session": s }));
+            // Best effort, one attempt: the server forgets idle sessions on its own.
+            let c = &self.client;
+            let url = format!("{}/close", c.cfg.url.trim_end_matches('/'));
+            let req = c.agent.post(&url);
+            let req = match &c.auth {
+                Some(auth) => req.header("Authorization", auth),
+                None => req,
+            };
+            let _ = req.send_json(json!({ "session": s }));
         }
     }
 }
@@ -233,7 +323,7 @@ struct RestoreAnswer {
 
 impl Env for ExternalEnv {
     fn name(&self) -> &str {
-        &self.info.name
+        &self.client.info.name
     }
 
     fn reset(&mut self, task_seed: u64) -> String {
@@ -286,7 +376,7 @@ impl Env for ExternalEnv {
     }
 
     fn max_turns(&self) -> usize {
-        self.info.max_turns
+        self.client.info.max_turns
     }
 
     fn success(&self) -> bool {
@@ -294,7 +384,7 @@ impl Env for ExternalEnv {
     }
 
     fn vocabulary(&self) -> Vec<String> {
-        self.info.vocabulary.clone()
+        self.client.info.vocabulary.clone()
     }
 
     fn admissible_actions(&self) -> Vec<String> {
@@ -316,15 +406,15 @@ impl Env for ExternalEnv {
         let a: SnapshotAnswer =
             self.call("snapshot", Some(json!({ "session": self.session_value() })))?;
         Ok(EnvSnapshot {
-            env: self.info.name.clone(),
+            env: self.client.info.name.clone(),
             state: a.state,
         })
     }
 
     fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
-        if snapshot.env != self.info.name {
+        if snapshot.env != self.client.info.name {
             return Err(EnvError::Snapshot {
-                env: self.info.name.clone(),
+                env: self.client.info.name.clone(),
                 reason: format!("the snapshot was taken from `{}`", snapshot.env),
             });
         }
@@ -350,6 +440,7 @@ mod tests {
             timeout_ms: 200,
             retries: 1,
             backoff_ms: 1,
+            ..ExternalConfig::default()
         };
         let err = ExternalEnv::connect(cfg).err().unwrap().to_string();
         assert!(

@@ -150,7 +150,43 @@ pub fn make_env(name: &str, difficulty: usize) -> Result<Box<dyn Env>, EnvError>
 
 /// The environment `cfg` describes (validated first), built-in or external.
 pub fn build_env(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
-    cfg.validate()?;
+    EnvBuilder::new(cfg)?.build()
+}
+
+/// Builds env instances of one config; an external env's server is connected once and its
+/// client shared by every instance (EX-4).
+#[derive(Clone)]
+pub struct EnvBuilder {
+    cfg: EnvConfig,
+    external: Option<crate::external::ExternalClient>,
+}
+
+impl EnvBuilder {
+    /// Checks the config (and connects to an external env's server).
+    pub fn new(cfg: &EnvConfig) -> Result<Self, EnvError> {
+        cfg.validate()?;
+        let external = match cfg.name.as_str() {
+            "external" => Some(crate::external::ExternalClient::connect(
+                cfg.external.clone().unwrap_or_default(),
+            )?),
+            _ => None,
+        };
+        Ok(EnvBuilder {
+            cfg: cfg.clone(),
+            external,
+        })
+    }
+
+    /// A fresh env instance.
+    pub fn build(&self) -> Result<Box<dyn Env>, EnvError> {
+        if let Some(client) = &self.external {
+            return Ok(Box::new(client.env()));
+        }
+        build_builtin(&self.cfg)
+    }
+}
+
+fn build_builtin(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
     let d = cfg.difficulty;
     Ok(match cfg.name.as_str() {
         "calc" => Box::new(crate::calc::CalcEnv::new(crate::calc::CalcConfig {
@@ -162,10 +198,9 @@ pub fn build_env(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
         "sokoban" => Box::new(crate::sokoban::SokobanEnv::new(d)),
         "solver-verifier" => Box::new(crate::solver_verifier::SolverVerifierEnv::new(d)),
         "search-team" => Box::new(crate::search_team::SearchTeamEnv::new(d)),
-        _ => {
-            let ext = cfg.external.clone().unwrap_or_default();
-            Box::new(ExternalEnv::connect(ext)?)
-        }
+        _ => Box::new(ExternalEnv::connect(
+            cfg.external.clone().unwrap_or_default(),
+        )?),
     })
 }
 

@@ -54,6 +54,7 @@ impl Server {
             timeout_ms: 2_000,
             retries: 3,
             backoff_ms: 5,
+            ..ExternalConfig::default()
         }
     }
 }
@@ -149,6 +150,43 @@ fn external_env_in_a_builtin_registry_config() {
     );
 }
 
+/// EX-4/EX-5: a bearer token from the environment opens a server that requires one; no token
+/// is a clear 401, and an answer over `max_response_bytes` is refused.
+#[test]
+fn bearer_token_from_the_environment_and_the_response_size_limit() {
+    let server = Server::start(&["--auth-token", "s3cret"]);
+    let refused = ExternalEnv::connect(server.config())
+        .err()
+        .expect("no token, no entry");
+    assert!(refused.to_string().contains("HTTP 401"), "{refused}");
+    // A variable name unique to this test (nextest runs each test in its own process).
+    std::env::set_var("KEEL_TEST_ENV_TOKEN_EX4", "s3cret");
+    let cfg = ExternalConfig {
+        auth_env: "KEEL_TEST_ENV_TOKEN_EX4".into(),
+        ..server.config()
+    };
+    let client = keel_envs::ExternalClient::connect(cfg.clone()).expect("token accepted");
+    let (mut a, mut b) = (client.env(), client.env());
+    assert!(a.try_reset(3).expect("reset a").starts_with("task guess"));
+    assert!(b.try_reset(4).is_ok());
+    let unset = ExternalConfig {
+        auth_env: "KEEL_TEST_ENV_TOKEN_UNSET".into(),
+        ..server.config()
+    };
+    let err = ExternalEnv::connect(unset).err().expect("unset variable");
+    assert!(err.to_string().contains("auth_env"), "{err}");
+    let tiny = ExternalConfig {
+        max_response_bytes: 64,
+        ..cfg
+    };
+    let err = ExternalEnv::connect(tiny).err().expect("a large /info");
+    assert!(
+        err.to_string()
+            .contains("larger than max_response_bytes (64)"),
+        "{err}"
+    );
+}
+
 /// CT-8: a server that answers `/info` but fails every `/reset` ends the run with an error that
 /// names the env and the failure, instead of retrying the batch for ever.
 #[test]
@@ -195,9 +233,8 @@ fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
 fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
     let server = Server::start(&[]);
     let cfg = server.config();
-    let factory: EnvFactory = Arc::new(move || {
-        Box::new(ExternalEnv::connect(cfg.clone()).expect("connect")) as Box<dyn Env>
-    });
+    let factory: EnvFactory =
+        Arc::new(move || Ok(Box::new(ExternalEnv::connect(cfg.clone())?) as Box<dyn Env>));
     let system = actix::System::new();
     system.block_on(async move {
         let budget = RestartBudget::new("env_shard", 4);
@@ -283,7 +320,7 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
 
 #[test]
 fn latency_overlaps_and_each_episode_is_answered_when_its_own_step_is_done() {
-    let factory: EnvFactory = Arc::new(|| keel_envs::make_env("calc", 1).expect("calc"));
+    let factory: EnvFactory = Arc::new(|| keel_envs::make_env("calc", 1));
     let system = actix::System::new();
     system.block_on(async move {
         let latency = LatencyModel::Pareto {

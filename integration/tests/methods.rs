@@ -704,7 +704,7 @@ fn eval_has_no_scaffold(
     let version = bank.version();
     let system = actix::System::new();
     let (eval, train, batch) = system.block_on(async move {
-        let factory: EnvFactory = Arc::new(move || keel_envs::build_env(&env_cfg).expect("env"));
+        let factory: EnvFactory = Arc::new(move || keel_envs::build_env(&env_cfg));
         let budget = RestartBudget::new("env_shard", 4);
         let shard = actix::Supervisor::start(move |_| {
             EnvShard::with_options(factory.clone(), budget.clone(), ShardOptions::default())

@@ -124,13 +124,13 @@ fn a_pathological_episode_delays_no_other_episode() {
     let slow_seed = tasks[0].task_seed;
     let (fast, slow) = (Duration::from_millis(10), Duration::from_millis(1000));
     let factory: EnvFactory = Arc::new(move || {
-        Box::new(SlowTaskEnv {
-            inner: make_env("calc", 2).expect("calc"),
+        Ok(Box::new(SlowTaskEnv {
+            inner: make_env("calc", 2)?,
             seed: 0,
             slow_seed,
             slow,
             fast,
-        }) as Box<dyn Env>
+        }) as Box<dyn Env>)
     });
     let system = actix::System::new();
     let (batch, finished) = system.block_on(async move {
@@ -182,7 +182,7 @@ fn a_pathological_episode_delays_no_other_episode() {
 fn a_streamed_rollout_is_bit_identical_run_to_run() {
     let tasks = tasks(6);
     // Jittered latency: the episodes interleave differently in every run.
-    let factory: EnvFactory = Arc::new(|| make_env("calc", 2).expect("calc"));
+    let factory: EnvFactory = Arc::new(|| make_env("calc", 2));
     let run_once = |jitter: u64| -> (RolloutBatch, RolloutStats, RolloutExtras) {
         // The same seeded random weights every time.
         let (model, codec, context_len) = policy();

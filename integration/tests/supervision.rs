@@ -62,10 +62,10 @@ fn panicking_env_restarts_its_shard_and_the_run_finishes() {
     let steps = Arc::new(AtomicU64::new(0));
     let counter = steps.clone();
     let factory: EnvFactory = Arc::new(move || {
-        Box::new(FlakyEnv {
-            inner: make_env("calc", 1).expect("calc"),
+        Ok(Box::new(FlakyEnv {
+            inner: make_env("calc", 1)?,
             steps: counter.clone(),
-        }) as Box<dyn Env>
+        }) as Box<dyn Env>)
     });
     let dir = tempfile::tempdir().expect("tempdir");
     let store = RunStore::open(dir.path().to_str().expect("utf8")).expect("open");

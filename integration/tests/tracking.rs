@@ -262,7 +262,7 @@ impl Drop for MlflowServer {
     fn drop(&mut self) {
         // The whole group (mlflow leaves its huey job consumers running otherwise).
         let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.child.id())])
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();

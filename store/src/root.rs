@@ -536,7 +536,9 @@ fn s3_retry() -> RetryConfig {
             max_backoff: std::time::Duration::from_secs(5),
             base: 2.0,
         },
-        max_retries: 64,
+        // The jittered backoff (a random draw in [init, 2 × previous]) can stay short, so a
+        // retry count would end a 20 s outage early: the timeout is the budget (ST-7).
+        max_retries: 100_000,
         retry_timeout: S3_RETRY_TIMEOUT,
     }
 }
