@@ -282,6 +282,8 @@ pub struct RolloutSection {
     /// Sample with fixed forward shapes (SA-7): a trajectory does not depend on which episodes
     /// shared its decoding steps, so streamed sync runs are bit-reproducible on CPU.
     pub batch_invariant: BatchInvariance,
+    /// Async mode: newer weights reach the samplers between decode steps (RO-10).
+    pub inflight_updates: bool,
 }
 
 impl Default for RolloutSection {
@@ -295,6 +297,7 @@ impl Default for RolloutSection {
             env_shards: 1,
             eval_tasks: 256,
             batch_invariant: BatchInvariance::Auto,
+            inflight_updates: true,
         }
     }
 }

@@ -501,6 +501,7 @@ impl Controller {
                 sample_seconds: g.sample_seconds,
                 decode_steps: g.stats.decode_steps,
                 busy_decode_steps: g.stats.busy_decode_steps,
+                weight_updates: g.stats.weight_updates,
             });
         }
         let mut detail = serde_json::Map::new();

@@ -83,6 +83,8 @@ pub enum TrainEvent {
         decode_steps: u64,
         /// Of those, steps with at least 90% of the sampler's slots busy.
         busy_decode_steps: u64,
+        /// Newer weight versions taken while it was sampled (RO-10, async).
+        weight_updates: u64,
     },
     /// The learner refused a non-finite update; the step was skipped (GD-1).
     Skipped {

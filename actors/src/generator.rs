@@ -2,8 +2,10 @@
 //! published weights and writes them to the store.
 //!
 //! Invariants:
-//! - GN-1: before each batch the generator loads the newest weights on the board (WB-2); the
-//!   whole batch is sampled with one version, recorded in the batch and in every turn.
+//! - GN-1: before each batch the generator loads the newest weights on the board (WB-2) and
+//!   records that version in the batch; every turn records the version it was queued under. In
+//!   a sync run (and for evaluation) that is the batch's version throughout; an async training
+//!   batch follows the board between decode steps (RO-10).
 //! - GN-2: a training batch is durable (written with create-only semantics, ST-1) before the
 //!   controller hears of it: the learner only ever trains on what the store holds.
 //! - GN-3: the sampling RNG is seeded from (run seed, first task id, policy version), so a batch
@@ -38,8 +40,8 @@ use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
 use crate::env_shard::EnvShard;
 use crate::error::ActorError;
 use crate::rollout::{
-    group_plans, run_episodes, uninformative, BoundaryState, EpisodePlan, Policies, Reroll,
-    RolloutSpec, RolloutStats, ScaffoldRenderer, TaskRef,
+    group_plans, reference_or_error, run_episodes, uninformative, BoundaryState, EpisodePlan,
+    ModelSource, Reroll, RolloutSpec, RolloutStats, ScaffoldRenderer, TaskRef,
 };
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
@@ -86,6 +88,8 @@ pub struct GeneratorSetup {
     pub scaffold_words: usize,
     /// SA-7: sample with fixed forward shapes (RO-3 under streaming).
     pub batch_invariant: bool,
+    /// RO-10: training batches take newer weights between decode steps (async mode).
+    pub follow_weights: bool,
 }
 
 /// Why a batch is sampled.
@@ -372,11 +376,23 @@ impl Generator {
                 max_tries: d.max_tries,
                 anchors: anchors > 0,
             }),
+            // RO-10: only training batches of an async run follow the board.
+            follow_weights: setup.follow_weights && train,
         };
         let start = std::time::Instant::now();
-        let policies = self.policies()?;
+        let Some((loaded, models)) = self.models.as_mut() else {
+            return Err(ActorError::Internal("no weights loaded".into()));
+        };
+        let mut source = LiveModels {
+            models,
+            version: loaded,
+            epoch: self.epoch,
+            board: &setup.board,
+            agent_model: &setup.agent_model,
+            reference: self.reference.as_ref().map(|(_, m)| m),
+        };
         let (mut batch, stats, extras) =
-            run_episodes(&policies, &setup.codec, &setup.shards, &spec)?;
+            run_episodes(&mut source, &setup.codec, &setup.shards, &spec)?;
         let task_types = extras.task_types.clone();
         let last_failure = extras.last_failure.clone();
         let tries = extras.passes.max(1);
@@ -384,7 +400,6 @@ impl Generator {
         if anchors > 0 {
             filter_anchors(&mut batch);
         }
-        drop(policies);
         let sample_seconds = start.elapsed().as_secs_f64();
         if train && batch.trajectories.is_empty() {
             // Every episode failed in its env (RO-4): nothing to store; the controller retries.
@@ -453,16 +468,6 @@ impl Generator {
     }
 
     /// The loaded models as `Policies` (after `load_weights`).
-    fn policies(&self) -> Result<Policies<'_>, ActorError> {
-        let Some((_, models)) = &self.models else {
-            return Err(ActorError::Internal("no weights loaded".into()));
-        };
-        Ok(Policies {
-            models: models.iter().collect(),
-            agent_model: &self.setup.agent_model,
-            reference: self.reference.as_ref().map(|(_, m)| m),
-        })
-    }
 
     /// RTPO siblings: `group_size` continuations of each trunk's boundary `depth` turns from its
     /// end (trunks with fewer turns sit this depth out).
@@ -488,6 +493,56 @@ impl Generator {
             }
         }
         Ok(plans)
+    }
+}
+
+/// The generator's loaded models during a rollout; with `follow_weights` they take newer
+/// versions of the same board epoch between decode steps (RO-10).
+struct LiveModels<'a> {
+    models: &'a mut Vec<HfModel>,
+    /// The version loaded (kept up to date for the generator's next batch).
+    version: &'a mut u64,
+    epoch: u64,
+    board: &'a WeightBoard,
+    agent_model: &'a [usize],
+    reference: Option<&'a HfModel>,
+}
+
+impl ModelSource for LiveModels<'_> {
+    fn policy_models(&self) -> usize {
+        self.models.len()
+    }
+
+    fn agent_model(&self) -> &[usize] {
+        self.agent_model
+    }
+
+    fn model(&self, slot: usize) -> Result<&HfModel, ActorError> {
+        match self.models.get(slot) {
+            Some(m) => Ok(m),
+            None => reference_or_error(self.reference),
+        }
+    }
+
+    fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
+        let Some(p) = self.board.latest() else {
+            return Ok(None);
+        };
+        // A rewind's weights (new epoch) or another model layout wait for the next batch.
+        if p.epoch != self.epoch
+            || p.version <= *self.version
+            || p.extra_models.len() + 1 != self.models.len()
+        {
+            return Ok(None);
+        }
+        for (k, m) in self.models.iter_mut().enumerate() {
+            let bytes = p
+                .model(k)
+                .ok_or_else(|| ActorError::Internal(format!("agent model {k} missing")))?;
+            m.load_safetensors(bytes)?;
+        }
+        *self.version = p.version;
+        Ok(Some(p.version))
     }
 }
 

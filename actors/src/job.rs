@@ -335,6 +335,8 @@ async fn run_in_system(
                 agent_model: cfg.agent_model_map(),
                 scaffold_words: cfg.pats.render_words,
                 batch_invariant: cfg.rollout.batch_invariant(cfg.run.mode),
+                follow_weights: cfg.run.mode == crate::config::Mode::Async
+                    && cfg.rollout.inflight_updates,
             };
             SyncArbiter::start(1, move || Generator::new(setup.clone()))
         })

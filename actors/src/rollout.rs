@@ -33,6 +33,12 @@
 //!   seeds from (rng seed, attempt, plan, turn) — while the other groups go on, up to
 //!   `max_tries` attempts. The batch keeps each group's first informative attempt, or its first
 //!   attempt if none became informative; the stats count every episode sampled.
+//! - RO-10 (weights in flight, async): with `follow_weights`, newer published weights reach the
+//!   samplers between decode steps and episodes in flight continue under them; each turn
+//!   records the version in force when it was queued, which is never newer than its oldest token
+//!   (so the learner's staleness check, LA-2, is conservative). The batch records the version it
+//!   started with. The admission bound (AS-1) is taken on that start version, so no token of the
+//!   batch can ever be older than the bound allows and no episode has to be restarted.
 
 use actix::Addr;
 
@@ -125,28 +131,57 @@ impl<'a> Policies<'a> {
             reference: None,
         }
     }
+}
 
-    /// Index of the model that samples a turn of `agent` in an episode of `source`
-    /// (`models.len()` = the reference).
-    fn slot(&self, source: Source, agent: u32) -> usize {
-        match source {
-            Source::Anchor => self.models.len(),
-            Source::OnPolicy => self
-                .agent_model
-                .get(agent as usize)
-                .copied()
-                .filter(|&m| m < self.models.len())
-                .unwrap_or(0),
-        }
+/// The models a rollout samples with, as the engine sees them (RO-7, RO-10).
+pub trait ModelSource {
+    /// The policy models (one shared, or one per agent group).
+    fn policy_models(&self) -> usize;
+    /// `agent_model[a]` = index of agent `a`'s model; agents beyond it use 0.
+    fn agent_model(&self) -> &[usize];
+    /// Model `slot` (`policy_models()` = the reference).
+    fn model(&self, slot: usize) -> Result<&HfModel, ActorError>;
+    /// RO-10: loads newer published policy weights, if any, and answers their version. Called
+    /// between decode steps; the default never changes the weights.
+    fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
+        Ok(None)
+    }
+}
+
+/// Index of the model that samples a turn of `agent` in an episode of `source`
+/// (`policy_models()` = the reference).
+pub fn model_slot(models: &dyn ModelSource, source: Source, agent: u32) -> usize {
+    let n = models.policy_models();
+    match source {
+        Source::Anchor => n,
+        Source::OnPolicy => models
+            .agent_model()
+            .get(agent as usize)
+            .copied()
+            .filter(|&m| m < n)
+            .unwrap_or(0),
+    }
+}
+
+/// The reference model, or the error an anchor episode without one is.
+pub fn reference_or_error(reference: Option<&HfModel>) -> Result<&HfModel, ActorError> {
+    reference
+        .ok_or_else(|| ActorError::Internal("an anchor episode needs the reference model".into()))
+}
+
+impl ModelSource for Policies<'_> {
+    fn policy_models(&self) -> usize {
+        self.models.len()
     }
 
-    fn model(&self, slot: usize) -> Result<&'a HfModel, ActorError> {
-        if slot < self.models.len() {
-            Ok(self.models[slot])
-        } else {
-            self.reference.ok_or_else(|| {
-                ActorError::Internal("an anchor episode needs the reference model".into())
-            })
+    fn agent_model(&self) -> &[usize] {
+        self.agent_model
+    }
+
+    fn model(&self, slot: usize) -> Result<&HfModel, ActorError> {
+        match self.models.get(slot) {
+            Some(m) => Ok(*m),
+            None => reference_or_error(self.reference),
         }
     }
 }
@@ -190,6 +225,8 @@ pub struct RolloutSpec {
     pub batch_invariant: bool,
     /// Dynamic sampling: re-roll uninformative groups in the stream (RO-9).
     pub reroll: Option<Reroll>,
+    /// RO-10: take newer weights between decode steps (async training batches).
+    pub follow_weights: bool,
 }
 
 /// RO-9: how uninformative groups are rolled out again.
@@ -228,6 +265,9 @@ pub struct RolloutStats {
     /// Of those, steps with at least 90% of the sampler's slots busy.
     #[serde(default)]
     pub busy_decode_steps: u64,
+    /// RO-10: newer weight versions taken while the rollout ran.
+    #[serde(default)]
+    pub weight_updates: u64,
 }
 
 impl RolloutStats {
@@ -253,6 +293,7 @@ impl RolloutStats {
         self.scaffold_tokens += other.scaffold_tokens;
         self.decode_steps += other.decode_steps;
         self.busy_decode_steps += other.busy_decode_steps;
+        self.weight_updates += other.weight_updates;
     }
 
     /// Fraction of decode steps with at least 90% of the slots busy (None before any step).
@@ -293,7 +334,7 @@ pub fn uninformative<'t>(group: impl Iterator<Item = &'t Trajectory>, anchors: b
 
 /// Samples every planned episode against the env shards (module doc, RO-1..RO-8).
 pub fn run_episodes(
-    policies: &Policies<'_>,
+    policies: &mut dyn ModelSource,
     codec: &ChatCodec,
     shards: &[Addr<EnvShard>],
     spec: &RolloutSpec,

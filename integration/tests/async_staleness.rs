@@ -69,3 +69,59 @@ fn async_mode_never_trains_beyond_the_bound() {
         "async mode should actually overlap sampling and training"
     );
 }
+
+/// RO-10: in async mode newer weights reach episodes in flight: some stored batch has turns
+/// sampled under a version newer than the one the batch started with, each turn's version is
+/// never older than the batch's, and the bound still holds for every trained turn. With
+/// `rollout.inflight_updates = false` every turn keeps the batch's version.
+#[test]
+fn async_weights_reach_the_episodes_in_flight() {
+    tch::set_num_threads(1);
+    let run = |inflight: bool| {
+        let toml = keel_integration::MethodRun {
+            steps: 8,
+            checkpoint_every: 8,
+            mode: "async",
+            bound: 2,
+            latency_ms: 25.0,
+            ..keel_integration::MethodRun::new("grpo")
+        }
+        .toml();
+        let mut cfg = TrainConfig::from_toml(&toml).expect("config");
+        cfg.rollout.generators = 2;
+        cfg.rollout.inflight_updates = inflight;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RunStore::open(dir.path().to_str().expect("utf8")).expect("open");
+        let updates = Arc::new(Mutex::new(0u64));
+        let seen = updates.clone();
+        let sink = Arc::new(move |ev: &TrainEvent| {
+            if let TrainEvent::Rollout { weight_updates, .. } = ev {
+                *seen.lock().expect("lock") += weight_updates;
+            }
+        });
+        let metrics = TrainMetrics::new("inflight-test").expect("metrics");
+        run_job(cfg, store.clone(), metrics, sink, JobOptions::default()).expect("async run");
+        let batches = keel_integration::stored_batches(dir.path());
+        let mut newer_turns = 0;
+        for b in &batches {
+            for t in &b.trajectories {
+                let versions: Vec<u64> = t.turns.iter().map(|u| u.policy_version).collect();
+                assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{versions:?}");
+                assert!(versions.iter().all(|&v| v >= b.policy_version));
+                newer_turns += versions.iter().filter(|&&v| v > b.policy_version).count();
+            }
+        }
+        let updates = *updates.lock().expect("lock");
+        (newer_turns, updates)
+    };
+    let (newer, updates) = run(true);
+    assert!(
+        newer > 0 && updates > 0,
+        "no turn took newer weights ({newer} turns, {updates} updates)"
+    );
+    assert_eq!(
+        run(false),
+        (0, 0),
+        "without in-flight updates turns keep the batch version"
+    );
+}

@@ -731,6 +731,7 @@ fn eval_has_no_scaffold(
             agent_model: Vec::new(),
             scaffold_words: 24,
             batch_invariant: true,
+            follow_weights: false,
         };
         let generator = actix::SyncArbiter::start(1, move || Generator::new(setup.clone()));
         let tasks: Vec<TaskRef> = (0..8)

@@ -105,6 +105,7 @@ fn spec(
         capture_boundaries: false,
         batch_invariant: true,
         reroll,
+        follow_weights: false,
     }
 }
 
@@ -144,7 +145,8 @@ fn a_pathological_episode_delays_no_other_episode() {
         // The engine blocks its thread (as it does on a generator's own thread).
         let run = std::thread::spawn(move || {
             let (batch, _, extras) =
-                run_episodes(&Policies::single(&model), &codec, &shards, &spec).expect("rollout");
+                run_episodes(&mut Policies::single(&model), &codec, &shards, &spec)
+                    .expect("rollout");
             (batch, extras.finished_seconds)
         });
         loop {
@@ -206,7 +208,8 @@ fn a_streamed_rollout_is_bit_identical_run_to_run() {
             };
             let spec = spec(&tasks, 4, context_len, Some(reroll));
             let run = std::thread::spawn(move || {
-                run_episodes(&Policies::single(&model), &codec, &shards, &spec).expect("rollout")
+                run_episodes(&mut Policies::single(&model), &codec, &shards, &spec)
+                    .expect("rollout")
             });
             loop {
                 if run.is_finished() {

@@ -17,8 +17,8 @@ use keel_learner::hf::{ChatCodec, Completion, GenRequest, Sampler, SamplingParam
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
 use super::{
-    uninformative, unix_ms, BoundaryState, Policies, RolloutExtras, RolloutSpec, RolloutStats,
-    MAX_SAMPLER_SLOTS,
+    model_slot, uninformative, unix_ms, BoundaryState, ModelSource, RolloutExtras, RolloutSpec,
+    RolloutStats, MAX_SAMPLER_SLOTS,
 };
 use crate::demo_tokens::scaffolded_prompt;
 use crate::env_shard::{
@@ -49,6 +49,8 @@ struct Episode {
     boundaries: Vec<BoundaryState>,
     /// Where the turn being sampled or stepped starts.
     turn_start: usize,
+    /// The policy version in force when that turn was queued (RO-10).
+    turn_version: u64,
     /// When the episode ended (RO-8).
     finished: Option<Instant>,
     /// The env ended the episode (so its shard already dropped it).
@@ -80,8 +82,10 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
 }
 
 /// One rollout in flight (module doc).
-pub(super) struct Engine<'a, 'p> {
-    policies: &'a Policies<'p>,
+pub(super) struct Engine<'a> {
+    policies: &'a mut dyn ModelSource,
+    /// The policy version in force (RO-10).
+    version: u64,
     codec: &'a ChatCodec,
     shards: &'a [Addr<EnvShard>],
     spec: &'a RolloutSpec,
@@ -98,9 +102,9 @@ pub(super) struct Engine<'a, 'p> {
     started: Instant,
 }
 
-impl<'a, 'p> Engine<'a, 'p> {
+impl<'a> Engine<'a> {
     pub(super) fn new(
-        policies: &'a Policies<'p>,
+        policies: &'a mut dyn ModelSource,
         codec: &'a ChatCodec,
         shards: &'a [Addr<EnvShard>],
         spec: &'a RolloutSpec,
@@ -111,6 +115,7 @@ impl<'a, 'p> Engine<'a, 'p> {
         }
         Engine {
             policies,
+            version: spec.policy_version,
             codec,
             shards,
             spec,
@@ -167,6 +172,7 @@ impl<'a, 'p> Engine<'a, 'p> {
             task_type: String::new(),
             boundaries: Vec::new(),
             turn_start: 0,
+            turn_version: self.spec.policy_version,
             finished: None,
             env_ended: false,
         });
@@ -218,6 +224,12 @@ impl<'a, 'p> Engine<'a, 'p> {
                     self.on_answer(answer)?;
                 }
                 continue;
+            }
+            if self.spec.follow_weights {
+                if let Some(v) = self.policies.refresh()? {
+                    self.version = v;
+                    self.stats.weight_updates += 1;
+                }
             }
             for slot in busy {
                 let model = self.policies.model(slot)?;
@@ -310,8 +322,8 @@ impl<'a, 'p> Engine<'a, 'p> {
 
     /// Records a stepped turn; false when the episode ended.
     fn stepped(&mut self, i: usize, outcome: StepOutcome) -> Result<bool, ActorError> {
-        let version = self.spec.policy_version;
         let ep = &mut self.episodes[i];
+        let version = ep.turn_version;
         self.stats.turns += 1;
         self.stats.invalid_turns += usize::from(outcome.invalid_action);
         ep.traj.turns.push(Turn {
@@ -361,7 +373,8 @@ impl<'a, 'p> Engine<'a, 'p> {
             });
         }
         ep.turn_start = ep.traj.tokens.len();
-        let slot = self.policies.slot(ep.traj.source, ep.agent);
+        ep.turn_version = self.version;
+        let slot = model_slot(&*self.policies, ep.traj.source, ep.agent);
         // RO-3: the draw depends on (seed, plan, attempt, turn), never on timing.
         let seed = match ep.attempt {
             0 => mix_seed(&[spec.rng_seed, ep.plan as u64, ep.traj.turns.len() as u64]),
