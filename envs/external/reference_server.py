@@ -80,9 +80,10 @@ class Guess:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr, flaky, fail_resets=False, auth_token=""):
+    def __init__(self, addr, flaky, fail_resets=False, auth_token="", info_max_turns=None):
         super().__init__(addr, Handler)
         self.auth_token = auth_token
+        self.info_max_turns = MAX_TURNS if info_max_turns is None else info_max_turns
         self.sessions = {}  # id -> (Guess, last_turn, last_answer)
         self.lock = threading.Lock()
         self.flaky = flaky
@@ -126,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.refused() or self.flaked():
             return
         if self.path == "/info":
-            self.reply(200, {"name": NAME, "max_turns": MAX_TURNS, "vocabulary": VOCABULARY})
+            self.reply(200, {"name": NAME, "max_turns": self.server.info_max_turns, "vocabulary": VOCABULARY})
         else:
             self.reply(404, {"error": f"unknown path {self.path}"})
 
@@ -182,8 +183,9 @@ def main():
     parser.add_argument("--flaky", type=int, default=0, help="fail every Nth request with 503")
     parser.add_argument("--fail-resets", action="store_true", help="answer every /reset with 500")
     parser.add_argument("--auth-token", default="", help="require `Authorization: Bearer TOKEN`")
+    parser.add_argument("--info-max-turns", type=int, default=None, help="max_turns /info reports (tests of bad /info answers)")
     args = parser.parse_args()
-    server = Server((args.host, args.port), args.flaky, args.fail_resets, args.auth_token)
+    server = Server((args.host, args.port), args.flaky, args.fail_resets, args.auth_token, args.info_max_turns)
     print(f"listening on {server.server_address[1]}", flush=True)
     try:
         server.serve_forever()

@@ -16,6 +16,8 @@
 //!   TLS for `https://`) and the `/info` answer; an optional bearer token comes from the
 //!   environment variable `auth_env` names.
 //! - EX-5 An answer larger than `max_response_bytes` is an error, never buffered whole.
+//! - EX-6 `/info` is checked before use: a name of 1-64 characters, `max_turns` in
+//!   `1..=10_000`, a vocabulary of `1..=100_000` words of 1-64 characters without spaces.
 //! - EX-3 A server that stays unreachable makes `try_reset`/`try_step` return
 //!   `EnvError::External`; the env shard fails that episode without restarting (ES-4). The
 //!   infallible `reset`/`step` panic with the same message, which the shard's supervision
@@ -101,6 +103,11 @@ impl ExternalConfig {
     }
 }
 
+/// Most turns an external env may declare per episode (EX-6).
+const MAX_TURNS_LIMIT: usize = 10_000;
+/// Most words an external env's vocabulary may have (EX-6).
+const MAX_VOCABULARY: usize = 100_000;
+
 /// What the server says about itself.
 #[derive(Clone, Debug, Deserialize)]
 struct Info {
@@ -180,8 +187,47 @@ impl ExternalClient {
                 vocabulary: vec![],
             }),
         };
-        client.info = Arc::new(client.call("info", None)?);
+        let info: Info = client.call("info", None)?;
+        client.check_info(&info)?;
+        client.info = Arc::new(info);
         Ok(client)
+    }
+
+    /// EX-6: what `/info` says must be usable: a name, a horizon and a vocabulary of sane sizes
+    /// (the tokenizer and every episode's turn budget are built from them).
+    fn check_info(&self, info: &Info) -> Result<(), EnvError> {
+        let bad = |what: String| Err(self.err(format!("info: {what}")));
+        if info.name.is_empty()
+            || info.name.len() > 64
+            || info.name.chars().any(char::is_whitespace)
+        {
+            return bad(format!(
+                "name {:?} must be 1-64 characters without spaces",
+                info.name
+            ));
+        }
+        if info.max_turns == 0 || info.max_turns > MAX_TURNS_LIMIT {
+            return bad(format!(
+                "max_turns {} must be in 1..={MAX_TURNS_LIMIT}",
+                info.max_turns
+            ));
+        }
+        if info.vocabulary.is_empty() || info.vocabulary.len() > MAX_VOCABULARY {
+            return bad(format!(
+                "the vocabulary has {} words; it must have 1..={MAX_VOCABULARY}",
+                info.vocabulary.len()
+            ));
+        }
+        if let Some(w) = info
+            .vocabulary
+            .iter()
+            .find(|w| w.is_empty() || w.len() > 64 || w.chars().any(char::is_whitespace))
+        {
+            return bad(format!(
+                "vocabulary word {w:?} must be 1-64 characters without spaces"
+            ));
+        }
+        Ok(())
     }
 
     /// A fresh episode on this server (no request until its reset).

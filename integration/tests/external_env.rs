@@ -187,6 +187,21 @@ fn bearer_token_from_the_environment_and_the_response_size_limit() {
     );
 }
 
+/// EX-6: an `/info` answer keel cannot use is refused with the field it got wrong.
+#[test]
+fn an_unusable_info_answer_is_refused() {
+    for (turns, expected) in [
+        ("0", "max_turns 0 must be in 1..=10000"),
+        ("20000", "max_turns 20000"),
+    ] {
+        let server = Server::start(&["--info-max-turns", turns]);
+        let err = ExternalEnv::connect(server.config())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+}
+
 /// CT-8: a server that answers `/info` but fails every `/reset` ends the run with an error that
 /// names the env and the failure, instead of retrying the batch for ever.
 #[test]

@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo build --release -p keel-ops -p keel-integration --bin keel --bin keel-bench-rollout
-//! target/release/keel-bench-rollout [--steps 8] [--baseline-bin /path/to/old/keel]
+//! target/release/keel-bench-rollout [--steps 8] [--concurrency 32] [--baseline-bin /path/to/old/keel]
 //! ```
 
 use std::path::PathBuf;
@@ -61,6 +61,8 @@ struct Seen {
 
 struct Args {
     steps: u64,
+    /// `env.concurrency` of the sync and async cells.
+    concurrency: usize,
     eval_tasks: usize,
     baseline_bin: Option<PathBuf>,
     skip_scaling: bool,
@@ -69,6 +71,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         steps: 8,
+        concurrency: 32,
         eval_tasks: 128,
         baseline_bin: None,
         skip_scaling: false,
@@ -78,18 +81,21 @@ fn parse_args() -> Result<Args> {
         let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
         match a.as_str() {
             "--steps" => args.steps = value("--steps")?.parse().context("--steps")?,
+            "--concurrency" => {
+                args.concurrency = value("--concurrency")?.parse().context("--concurrency")?
+            }
             "--eval-tasks" => {
                 args.eval_tasks = value("--eval-tasks")?.parse().context("--eval-tasks")?
             }
             "--baseline-bin" => args.baseline_bin = Some(PathBuf::from(value("--baseline-bin")?)),
             "--skip-scaling" => args.skip_scaling = true,
             other => bail!(
-                "unknown argument {other:?} (expected --steps N, --eval-tasks N, --baseline-bin PATH, --skip-scaling)"
+                "unknown argument {other:?} (expected --steps N, --concurrency N, --eval-tasks N, --baseline-bin PATH, --skip-scaling)"
             ),
         }
     }
-    if args.steps == 0 {
-        bail!("--steps must be at least 1");
+    if args.steps == 0 || args.concurrency == 0 {
+        bail!("--steps and --concurrency must be at least 1");
     }
     Ok(args)
 }
@@ -115,13 +121,16 @@ latency_cap_ms = 2000.0
 concurrency = {concurrency}
 
 [rollout]
-batch_invariant = "{invariance}"
-generators = {generators}
+{invariance}generators = {generators}
 env_shards = {shards}
 eval_tasks = {eval_tasks}
 "#,
         name = c.name,
-        invariance = c.invariance,
+        // Only when not the default, so that an older `keel` (--baseline-bin) reads the config.
+        invariance = match c.invariance {
+            "auto" => String::new(),
+            other => format!("batch_invariant = \"{other}\"\n"),
+        },
         steps = args.steps,
         mode = c.mode,
         staleness = c.staleness.max(1),
@@ -224,7 +233,7 @@ fn main() -> Result<()> {
         generators: 1,
         staleness: 0,
         shards: 1,
-        concurrency: 32,
+        concurrency: args.concurrency,
     };
     let mut cells = vec![Cell {
         name: "async-4gen-s4",
@@ -233,7 +242,7 @@ fn main() -> Result<()> {
         generators: 4,
         staleness: 4,
         shards: 1,
-        concurrency: 32,
+        concurrency: args.concurrency,
     }];
     cells.push(Cell {
         name: "sync-not-invariant",
@@ -254,8 +263,8 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "calc, Pareto latency (20 ms, alpha 1.2, cap 2 s), {} RL steps, seed 7",
-        args.steps
+        "calc, Pareto latency (20 ms, alpha 1.2, cap 2 s), {} RL steps, seed 7, env.concurrency {} (sync and async cells)",
+        args.steps, args.concurrency
     );
     println!("| cell | RL wall s | episodes/s | vs sync | held-out success | max lag | learner s/step | sampling s/batch | sampler utilisation |");
     println!("|---|---|---|---|---|---|---|---|---|");
