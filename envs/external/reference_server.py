@@ -16,6 +16,7 @@ import json
 import random
 import sys
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -80,8 +81,11 @@ class Guess:
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr, flaky, fail_resets=False, auth_token="", info_max_turns=None):
+    def __init__(self, addr, flaky, fail_resets=False, auth_token="", info_max_turns=None,
+                 hang_steps_after=0):
         super().__init__(addr, Handler)
+        self.hang_steps_after = hang_steps_after
+        self.steps = 0
         self.auth_token = auth_token
         self.info_max_turns = MAX_TURNS if info_max_turns is None else info_max_turns
         self.sessions = {}  # id -> (Guess, last_turn, last_answer)
@@ -159,7 +163,11 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(404, {"error": f"unknown session {sid!r}"})
             entry = srv.sessions[sid]
             env = entry[0]
-            if self.path == "/step":
+            hang = False
+            if self.path == "/step" and srv.hang_steps_after > 0:
+                srv.steps += 1
+                hang = srv.steps > srv.hang_steps_after
+            if not hang and self.path == "/step":
                 turn = int(body.get("turn", 0))
                 if turn == entry[1] and entry[2] is not None:  # a retried step: same answer
                     return self.reply(200, entry[2])
@@ -173,6 +181,9 @@ class Handler(BaseHTTPRequestHandler):
             if self.path == "/close":
                 del srv.sessions[sid]
                 return self.reply(200, {})
+        if hang:  # --hang-steps-after: the tool call that never returns
+            time.sleep(3600)
+            return
         self.reply(404, {"error": f"unknown path {self.path}"})
 
 
@@ -184,8 +195,10 @@ def main():
     parser.add_argument("--fail-resets", action="store_true", help="answer every /reset with 500")
     parser.add_argument("--auth-token", default="", help="require `Authorization: Bearer TOKEN`")
     parser.add_argument("--info-max-turns", type=int, default=None, help="max_turns /info reports (tests of bad /info answers)")
+    parser.add_argument("--hang-steps-after", type=int, default=0, help="after N /step requests, never answer another")
     args = parser.parse_args()
-    server = Server((args.host, args.port), args.flaky, args.fail_resets, args.auth_token, args.info_max_turns)
+    server = Server((args.host, args.port), args.flaky, args.fail_resets, args.auth_token,
+                    args.info_max_turns, args.hang_steps_after)
     print(f"listening on {server.server_address[1]}", flush=True)
     try:
         server.serve_forever()

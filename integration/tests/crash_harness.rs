@@ -269,7 +269,9 @@ fn sync_run_killed_repeatedly_ends_bit_identical_to_an_uninterrupted_run() {
         killed.to_str().expect("utf8"),
         &toml,
         kill_points(5).min(8),
-        (300, 1500),
+        // A life needs about a second to resume and reach its next checkpoint (every 3 steps);
+        // shorter lives would all die at the same head.
+        (700, 2500),
         Some(steps),
     );
     let clean = dir.path().join("clean");

@@ -384,3 +384,74 @@ fn stepped(a: EnvAnswer) -> keel_envs::StepOutcome {
         other => panic!("expected a served step, got {other:?}"),
     }
 }
+
+/// SIGTERM is honoured within `run.sigterm_grace_s` while an external env hangs: the server
+/// stops answering `/step` mid-run (each call would block for 2 minutes of timeouts and
+/// retries), and `keel train` still commits its stop checkpoint and exits 0 in time.
+#[test]
+fn sigterm_is_honoured_while_the_external_env_hangs() {
+    let server = Server::start(&["--hang-steps-after", "200"]);
+    let toml = keel_integration::MethodRun {
+        steps: 1000,
+        ..keel_integration::MethodRun::new("grpo")
+    }
+    .toml()
+    .replace(
+        "name = \"calc\"",
+        &format!(
+            "name = \"external\"\nurl = \"{}\"\nretries = 3\ntimeout_ms = 30000",
+            server.url
+        ),
+    )
+    .replace("[sft]\nsteps = 120", "[sft]\nsteps = 0")
+    .replace("threads = 1", "threads = 1\nsigterm_grace_s = 10");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("hang.toml");
+    std::fs::write(&config, toml).expect("config");
+    let root = dir.path().join("run");
+    let summary = dir.path().join("summary.json");
+    let log = dir.path().join("train.log");
+    let mut child = std::process::Command::new(keel_integration::keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(&config)
+        .arg("--run-root")
+        .arg(&root)
+        .arg("--summary-json")
+        .arg(&summary)
+        .env("KEEL_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("start keel train");
+    // Past the evaluation and a few RL batches: the server has stopped answering by now.
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "the run ended early: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let sent = std::time::Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(kill.success());
+    let status = child.wait().expect("wait");
+    let took = sent.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        status.success(),
+        "SIGTERM must end in exit 0, got {status}: {text}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "stopping took {took:?} while the env hung: {text}"
+    );
+    let outcome: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
+    assert_eq!(outcome["stopped"], serde_json::json!(true), "{outcome}");
+    // The hang began early (200 steps are an evaluation and part of one batch): a run whose env
+    // had kept answering would be many steps further after 10 s.
+    let step = outcome["final_step"].as_u64().expect("final_step");
+    assert!(step <= 2, "the env never hung: the run reached step {step}");
+}
