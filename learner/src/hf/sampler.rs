@@ -28,9 +28,10 @@
 //!   steps; a model of another shape, kind or device than the sampler was built for is refused.
 //!   A failed step drops every queued and decoding sequence.
 //! - SA-7 (batch invariance, opt-in): with [`Sampler::set_batch_invariant`] every forward has a
-//!   shape independent of the batch (prefill one request at a time, decode over all slots and
-//!   the full cache length), so on CPU a request's output is bit-identical whatever it shares
-//!   the sampler with: streaming rollouts stay reproducible.
+//!   shape independent of the batch (prefill in groups of a fixed row count padded to the cache
+//!   length, unused rows writing to a scratch slot; decode over all slots and the full cache
+//!   length), so on CPU a request's output is bit-identical whatever it shares the sampler with
+//!   and wherever it sits in the batch: streaming rollouts stay reproducible.
 
 use std::collections::VecDeque;
 
@@ -157,6 +158,9 @@ pub struct Sampler {
     batch_invariant: bool,
 }
 
+/// SA-7: rows of every batch-invariant prefill forward.
+pub const INVARIANT_PREFILL_ROWS: usize = 8;
+
 /// Draws one uniform in `[0, 1)` that stays below 1 after multiplying by a mass in f32.
 fn uniform(rng: &mut ChaCha8Rng) -> f32 {
     rng.gen::<f32>().min(0.999_999)
@@ -190,7 +194,8 @@ impl Sampler {
             Tensor::f_arange(slots as i64, (Kind::Int64, dev))?.f_mul_scalar(max_len as i64)?;
         Ok(Sampler {
             shape: shape_of(model),
-            cache: KvCache::new(model.config(), slots, max_len, dev, kind)?,
+            // One slot more than asked: SA-7's padding rows of a prefill write there.
+            cache: KvCache::new(model.config(), slots + 1, max_len, dev, kind)?,
             rope: RopeTable::new(model.config(), max_len as i64, dev, kind)?,
             row_base,
             detok: None,
@@ -213,8 +218,8 @@ impl Sampler {
         self.prefill_budget = tokens.max(1);
     }
 
-    /// SA-7: decode every step over all slots and the whole cache length, and prefill each
-    /// request alone, so that a sequence's tokens and log-probs are bit-identical whatever
+    /// SA-7: decode every step over all slots and the whole cache length, and prefill in groups
+    /// of exactly [`INVARIANT_PREFILL_ROWS`] rows padded to the cache length, so that a sequence's tokens and log-probs are bit-identical whatever
     /// other sequences share the sampler and whenever they arrive (float reductions then always
     /// see the same shapes). Costs full-width decode steps; off by default.
     pub fn set_batch_invariant(&mut self, on: bool) {

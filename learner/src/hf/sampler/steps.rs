@@ -36,11 +36,22 @@ impl Sampler {
         admitted: &[(usize, Vec<u32>)],
         slots: &mut [Option<Slot>],
     ) -> Result<(), HfError> {
+        if self.batch_invariant {
+            // SA-7: fixed [rows, max_len] forwards; padding rows are the scratch slot's.
+            let scratch = (self.cache.slots() - 1) as usize;
+            let pmax = self.cache.max_len() as usize;
+            for chunk in admitted.chunks(super::INVARIANT_PREFILL_ROWS) {
+                let mut group = chunk.to_vec();
+                group.resize(super::INVARIANT_PREFILL_ROWS, (scratch, vec![0]));
+                self.prefill_group(model, &group, pmax, slots)?;
+            }
+            return Ok(());
+        }
         let mut start = 0;
         while start < admitted.len() {
             let mut end = start + 1;
             let mut pmax = admitted[start].1.len();
-            while end < admitted.len() && !self.batch_invariant {
+            while end < admitted.len() {
                 let p = pmax.max(admitted[end].1.len());
                 if (end + 1 - start) * p > self.prefill_budget {
                     break;
@@ -100,6 +111,12 @@ impl Sampler {
         let mut rows_params = Vec::with_capacity(group.len());
         let mut u = Vec::with_capacity(group.len());
         for (s, _) in group {
+            // The scratch slot (SA-7 padding) has no sequence: greedy, nothing recorded.
+            if *s >= slots.len() {
+                rows_params.push((0.0, 1.0, 0));
+                u.push(0.5);
+                continue;
+            }
             let slot = slots[*s]
                 .as_mut()
                 .ok_or_else(|| HfError::input("internal: prefill of an empty slot"))?;
@@ -113,7 +130,7 @@ impl Sampler {
         let params = RowParams::new(&rows_params, model.config().vocab_size as i64, dev)?;
         let chosen = to_host(&choose(&logits, &params, &Tensor::f_from_slice(&u)?)?)?;
         for ((s, _), (tok, lp, slp)) in group.iter().zip(chosen) {
-            if let Some(slot) = slots[*s].as_mut() {
+            if let Some(slot) = slots.get_mut(*s).and_then(Option::as_mut) {
                 self.record(slot, tok, lp, slp)?;
             }
         }
@@ -183,7 +200,7 @@ impl Sampler {
         }
         self.stats.decode_steps += 1;
         let busy = slots.iter().filter(|s| s.is_some()).count() as i64;
-        if busy * 10 >= self.cache.slots() * 9 {
+        if busy * 10 >= (self.cache.slots() - 1) * 9 {
             self.stats.busy_decode_steps += 1;
         }
         Ok(())
