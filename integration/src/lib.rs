@@ -597,3 +597,63 @@ pub fn python(args: &[&std::ffi::OsStr]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A built-in env that runs `before_step(task seed)` before every step: fault and latency
+/// injection for tests (a panic, a sleep), everything else forwarded to `inner`.
+pub struct HookedEnv {
+    inner: Box<dyn keel_envs::Env>,
+    seed: u64,
+    before_step: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+}
+
+impl HookedEnv {
+    /// `inner` with the hook.
+    pub fn new(
+        inner: Box<dyn keel_envs::Env>,
+        before_step: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> Self {
+        HookedEnv {
+            inner,
+            seed: 0,
+            before_step,
+        }
+    }
+}
+
+impl keel_envs::Env for HookedEnv {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn reset(&mut self, task_seed: u64) -> String {
+        self.seed = task_seed;
+        self.inner.reset(task_seed)
+    }
+    fn step(&mut self, action: &str) -> keel_envs::StepOutcome {
+        (self.before_step)(self.seed);
+        self.inner.step(action)
+    }
+    fn oracle_action(&self) -> String {
+        self.inner.oracle_action()
+    }
+    fn max_turns(&self) -> usize {
+        self.inner.max_turns()
+    }
+    fn success(&self) -> bool {
+        self.inner.success()
+    }
+    fn vocabulary(&self) -> Vec<String> {
+        self.inner.vocabulary()
+    }
+    fn admissible_actions(&self) -> Vec<String> {
+        self.inner.admissible_actions()
+    }
+    fn anchor_state(&self) -> String {
+        self.inner.anchor_state()
+    }
+    fn snapshot(&self) -> Result<keel_envs::EnvSnapshot, keel_envs::EnvError> {
+        self.inner.snapshot()
+    }
+    fn restore(&mut self, snapshot: &keel_envs::EnvSnapshot) -> Result<(), keel_envs::EnvError> {
+        self.inner.restore(snapshot)
+    }
+}

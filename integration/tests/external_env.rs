@@ -409,20 +409,9 @@ fn sigterm_is_honoured_while_the_external_env_hangs() {
     let config = dir.path().join("hang.toml");
     std::fs::write(&config, toml).expect("config");
     let root = dir.path().join("run");
-    let summary = dir.path().join("summary.json");
-    let log = dir.path().join("train.log");
-    let mut child = std::process::Command::new(keel_integration::keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&config)
-        .arg("--run-root")
-        .arg(&root)
-        .arg("--summary-json")
-        .arg(&summary)
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("start keel train");
+    let summary = root.with_extension("json");
+    let log = keel_integration::train_log(&root);
+    let mut child = keel_integration::spawn_train(&config, &root, &[]);
     // Past the evaluation and a few RL batches: the server has stopped answering by now.
     std::thread::sleep(std::time::Duration::from_secs(10));
     assert!(

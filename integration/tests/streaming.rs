@@ -11,62 +11,10 @@ use keel_actors::rollout::{
 };
 use keel_actors::supervision::RestartBudget;
 use keel_actors::TrainConfig;
-use keel_envs::{make_env, Env, EnvError, EnvSnapshot, LatencyModel, StepOutcome};
-use keel_integration::tiny_config;
+use keel_envs::{make_env, Env, LatencyModel};
+use keel_integration::{tiny_config, HookedEnv};
 use keel_learner::hf::{ChatCodec, HfModel};
 use keel_store::RolloutBatch;
-
-/// `calc`, except that every step of the task with seed `slow_seed` takes `slow`, every other
-/// step `fast` (a blocking sleep, as a slow tool call would be).
-struct SlowTaskEnv {
-    inner: Box<dyn Env>,
-    seed: u64,
-    slow_seed: u64,
-    slow: Duration,
-    fast: Duration,
-}
-
-impl Env for SlowTaskEnv {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn reset(&mut self, task_seed: u64) -> String {
-        self.seed = task_seed;
-        self.inner.reset(task_seed)
-    }
-    fn step(&mut self, action: &str) -> StepOutcome {
-        std::thread::sleep(if self.seed == self.slow_seed {
-            self.slow
-        } else {
-            self.fast
-        });
-        self.inner.step(action)
-    }
-    fn oracle_action(&self) -> String {
-        self.inner.oracle_action()
-    }
-    fn max_turns(&self) -> usize {
-        self.inner.max_turns()
-    }
-    fn success(&self) -> bool {
-        self.inner.success()
-    }
-    fn vocabulary(&self) -> Vec<String> {
-        self.inner.vocabulary()
-    }
-    fn admissible_actions(&self) -> Vec<String> {
-        self.inner.admissible_actions()
-    }
-    fn anchor_state(&self) -> String {
-        self.inner.anchor_state()
-    }
-    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
-        self.inner.snapshot()
-    }
-    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
-        self.inner.restore(snapshot)
-    }
-}
 
 /// A tiny random policy over calc's vocabulary and its codec.
 fn policy() -> (HfModel, ChatCodec, usize) {
@@ -124,14 +72,13 @@ fn a_pathological_episode_delays_no_other_episode() {
     let tasks = tasks(8);
     let slow_seed = tasks[0].task_seed;
     let (fast, slow) = (Duration::from_millis(10), Duration::from_millis(1000));
+    // `calc`, except that every step of the task with seed `slow_seed` takes `slow`, every
+    // other step `fast` (a blocking sleep, as a slow tool call would be).
     let factory: EnvFactory = Arc::new(move || {
-        Ok(Box::new(SlowTaskEnv {
-            inner: make_env("calc", 2)?,
-            seed: 0,
-            slow_seed,
-            slow,
-            fast,
-        }) as Box<dyn Env>)
+        let hook = Arc::new(move |seed: u64| {
+            std::thread::sleep(if seed == slow_seed { slow } else { fast })
+        });
+        Ok(Box::new(HookedEnv::new(make_env("calc", 2)?, hook)) as Box<dyn Env>)
     });
     let system = actix::System::new();
     let (batch, finished) = system.block_on(async move {

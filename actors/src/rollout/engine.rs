@@ -470,13 +470,14 @@ impl<'a> Engine<'a> {
     /// The batch, in plan order, whatever order the episodes finished in; under dynamic
     /// sampling each group's chosen attempt (RO-9). Stats count every episode sampled.
     pub(super) fn finish(mut self) -> (RolloutBatch, RolloutStats, RolloutExtras) {
-        // An episode whose trained (branched) turn never happened cannot be trained.
-        for i in 0..self.episodes.len() {
-            let ep = &self.episodes[i];
+        // An episode whose trained (branched) turn never happened cannot be trained. Every
+        // episode has ended: this only excludes it (no group is judged again).
+        for ep in &mut self.episodes {
             if ep.traj.trained_turn.is_some() && ep.traj.turns.is_empty() && !ep.failed {
                 let e = EpisodeError::Failed(ep.id, "no room for the branched turn".into());
-                self.episodes[i].done = false;
-                self.fail(i, &e);
+                tracing::warn!(episode = ep.id, error = %e, "episode failed; excluded from the batch");
+                self.last_failure = Some(e.to_string());
+                ep.failed = true;
             }
         }
         // Truncated and failed episodes may still be live on their shards.
