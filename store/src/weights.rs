@@ -140,9 +140,22 @@ impl RunStore {
             published_unix_ms: u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0),
         };
         let body = Bytes::from(serde_json::to_vec_pretty(&pointer)?);
-        self.create_idempotent(&self.full_key(&self.weights_pointer_key(life, id)), body)
-            .await?;
-        Ok(pointer)
+        match self
+            .create_idempotent(&self.full_key(&self.weights_pointer_key(life, id)), body)
+            .await
+        {
+            Ok(()) => Ok(pointer),
+            // The same weights published again (same blobs): the first pointer stands (WT-1).
+            Err(StoreError::AlreadyExists { key }) => {
+                let existing = self.weights_pointer(life, id).await?;
+                if existing.files == pointer.files {
+                    Ok(existing)
+                } else {
+                    Err(StoreError::AlreadyExists { key })
+                }
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The pointer of `id` published by `life`.
