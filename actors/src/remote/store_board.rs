@@ -11,6 +11,9 @@
 //!   and versions more than `keep` behind (an admitted order is at most `bound` behind, AS-1).
 //! - SB-4: an upload failure is sticky: every later order fails with it (the run ends with the
 //!   store's error, as a failed batch write would).
+//! - SB-5: a policy version is stored as a delta against the last full version of its epoch
+//!   (WT-5) unless it is the first of the epoch or `FULL_EVERY` versions have passed since the
+//!   last full one; pruning never removes a kept delta's base.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +33,10 @@ struct Uploaded {
     reference: Option<WeightsId>,
     error: Option<String>,
 }
+
+/// A full version is stored at least this often (SB-5): a delta's cost grows with the distance
+/// to its base.
+const FULL_EVERY: u64 = 16;
 
 enum Upload {
     Policy(PublishedWeights),
@@ -148,6 +155,8 @@ async fn upload_loop(
     mut rx: mpsc::UnboundedReceiver<Upload>,
     tx: watch::Sender<Uploaded>,
 ) {
+    // SB-5: the last full version stored, as a base for deltas.
+    let mut last_full: Option<(WeightsId, Vec<Bytes>)> = None;
     while let Some(first) = rx.recv().await {
         // SB-2: of what is waiting, only the newest policy and reference are worth storing.
         let (mut policy, mut reference) = (None, None);
@@ -161,8 +170,8 @@ async fn upload_loop(
         if let Some(r) = reference {
             let id = WeightsId::Reference { serial: r.serial };
             let models = [Bytes::from(r.safetensors.as_ref().clone())];
-            match timed(&store, life, id, r.copied_at, &models, &metrics).await {
-                Ok(()) => tx.send_modify(|u| u.reference = Some(id)),
+            match timed(&store, life, id, r.copied_at, &models, None, &metrics).await {
+                Ok(_) => tx.send_modify(|u| u.reference = Some(id)),
                 Err(e) => return tx.send_modify(|u| u.error = Some(e)),
             }
         }
@@ -171,8 +180,15 @@ async fn upload_loop(
             let models: Vec<Bytes> = (0..=w.extra_models.len())
                 .filter_map(|k| w.model(k).map(|b| Bytes::from(b.to_vec())))
                 .collect();
-            match timed(&store, life, id, 0, &models, &metrics).await {
-                Ok(()) => tx.send_modify(|u| u.policy = Some(id)),
+            let base = last_full.as_ref().filter(|(b, _)| delta_base_ok(*b, id));
+            let base = base.map(|(b, m)| (*b, m.as_slice()));
+            match timed(&store, life, id, 0, &models, base, &metrics).await {
+                Ok(full) => {
+                    if full {
+                        last_full = Some((id, models));
+                    }
+                    tx.send_modify(|u| u.policy = Some(id))
+                }
                 Err(e) => return tx.send_modify(|u| u.error = Some(e)),
             }
             prune(&store, life, id, keep, &tx).await;
@@ -180,25 +196,38 @@ async fn upload_loop(
     }
 }
 
+/// SB-5: whether `id` may be stored as a delta against the full version `base`.
+fn delta_base_ok(base: WeightsId, id: WeightsId) -> bool {
+    match (base, id) {
+        (
+            WeightsId::Policy { epoch: be, version: bv },
+            WeightsId::Policy { epoch, version },
+        ) => be == epoch && version > bv && version - bv < FULL_EVERY,
+        _ => false,
+    }
+}
+
+/// Stores one set and records its cost; answers whether it was stored in full.
 async fn timed(
     store: &RunStore,
     life: u64,
     id: WeightsId,
     copied_at: u64,
     models: &[Bytes],
+    base: Option<(WeightsId, &[Bytes])>,
     metrics: &TrainMetrics,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let started = Instant::now();
     let pointer = store
-        .publish_weights(life, id, copied_at, models)
+        .publish_weights(life, id, copied_at, models, base)
         .await
         .map_err(|e| e.to_string())?;
     metrics
         .weights_publish_seconds
         .observe(started.elapsed().as_secs_f64());
     metrics.weights_bytes.inc_for("publish", pointer.bytes());
-    tracing::debug!(?id, bytes = pointer.bytes(), "weights published to the run root");
-    Ok(())
+    tracing::debug!(?id, bytes = pointer.bytes(), delta = pointer.base.is_some(), "weights published to the run root");
+    Ok(pointer.base.is_none())
 }
 
 /// SB-3: weights no order can name any more go; a failed prune only leaves garbage behind.

@@ -79,6 +79,7 @@ pub fn run_generator(
             poll: Duration::from_millis(poll.as_millis() as u64),
             loaded: None,
             loaded_reference: None,
+            full: None,
         };
         worker.serve(first, &stop).await
     });
@@ -148,6 +149,8 @@ struct Worker {
     loaded: Option<WeightsId>,
     /// The reference on the board now.
     loaded_reference: Option<WeightsId>,
+    /// The last full weights set decoded: the base of the deltas that follow it (WT-5).
+    full: Option<(WeightsId, Vec<bytes::Bytes>)>,
 }
 
 /// One trainer life as this process serves it.
@@ -195,6 +198,8 @@ impl Worker {
     /// (ST-12, RM-4) and the process's start record (GH-2).
     async fn begin(&mut self, life: LifeRecord) -> Result<Serving, ActorError> {
         let keys = LifeKeys::new(&self.store, life.life);
+        // Weights are named within a life: a new life's version v is other weights.
+        (self.loaded, self.loaded_reference, self.full) = (None, None, None);
         let writer = format!("l{:010}-r{:04}-{}", life.life, self.rank, self.process);
         let store = self.store.clone().with_writer(&writer)?;
         let generator =
@@ -320,7 +325,14 @@ impl Worker {
                 )));
             };
             let pointer = self.store.weights_pointer(life, order.weights).await?;
-            let mut blobs = self.store.read_weights(&pointer).await?.into_iter();
+            let models = self
+                .store
+                .load_weights(&pointer, self.full.as_ref())
+                .await?;
+            if pointer.base.is_none() {
+                self.full = Some((order.weights, models.clone()));
+            }
+            let mut blobs = models.into_iter();
             bytes += pointer.bytes();
             let Some(first) = blobs.next() else {
                 return Err(ActorError::Internal(format!("weights {:?} have no model", order.weights)));
