@@ -24,6 +24,11 @@
 //! - CT-8: when every episode of `MAX_FAILED_BATCHES_IN_A_ROW` training batches in a row failed
 //!   in the env (e.g. a server that answers `/info` but fails every `/reset`), the run ends with
 //!   an error naming the env and the last failure instead of retrying for ever.
+//! - CT-9 (one writer): before every checkpoint commit the controller checks that its trainer
+//!   life is still the newest (LV-2) and commits expecting exactly the head generation it last
+//!   saw (LV-3); a superseded or fenced-out trainer ends with that error and writes nothing. A
+//!   generator it reaches is a `GeneratorHandle` (an actor here, a rank elsewhere, GH-1); a rank
+//!   that went silent gets no work until it is heard from again (GH-2).
 //! - CT-4 (collapse guard, GD-1..5): every learner result goes through the `CollapseGuard`; a
 //!   non-finite update is skipped (its batch counts as consumed), and a rewind restores the newest
 //!   `healthy` checkpoint on the lineage into the learner, starts a new branch from it (its first
