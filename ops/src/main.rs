@@ -7,6 +7,7 @@ mod ckpt_export;
 mod cli;
 mod env_cmd;
 mod explain;
+mod launch;
 mod lineage;
 mod metrics_server;
 mod preemption;
@@ -139,6 +140,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => run_report(args),
         Command::Env { command } => env_cmd::run(command),
         Command::Algo { command } => algo_cmd::run(command),
+        Command::Launch { command } => launch::run(command),
     }
 }
 
