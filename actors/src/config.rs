@@ -333,6 +333,27 @@ impl Default for ArmorSection {
     }
 }
 
+/// `[distributed]`: trainer and generators as separate processes (`keel trainer`,
+/// `keel generator --rank R`), coordinated through the run root only.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DistributedSection {
+    /// Seconds a work order may go unanswered before its range is issued again (a rank that
+    /// died and did not come back).
+    pub order_timeout_s: u64,
+    /// How often processes look at the run root for orders, results and weights (ms).
+    pub poll_ms: u64,
+}
+
+impl Default for DistributedSection {
+    fn default() -> Self {
+        Self {
+            order_timeout_s: 600,
+            poll_ms: 100,
+        }
+    }
+}
+
 /// `[[agent_models]]`: Dr. MAS — a separate model for some agents, with its own optimizer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -408,6 +429,8 @@ pub struct TrainConfig {
     pub pats: keel_envs::scaffold::ScaffoldConfig,
     /// `[[agent_models]]`: Dr. MAS separate agent models (empty = one shared model).
     pub agent_models: Vec<AgentModelSection>,
+    /// `[distributed]`: separate trainer and generator processes.
+    pub distributed: DistributedSection,
 }
 
 /// The learner defaults of the quickstart: the `grpo` preset with the spec's defaults (the
@@ -430,6 +453,7 @@ impl Default for TrainConfig {
             tracking: TrackingSection::default(),
             faults: FaultsSection::default(),
             armor: ArmorSection::default(),
+            distributed: DistributedSection::default(),
             pats: keel_envs::scaffold::ScaffoldConfig::default(),
             agent_models: Vec::new(),
         }
@@ -515,6 +539,12 @@ impl TrainConfig {
         check_at_least("run.steps", r.steps, 1)?;
         check_at_least("run.checkpoint_every", r.checkpoint_every, 1)?;
         check_at_least("run.sigterm_grace_s", r.sigterm_grace_s, 1)?;
+        check_at_least(
+            "distributed.order_timeout_s",
+            self.distributed.order_timeout_s,
+            1,
+        )?;
+        check_at_least("distributed.poll_ms", self.distributed.poll_ms, 1)?;
         check_at_least(
             "run.checkpoint_multipart_bytes",
             r.checkpoint_multipart_bytes,

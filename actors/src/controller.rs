@@ -37,19 +37,20 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use keel_envs::{task_seed, Split};
-use keel_store::{BatchKey, DataPosition, NewCheckpoint, RunStore};
+use keel_store::{BatchKey, DataPosition, ExpectHead, NewCheckpoint, RunStore};
 
 use crate::config::TrainConfig;
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{Frontier, TaskCursor};
-use crate::generator::{Generate, Generated, Generator, Purpose, Work};
+use crate::generator::{Generate, Generated, Purpose, Work};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
 use crate::learner_actor::{LearnerActor, ResetReference, Snapshot, TrainOn, Trained};
 use crate::metrics::{TrainMetrics, Utilization};
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
-use crate::weights::{PublishedReference, WeightBoard};
+use crate::remote::GeneratorHandle;
+use crate::weights::{Board, PublishedReference};
 
 /// A stored batch waiting for the learner.
 #[derive(Debug, Clone)]
@@ -104,9 +105,13 @@ pub struct ControllerSetup {
     /// Metrics.
     pub metrics: TrainMetrics,
     /// Where weights are published.
-    pub board: WeightBoard,
-    /// Generator actors.
-    pub generators: Vec<Addr<Generator>>,
+    pub board: Arc<dyn Board>,
+    /// The generators: actors in this process or ranks in others.
+    pub generators: Vec<Arc<dyn GeneratorHandle>>,
+    /// This trainer's life and the store of the branch it was claimed on (LV-2).
+    pub life: (u64, RunStore),
+    /// The head generation the first commit expects (LV-3; `None`: the branch has no head).
+    pub head_generation: Option<u64>,
     /// The learner.
     pub learner: Addr<LearnerActor>,
     /// Restart budgets to watch (SV-2).
@@ -170,7 +175,9 @@ pub struct Controller {
     /// A method state object is being stored; nothing new starts until it is (MS-2).
     writing_state: bool,
     /// This life's tag in method state keys (MS-4).
-    life: String,
+    life_tag: String,
+    /// The head generation this life's next commit expects (LV-3); `None`: no head yet.
+    head_generation: Option<u64>,
     /// Training batches in a row whose every episode failed in the env (CT-8).
     failed_batches_in_a_row: u32,
 }
@@ -213,7 +220,8 @@ impl Controller {
             rtpo,
             pats,
             writing_state: false,
-            life: methods::life_tag(),
+            life_tag: methods::life_tag(),
+            head_generation: s.head_generation,
             failed_batches_in_a_row: 0,
             gen_util: Utilization::new(s.generators.len()),
             learner_util: Utilization::new(1),
@@ -254,6 +262,8 @@ impl Controller {
         m.rl_active.set(1.0);
         m.actors_alive
             .set_for("generator", self.s.generators.len() as f64);
+        m.generator_ranks.set(self.s.generators.len() as f64);
+        m.orders_reissued.inc_by(0);
         m.actors_alive
             .set_for("env_shard", cfg.rollout.env_shards as f64);
         m.actors_alive.set_for("learner", 1.0);
@@ -325,6 +335,9 @@ impl Controller {
             if self.gen_busy[g].is_some() || !wanted || self.outstanding() > self.bound() {
                 continue;
             }
+            if !self.s.generators[g].available() {
+                continue; // GH-2: a silent rank waits until it is heard from
+            }
             self.generate(g, ctx);
         }
     }
@@ -344,8 +357,9 @@ impl Controller {
             m.budget_exhausted
                 .set_for(kind, if b.exhausted() { 1.0 } else { 0.0 });
         }
-        let alive = self.s.generators.iter().filter(|g| g.connected()).count();
+        let alive = self.s.generators.iter().filter(|g| g.alive()).count();
         m.actors_alive.set_for("generator", alive as f64);
+        m.generator_ranks_alive.set(alive as f64);
     }
 
     fn is_rtpo(&self) -> bool {
@@ -372,7 +386,7 @@ impl Controller {
                     key: self
                         .s
                         .store
-                        .state_key(&format!("rtpo/trunk-{seq:010}-{}.json", self.life)),
+                        .state_key(&format!("rtpo/trunk-{seq:010}-{}.json", self.life_tag)),
                 },
                 false,
             ),
@@ -414,13 +428,12 @@ impl Controller {
             }
         };
         self.s.generators[g]
-            .send(msg)
+            .generate(msg)
             .into_actor(self)
             .map(move |res, act, ctx| {
                 act.gen_busy[g] = None;
                 act.gen_util.set_busy(act.gen_busy.iter().filter(|b| b.is_some()).count());
                 act.generating.remove(&seq);
-                let res = res.map_err(|e| ActorError::Mailbox(e.to_string())).and_then(|r| r);
                 if epoch != act.epoch {
                     // Sampled on a branch a rewind abandoned (CT-4): its tasks are owed again.
                     act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
@@ -462,6 +475,11 @@ impl Controller {
                     }
                     Err(ActorError::GeneratorPanicked(p)) => {
                         tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
+                        give_back(act);
+                    }
+                    Err(e @ ActorError::RankSilent { .. }) => {
+                        // RM-5: the range is issued again, to a rank that answers.
+                        tracing::warn!(batch_seq = seq, error = %e, "re-issuing a work order");
                         give_back(act);
                     }
                     Err(ActorError::AllEpisodesFailed { batch_seq, failed, last_failure }) => {
@@ -696,7 +714,7 @@ impl Controller {
         };
         self.writing_state = true;
         let store = self.s.store.clone();
-        let life = self.life.clone();
+        let life = self.life_tag.clone();
         let groups = groups.to_vec();
         let io = self.s.io.clone();
         async move {
@@ -892,7 +910,11 @@ impl Controller {
         let parent = self.s.parent_checkpoint.clone();
         let reference = self.s.reference.clone();
         let config_hash = self.s.cfg.config_hash();
+        let (life, lives) = self.s.life.clone();
+        let expect = self.head_generation;
         let fut = async move {
+            // LV-2: a superseded trainer writes nothing; LV-3: nor does one behind the head.
+            lives.check_life(life).await?;
             let files = learner
                 .send(Snapshot)
                 .await
@@ -912,8 +934,13 @@ impl Controller {
                     .map(|(n, b)| (n, bytes::Bytes::from(b)))
                     .collect(),
             };
+            let branch = store.branch().to_string();
             let manifest = io
-                .spawn(async move { store.commit_checkpoint(ckpt).await })
+                .spawn(async move {
+                    store
+                        .commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(expect))
+                        .await
+                })
                 .await
                 .map_err(|e| ActorError::Internal(format!("checkpoint task: {e}")))??;
             Ok::<_, ActorError>((manifest, bytes))
@@ -924,6 +951,7 @@ impl Controller {
                 match res {
                     Ok((manifest, bytes)) => {
                         act.checkpointed_version = Some(version);
+                        act.head_generation = Some(expect.map_or(1, |g| g + 1));
                         act.s
                             .metrics
                             .record_checkpoint(bytes, started.elapsed().as_secs_f64());
@@ -990,12 +1018,9 @@ impl Actor for Controller {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // CT-5: notice a stop request even while nothing else wakes the loop.
-        ctx.run_interval(std::time::Duration::from_millis(100), |act, ctx| {
-            if act.s.stop.requested() {
-                act.pump(ctx);
-            }
-        });
+        // CT-5: notice a stop request, and GH-2: a silent rank heard from again, even while
+        // nothing else wakes the loop.
+        ctx.run_interval(std::time::Duration::from_millis(100), |act, ctx| act.pump(ctx));
         self.pump(ctx);
     }
 }

@@ -45,6 +45,26 @@ pub enum ActorError {
     /// A generator panicked mid-batch; the batch is retried.
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),
+    /// A generator rank did not answer a work order in time; its range is issued again.
+    #[error("generator rank {rank} did not answer work order {batch_seq} within {waited_s:.0} s; its tasks are issued again")]
+    RankSilent {
+        /// The rank.
+        rank: u32,
+        /// The order's batch.
+        batch_seq: u64,
+        /// Seconds waited.
+        waited_s: f64,
+    },
+    /// A generator process answered a work order with an error it cannot retry.
+    #[error("generator rank {rank} failed work order {batch_seq}: {message}")]
+    RemoteFailed {
+        /// The rank.
+        rank: u32,
+        /// The order's batch.
+        batch_seq: u64,
+        /// Its error, in words.
+        message: String,
+    },
     /// Every episode of a training batch failed in its env; the batch is retried.
     #[error("every one of the {failed} episodes of batch {batch_seq} failed in its environment; the last failure: {last_failure}")]
     AllEpisodesFailed {

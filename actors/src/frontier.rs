@@ -33,6 +33,8 @@ pub struct Frontier {
 /// A batch found in the store at resume time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundBatch {
+    /// Its key (two writers may have stored one seq, ST-12).
+    pub key: String,
     /// Its sequence number.
     pub batch_seq: u64,
     /// Its first task id.
@@ -173,6 +175,7 @@ mod tests {
 
     fn fb(seq: u64, first: u64, v: u64) -> FoundBatch {
         FoundBatch {
+            key: format!("batches/{seq}"),
             batch_seq: seq,
             first_task: first,
             policy_version: v,

@@ -93,7 +93,7 @@ pub struct GeneratorSetup {
 }
 
 /// Why a batch is sampled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Purpose {
     /// A training batch, written to the store.
     Train,
@@ -102,7 +102,7 @@ pub enum Purpose {
 }
 
 /// What kind of training batch to sample.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Work {
     /// `group_size` episodes per task (+ ARMOR anchors), re-rolled under dynamic sampling.
     Groups,

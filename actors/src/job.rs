@@ -1,5 +1,7 @@
-//! A whole training job in one process: start the actors, warm-start or resume, evaluate, run the
-//! RL loop, evaluate again.
+//! A training job: claim a trainer life, start the roles, warm-start or resume, evaluate, run the
+//! RL loop, evaluate again. `keel train` runs every role in this process ([`Role::Train`]);
+//! `keel trainer` runs the controller and learner here and reaches generator ranks in other
+//! processes through work orders in the run root ([`Role::Trainer`], `remote`).
 //!
 //! Invariants:
 //! - JB-1: a run root holding a committed checkpoint is resumed from its newest verifiable one,
@@ -18,40 +20,67 @@
 //! - JB-7: a corrupt batch found on resume is quarantined (QU-1) and counted; its range stays owed.
 //! - JB-8: with `--reference CKPT` and a preset that needs a reference policy, the learner's
 //!   reference (KL, ARMOR's mixture and anchor rollouts) is that checkpoint's policy.
+//! - JB-9: before anything else the job claims the next trainer life of its branch and fences the
+//!   head (LV-1, LV-3); every commit it makes expects the head generation it last saw, and checks
+//!   that no newer life exists (LV-2). Two trainers on one branch can never both make progress.
+//!   Its batches carry the life in their keys (ST-12); its end is recorded (LV-4).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use actix::{Addr, SyncArbiter};
 use bytes::Bytes;
-use keel_envs::{build_env, demonstrations, task_seed, tokenizer_for, Env, Split};
-use keel_store::{CheckpointManifest, DataPosition, NewCheckpoint, RunStore, StoreError};
+use keel_envs::{build_env, demonstrations, task_seed, Env, Split};
+use keel_store::{
+    CheckpointManifest, DataPosition, ExpectHead, LifeEnd, LifeRecord, NewCheckpoint, RunStore,
+    StoreError,
+};
 
 use crate::config::TrainConfig;
 use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
 use crate::demo_tokens::{render_demonstration, SftSequence};
-use crate::env_shard::{EnvFactory, EnvShard, ShardOptions, ShardPool};
+use crate::env_shard::EnvFactory;
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, FoundBatch, Frontier};
-use crate::generator::{Generate, Generator, GeneratorSetup, Purpose};
+use crate::generator::{Generate, Purpose};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
 use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::metrics::TrainMetrics;
+use crate::remote::{GeneratorHandle, LifeKeys, StoreBoard};
 use crate::rollout::TaskRef;
+use crate::setup::{LocalGenerators, ModelSetup};
 use crate::supervision::RestartBudget;
 use crate::tracking::Trackers;
-use crate::weights::PublishedReference;
-use crate::weights::WeightBoard;
+use crate::weights::{Board, PublishedReference};
+
+pub use crate::setup::select_device;
 
 /// Task ids of SFT demonstrations start here, apart from the RL task order.
 const SFT_TASK_OFFSET: u64 = 1 << 32;
 /// Batch sequence numbers of evaluations (never stored) start here.
-const EVAL_BATCH_SEQ: u64 = 1 << 40;
-/// Restarts allowed per actor kind before the run fails.
-const RESTART_BUDGET: u32 = 16;
+pub const EVAL_BATCH_SEQ: u64 = 1 << 40;
+
+/// Which roles this process runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// Every role in this process (`keel train`).
+    #[default]
+    Train,
+    /// Controller + learner; generators are ranks in other processes (`keel trainer`).
+    Trainer,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Train => "train",
+            Role::Trainer => "trainer",
+        }
+    }
+}
 
 /// Knobs for tests and embedding (not part of the TOML schema).
 #[derive(Clone, Default)]
@@ -66,6 +95,8 @@ pub struct JobOptions {
     pub reference: Option<String>,
     /// Set to end the loop with a checkpoint (JB-6).
     pub stop: StopSignal,
+    /// Which roles run here.
+    pub role: Role,
 }
 
 /// A request to stop after the current update with a checkpoint (SIGTERM), shared by clones.
@@ -119,21 +150,29 @@ pub struct JobOutcome {
     pub env_shard_restarts: u32,
     /// Generator restarts after panics (SV-1).
     pub generator_restarts: u32,
+    /// The trainer life this job ran as (JB-9).
+    pub life: u64,
 }
 
-/// Picks the torch device for `run.device`.
-pub fn select_device(name: &str) -> Result<tch::Device, ActorError> {
-    match name {
-        "cpu" => Ok(tch::Device::Cpu),
-        "cuda" if tch::Cuda::is_available() => Ok(tch::Device::Cuda(0)),
-        "cuda" => Err(ActorError::Resume(
-            "run.device = \"cuda\" but no CUDA device is available".into(),
-        )),
-        _ => Ok(tch::Device::cuda_if_available()),
-    }
+/// What every part of a job shares.
+struct Job {
+    cfg: Arc<TrainConfig>,
+    /// The branch's store; batches written here carry the life's tag (ST-12).
+    store: RunStore,
+    io: tokio::runtime::Handle,
+    metrics: TrainMetrics,
+    events: EventSink,
+    options: JobOptions,
+    device: tch::Device,
+    life: u64,
+    /// The branch's store without a writer tag: where the life was claimed (LV-2).
+    lives: RunStore,
+    /// The head generation after the fence (LV-3).
+    head_generation: Option<u64>,
 }
 
-/// Runs a training job to completion (or resumes one) in this process.
+/// Runs a training job to completion (or resumes one): every role in this process, or the
+/// trainer of separate generator processes (`options.role`).
 pub fn run_job(
     cfg: TrainConfig,
     store: RunStore,
@@ -158,9 +197,22 @@ pub fn run_job(
         (None, Some(from)) => format!("from-{from}"),
         (None, None) => keel_store::DEFAULT_BRANCH.to_string(),
     };
-    let store = store
+    let lives = store
         .on_branch(&branch)?
         .with_multipart_threshold(cfg.run.checkpoint_multipart_bytes);
+    // JB-9: claim the next life and fence the head before reading anything.
+    let record = LifeRecord::for_this_process(
+        options.role.name(),
+        &cfg.config_hash(),
+        &cfg.to_toml(),
+    );
+    let (life, head_generation) = io.block_on(async {
+        let life = lives.claim_life(record).await?;
+        let fenced = lives.fence_head().await?;
+        Ok::<_, StoreError>((life, fenced))
+    })?;
+    tracing::info!(life = life.life, branch = %branch, role = options.role.name(), "claimed trainer life");
+    let store = lives.clone().with_writer(&format!("l{:010}", life.life))?;
     let (start, skipped) = io.block_on(find_start(&store, options.from.as_deref()))?;
     let latest = start.as_ref().map(|s| s.manifest.clone());
     let log = Arc::new(Mutex::new(MetricsLog::open(
@@ -187,24 +239,25 @@ pub fn run_job(
             events(ev)
         })
     };
-    let cfg = Arc::new(cfg);
+    let job = Job {
+        cfg: Arc::new(cfg),
+        store,
+        io: io.clone(),
+        metrics,
+        events: sink,
+        options,
+        device,
+        life: life.life,
+        lives: lives.clone(),
+        head_generation,
+    };
     let system = actix::System::new();
-    let result = system
-        .block_on(run_in_system(
-            cfg,
-            store,
-            io.clone(),
-            metrics,
-            sink,
-            options,
-            start,
-            device,
-        ))
-        .map(|mut outcome| {
-            outcome.branch = branch;
-            outcome.skipped_checkpoints = skipped;
-            outcome
-        });
+    let result = system.block_on(run_roles(job, start)).map(|mut outcome| {
+        outcome.branch = branch;
+        outcome.skipped_checkpoints = skipped;
+        outcome.life = life.life;
+        outcome
+    });
     actix::System::current().stop();
     drop(system);
     if let Ok(log) = Arc::try_unwrap(log) {
@@ -215,8 +268,22 @@ pub fn run_job(
     if let Ok(trackers) = Arc::try_unwrap(trackers) {
         trackers.finish();
     }
+    io.block_on(record_end(&lives, life.life, &result));
     io_runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     result
+}
+
+/// LV-4: how this life ended (nothing for a superseded life: the branch is another's now).
+async fn record_end(lives: &RunStore, life: u64, result: &Result<JobOutcome, ActorError>) {
+    let end = match result {
+        Ok(o) if o.stopped => LifeEnd::new(life, false, "stopped (SIGTERM) after a checkpoint"),
+        Ok(_) => LifeEnd::new(life, true, "finished the run"),
+        Err(ActorError::Store(StoreError::Superseded { .. })) => return,
+        Err(e) => LifeEnd::new(life, false, &format!("failed: {e}")),
+    };
+    if let Err(e) = lives.end_life(&end).await {
+        tracing::warn!(life, error = %e, "could not record the end of this trainer life");
+    }
 }
 
 async fn spawn_io<T: Send + 'static>(
@@ -241,55 +308,209 @@ where
         .map_err(|e| ActorError::Mailbox(e.to_string()))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_in_system(
-    cfg: Arc<TrainConfig>,
-    store: RunStore,
-    io: tokio::runtime::Handle,
-    metrics: TrainMetrics,
-    events: EventSink,
-    options: JobOptions,
-    start: Option<StartPoint>,
-    device: tch::Device,
-) -> Result<JobOutcome, ActorError> {
-    let env_cfg = cfg.env.env_config();
-    // The env's declared vocabulary is the model's (fails early on a bad env or an unreachable server).
-    let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
-    sync_model(&cfg, &io).await?;
-    let model_spec = cfg.model_spec(&tokenizer, device)?;
-    let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
-    let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
-    let factory: EnvFactory = match options.env_factory {
-        Some(f) => f,
-        None => {
-            // EX-4: one client per external server, shared by every episode.
-            let builder = keel_envs::EnvBuilder::new(&env_cfg)?;
-            Arc::new(move || builder.build())
-        }
-    };
-    let shard_options = ShardOptions {
-        concurrency: cfg.env.concurrency,
-        latency: cfg.env.latency_model()?,
-    };
-    let env_budget = RestartBudget::new("env_shard", RESTART_BUDGET);
-    let gen_budget = RestartBudget::new("generator", RESTART_BUDGET);
-    let shard_pool = ShardPool::start(
-        cfg.rollout.env_shards,
-        factory,
-        env_budget.clone(),
-        shard_options,
-    );
-    let shards: Vec<Addr<EnvShard>> = shard_pool.addrs().to_vec();
+/// The generators of a job: actors here (`keel train`), or ranks in other processes.
+enum Generators {
+    Local(LocalGenerators),
+    Remote {
+        board: Arc<StoreBoard>,
+        handles: Vec<Arc<dyn GeneratorHandle>>,
+    },
+}
 
+impl Generators {
+    fn start(job: &Job, model: &ModelSetup) -> Result<Generators, ActorError> {
+        let cfg = &job.cfg;
+        let n = cfg.rollout.generators;
+        match job.options.role {
+            Role::Train => Ok(Generators::Local(LocalGenerators::start(
+                cfg,
+                model,
+                &job.store,
+                &job.io,
+                job.options.env_factory.clone(),
+                0..n as u32,
+                false,
+            )?)),
+            Role::Trainer => {
+                // SB-3: an admitted order is at most `bound` versions behind (AS-1).
+                let keep = cfg.staleness_bound() + 2;
+                let board =
+                    StoreBoard::start(job.lives.clone(), &job.io, job.life, keep, job.metrics.clone());
+                let keys = LifeKeys::new(&job.lives, job.life);
+                let handles = crate::remote::handle::remote_ranks(
+                    n,
+                    &keys,
+                    &job.lives,
+                    &job.io,
+                    &board,
+                    &cfg.distributed,
+                    &job.metrics,
+                );
+                let lives = job.lives.clone();
+                let life = job.life;
+                job.io.spawn(async move {
+                    match lives.prune_older_lives_weights(life).await {
+                        Ok(n) if n > 0 => tracing::info!(objects = n, "pruned weights of earlier trainer lives"),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "could not prune weights of earlier lives"),
+                    }
+                });
+                Ok(Generators::Remote { board, handles })
+            }
+        }
+    }
+
+    fn board(&self) -> Arc<dyn Board> {
+        match self {
+            Generators::Local(l) => Arc::new(l.board.clone()),
+            Generators::Remote { board, .. } => board.clone(),
+        }
+    }
+
+    fn handles(&self) -> Vec<Arc<dyn GeneratorHandle>> {
+        match self {
+            Generators::Local(l) => l
+                .generators
+                .iter()
+                .map(|g| Arc::new(g.clone()) as Arc<dyn GeneratorHandle>)
+                .collect(),
+            Generators::Remote { handles, .. } => handles.clone(),
+        }
+    }
+
+    fn budgets(&self) -> Vec<RestartBudget> {
+        match self {
+            Generators::Local(l) => vec![l.env_budget.clone(), l.gen_budget.clone()],
+            Generators::Remote { .. } => Vec::new(),
+        }
+    }
+}
+
+/// Where RL starts: the restored or warm-started learner's version, frontier and lineage.
+struct RlStart {
+    version: u64,
+    frontier: Frontier,
+    parent: Option<String>,
+    reference: Option<String>,
+    method_state: BTreeMap<String, String>,
+    carried: BTreeMap<String, f64>,
+    eval_before: f64,
+    resumed_from: Option<String>,
+    /// The head generation after the SFT root commit (LV-3).
+    head_generation: Option<u64>,
+}
+
+async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, ActorError> {
+    let cfg = job.cfg.clone();
+    let model = ModelSetup::prepare(&cfg, &job.io, job.device).await?;
+    let learner = start_learner(&job, &model).await?;
+    let generators = Generators::start(&job, &model)?;
+    let (board, handles) = (generators.board(), generators.handles());
+    let mut rl = match start {
+        Some(start) => restore(&job, &learner, start).await?,
+        None => warm_start(&job, &model, &learner, &board, &handles).await?,
+    };
+    board.publish(ask(&learner, CurrentWeights).await??);
+    if let (Some(id), true) = (&job.options.reference, cfg.learner.resolve().needs_reference()) {
+        // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
+        let (s, id) = (job.store.clone(), id.clone());
+        let weights = spawn_io(&job.io, async move {
+            let manifest = s.checkpoint(&id).await?;
+            s.read_checkpoint_file(&manifest, "model.safetensors").await
+        })
+        .await?;
+        ask(&learner, LoadReference(weights.to_vec())).await??;
+    }
+    if cfg.learner.algo == keel_learner::Algo::Armor {
+        // WB-4: anchor episodes sample from the reference the learner holds (restored with the
+        // checkpoint, or the current weights at the RL start).
+        board.publish_reference(PublishedReference {
+            copied_at: rl.version,
+            serial: 0,
+            safetensors: Arc::new(ask(&learner, ReferenceWeights).await??),
+        });
+    }
+    let pats = match cfg.learner.algo {
+        keel_learner::Algo::Pats => Some(
+            pats_runtime(&cfg, &job.store, &job.io, &model.tokenizer, &rl.method_state).await?,
+        ),
+        _ => None,
+    };
+    let (reuse, dropped_on_resume, quarantined) = plan_reuse(&job, &mut rl).await?;
+    let mut outcome = JobOutcome {
+        eval_before: rl.eval_before,
+        resumed_from: rl.resumed_from.clone(),
+        reused_batches: reuse.len(),
+        quarantined_batches: quarantined,
+        ..JobOutcome::default()
+    };
+    let dropped_count = dropped_on_resume.len() as u64;
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<LoopOutcome, ActorError>>();
+    let setup = ControllerSetup {
+        cfg: cfg.clone(),
+        store: job.store.clone(),
+        io: job.io.clone(),
+        metrics: job.metrics.clone(),
+        board: board.clone(),
+        generators: handles.clone(),
+        learner: learner.clone(),
+        budgets: generators.budgets(),
+        events: job.events.clone(),
+        version: rl.version,
+        frontier: rl.frontier,
+        reuse,
+        parent_checkpoint: rl.parent,
+        reference: rl.reference,
+        carried_metrics: rl.carried,
+        dropped_on_resume,
+        stop: job.options.stop.clone(),
+        method_state: rl.method_state,
+        pats,
+        life: (job.life, job.lives.clone()),
+        head_generation: rl.head_generation,
+        done: tx,
+    };
+    actix::Actor::start(Controller::new(setup));
+    let loop_outcome = rx
+        .await
+        .map_err(|_| ActorError::Internal("controller stopped without an answer".into()))??;
+    outcome.final_step = loop_outcome.version;
+    outcome.last_checkpoint = loop_outcome.last_checkpoint;
+    outcome.dropped_batches = loop_outcome.dropped_batches + dropped_count;
+    if loop_outcome.stopped {
+        outcome.stopped = true;
+        outcome.eval_after = f64::NAN;
+        return Ok(outcome);
+    }
+    outcome.eval_after = evaluate(
+        &handles[0],
+        &cfg,
+        loop_outcome.version,
+        "after_rl",
+        &job.events,
+    )
+    .await?;
+    job.metrics.eval_success.set(outcome.eval_after);
+    if let Generators::Local(local) = &generators {
+        outcome.env_shard_restarts = local.env_budget.used();
+        outcome.generator_restarts = local.gen_budget.used();
+    }
+    drop(generators);
+    Ok(outcome)
+}
+
+/// The learner actor, initialised from the config.
+async fn start_learner(job: &Job, model: &ModelSetup) -> Result<Addr<LearnerActor>, ActorError> {
+    let cfg = &job.cfg;
     let learner = {
-        let (s, io) = (store.clone(), io.clone());
+        let (s, io) = (job.store.clone(), job.io.clone());
         SyncArbiter::start(1, move || LearnerActor::new(s.clone(), io.clone()))
     };
     ask(
         &learner,
         InitLearner {
-            model: model_spec.clone(),
-            critic: cfg.critic_spec(device)?,
+            model: model.spec.clone(),
+            critic: cfg.critic_spec(job.device)?,
             cfg: cfg.learner.clone(),
             agent_models: cfg
                 .agent_models
@@ -302,212 +523,188 @@ async fn run_in_system(
             seed: cfg.run.seed,
             temperature: cfg.rollout.temperature,
             lr_horizon: cfg.run.steps,
-            tokenizer_files,
+            tokenizer_files: model.tokenizer_files.clone(),
             faults: cfg.faults.clone(),
         },
     )
     .await??;
+    Ok(learner)
+}
 
-    let board = WeightBoard::default();
-    let generators: Vec<Addr<Generator>> = (0..cfg.rollout.generators)
-        .map(|i| {
-            let setup = GeneratorSetup {
-                id: i as u32,
-                run_id: cfg.run.name.clone(),
-                seed: cfg.run.seed,
-                env_name: cfg.env.name.clone(),
-                model: model_spec.clone(),
-                codec: codec.clone(),
-                shards: shards.clone(),
-                store: store.clone(),
-                io: io.clone(),
-                board: board.clone(),
-                budget: gen_budget.clone(),
-                group_size: cfg.rollout.group_size,
-                temperature: cfg.rollout.temperature,
-                max_turn_tokens: cfg.rollout.max_turn_tokens,
-                anchor_episodes: if cfg.learner.algo == keel_learner::Algo::Armor {
-                    cfg.armor.anchor_episodes
-                } else {
-                    0
-                },
-                dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
-                agent_model: cfg.agent_model_map(),
-                scaffold_words: cfg.pats.render_words,
-                batch_invariant: cfg.rollout.batch_invariant(cfg.run.mode),
-                follow_weights: cfg.run.mode == crate::config::Mode::Async
-                    && cfg.rollout.inflight_updates,
-            };
-            SyncArbiter::start(1, move || Generator::new(setup.clone()))
-        })
-        .collect();
-
-    let mut outcome = JobOutcome::default();
-    let mut carried = BTreeMap::new();
-    let mut method_state = BTreeMap::new();
-    let (version, saved_frontier, parent, reference) = match start {
-        Some(StartPoint { manifest, files }) => {
-            method_state = manifest.data.method_state.clone();
-            let files = files.into_iter().map(|(n, b)| (n, b.to_vec())).collect();
-            let version = ask(&learner, Restore(files)).await??;
-            if version != manifest.policy_version {
-                return Err(ActorError::Resume(format!(
-                    "checkpoint {} says policy version {} but its learner state is at {version}",
-                    manifest.id, manifest.policy_version
-                )));
-            }
-            if manifest.config_hash != cfg.config_hash() {
-                tracing::warn!(checkpoint = %manifest.id, "resuming under a config that differs from the checkpoint's");
-            }
-            outcome.eval_before = manifest
-                .metrics
-                .get("eval_success_before")
-                .copied()
-                .unwrap_or(f64::NAN);
-            carried.insert("eval_success_before".to_string(), outcome.eval_before);
-            outcome.resumed_from = Some(manifest.id.clone());
-            let frontier = Frontier {
-                next_task: manifest.data.next_task_index,
-                pending: manifest.data.pending_tasks.clone(),
-                next_batch_seq: manifest.data.next_batch_seq,
-            };
-            // MS-3: a checkpoint taken at an ARMOR reference reset is itself the reference of
-            // what follows it (its manifest names the reference before the reset).
-            let reset_here = manifest.tags.iter().any(|t| t == REFERENCE_RESET_TAG);
-            let reference = options
-                .reference
-                .clone()
-                .or_else(|| reset_here.then(|| manifest.id.clone()))
-                .or_else(|| manifest.reference.clone())
-                .or_else(|| Some(manifest.id.clone()));
-            (version, frontier, Some(manifest.id), reference)
-        }
-        None => {
-            let demos = make_demos(&cfg, &tokenizer, &codec)?;
-            let mut data = DataPosition::default();
-            let demos: Demos = match cfg.learner.algo {
-                keel_learner::Algo::Pats => {
-                    // PS-1/2: seed bank + scaffold-conditioned SFT; the SFT checkpoint names
-                    // the seed bank, so every life of the run starts RL from it.
-                    let mut pats =
-                        pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?;
-                    let demos =
-                        crate::pats_seed::seed_scaffold(&cfg, &codec, demos, &mut pats.controller)?;
-                    let version = pats.controller.bank().version();
-                    let key = store.state_key(&format!(
-                        "pats/scaffold-{version:06}-{}.json",
-                        crate::controller::methods::life_tag()
-                    ));
-                    let bytes = pats
-                        .controller
-                        .state()
-                        .to_json_bytes()
-                        .map_err(|e| ActorError::Internal(format!("PATS seed state: {e}")))?;
-                    let (s, k) = (store.clone(), key.clone());
-                    spawn_io(&io, async move { s.create_object(&k, bytes.into()).await }).await?;
-                    let pointer = PatsPointer { key, version };
-                    data.method_state.insert(
-                        PATS_STATE.to_string(),
-                        serde_json::to_string(&pointer).unwrap_or_default(),
-                    );
-                    method_state = data.method_state.clone();
-                    demos
-                }
-                _ => demos.into_iter().map(|(_, _, bare)| bare).collect(),
-            };
-            let sft = ask(
-                &learner,
-                RunSft {
-                    demos: Arc::new(demos),
-                    steps: cfg.sft.steps,
-                    batch_size: cfg.sft.batch_size,
-                    lr: cfg.sft.lr,
-                    seed: cfg.run.seed,
-                },
-            )
-            .await??;
-            events(&TrainEvent::SftDone {
-                steps: cfg.sft.steps,
-                loss: sft.loss,
-            });
-            board.publish(ask(&learner, CurrentWeights).await??);
-            outcome.eval_before = evaluate(&generators[0], &cfg, 0, "before_rl", &events).await?;
-            metrics.eval_success.set(outcome.eval_before);
-            carried.insert("eval_success_before".to_string(), outcome.eval_before);
-            let files = ask(&learner, crate::learner_actor::Snapshot).await??;
-            let ckpt = NewCheckpoint {
-                parent: None,
-                step: 0,
-                policy_version: 0,
-                config_hash: cfg.config_hash(),
-                reference: None,
-                tags: vec![
-                    "sft".into(),
-                    "reference".into(),
-                    crate::guard::HEALTHY_TAG.into(),
-                ],
-                data,
-                metrics: carried.clone(),
-                files: files
-                    .into_iter()
-                    .map(|(n, b)| (n, Bytes::from(b)))
-                    .collect(),
-            };
-            let s = store.clone();
-            let manifest = spawn_io(&io, async move { s.commit_checkpoint(ckpt).await }).await?;
-            metrics.checkpoints.inc();
-            events(&TrainEvent::Checkpoint {
-                id: manifest.id.clone(),
-                step: 0,
-                parent: manifest.parent.clone(),
-            });
-            (
-                0,
-                Frontier::default(),
-                Some(manifest.id.clone()),
-                Some(manifest.id),
-            )
-        }
-    };
-    board.publish(ask(&learner, CurrentWeights).await??);
-    if let (Some(id), true) = (&options.reference, cfg.learner.resolve().needs_reference()) {
-        // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
-        let (s, id) = (store.clone(), id.clone());
-        let weights = spawn_io(&io, async move {
-            let manifest = s.checkpoint(&id).await?;
-            s.read_checkpoint_file(&manifest, "model.safetensors").await
-        })
-        .await?;
-        ask(&learner, LoadReference(weights.to_vec())).await??;
+/// Restores the learner from the start checkpoint (JB-1, JB-4, JB-5).
+async fn restore(
+    job: &Job,
+    learner: &Addr<LearnerActor>,
+    StartPoint { manifest, files }: StartPoint,
+) -> Result<RlStart, ActorError> {
+    let files = files.into_iter().map(|(n, b)| (n, b.to_vec())).collect();
+    let version = ask(learner, Restore(files)).await??;
+    if version != manifest.policy_version {
+        return Err(ActorError::Resume(format!(
+            "checkpoint {} says policy version {} but its learner state is at {version}",
+            manifest.id, manifest.policy_version
+        )));
     }
-    if cfg.learner.algo == keel_learner::Algo::Armor {
-        // WB-4: anchor episodes sample from the reference the learner holds (restored with the
-        // checkpoint, or the current weights at the RL start).
-        board.publish_reference(PublishedReference {
-            copied_at: version,
-            serial: 0,
-            safetensors: Arc::new(ask(&learner, ReferenceWeights).await??),
-        });
+    if manifest.config_hash != job.cfg.config_hash() {
+        tracing::warn!(checkpoint = %manifest.id, "resuming under a config that differs from the checkpoint's");
     }
-    let pats = match cfg.learner.algo {
-        keel_learner::Algo::Pats => {
-            Some(pats_runtime(&cfg, &store, &io, &tokenizer, &method_state).await?)
-        }
-        _ => None,
-    };
-
-    // Account for every batch already in the store (DF-2).
-    let (found, quarantined) = find_batches(&store, &io, &metrics).await?;
-    outcome.quarantined_batches = quarantined;
-    let bound = cfg.staleness_bound();
-    let plan = plan_resume(
-        &saved_frontier,
+    let eval_before = manifest
+        .metrics
+        .get("eval_success_before")
+        .copied()
+        .unwrap_or(f64::NAN);
+    // MS-3: a checkpoint taken at an ARMOR reference reset is itself the reference of what
+    // follows it (its manifest names the reference before the reset).
+    let reset_here = manifest.tags.iter().any(|t| t == REFERENCE_RESET_TAG);
+    let reference = job
+        .options
+        .reference
+        .clone()
+        .or_else(|| reset_here.then(|| manifest.id.clone()))
+        .or_else(|| manifest.reference.clone())
+        .or_else(|| Some(manifest.id.clone()));
+    Ok(RlStart {
         version,
-        bound,
+        frontier: Frontier {
+            next_task: manifest.data.next_task_index,
+            pending: manifest.data.pending_tasks.clone(),
+            next_batch_seq: manifest.data.next_batch_seq,
+        },
+        parent: Some(manifest.id.clone()),
+        reference,
+        method_state: manifest.data.method_state.clone(),
+        carried: BTreeMap::from([("eval_success_before".to_string(), eval_before)]),
+        eval_before,
+        resumed_from: Some(manifest.id),
+        // `--from` starts a branch with no head yet; a resumed branch's head was fenced.
+        head_generation: job.head_generation,
+    })
+}
+
+/// The SFT warm start on a run root with no checkpoint (JB-2): demonstrations (PATS: the seed
+/// bank and scaffolded ones), SFT, the pre-RL evaluation and the root checkpoint.
+async fn warm_start(
+    job: &Job,
+    model: &ModelSetup,
+    learner: &Addr<LearnerActor>,
+    board: &Arc<dyn Board>,
+    generators: &[Arc<dyn GeneratorHandle>],
+) -> Result<RlStart, ActorError> {
+    let (cfg, store, io) = (&job.cfg, &job.store, &job.io);
+    let demos = make_demos(cfg, &model.tokenizer, &model.codec)?;
+    let mut data = DataPosition::default();
+    let demos: Demos = match cfg.learner.algo {
+        keel_learner::Algo::Pats => {
+            // PS-1/2: seed bank + scaffold-conditioned SFT; the SFT checkpoint names the seed
+            // bank, so every life of the run starts RL from it.
+            let mut pats =
+                pats_runtime(cfg, store, io, &model.tokenizer, &BTreeMap::new()).await?;
+            let demos =
+                crate::pats_seed::seed_scaffold(cfg, &model.codec, demos, &mut pats.controller)?;
+            let version = pats.controller.bank().version();
+            let key = store.state_key(&format!(
+                "pats/scaffold-{version:06}-{}.json",
+                crate::controller::methods::life_tag()
+            ));
+            let bytes = pats
+                .controller
+                .state()
+                .to_json_bytes()
+                .map_err(|e| ActorError::Internal(format!("PATS seed state: {e}")))?;
+            let (s, k) = (store.clone(), key.clone());
+            spawn_io(io, async move { s.create_object(&k, bytes.into()).await }).await?;
+            let pointer = PatsPointer { key, version };
+            data.method_state.insert(
+                PATS_STATE.to_string(),
+                serde_json::to_string(&pointer).unwrap_or_default(),
+            );
+            demos
+        }
+        _ => demos.into_iter().map(|(_, _, bare)| bare).collect(),
+    };
+    let sft = ask(
+        learner,
+        RunSft {
+            demos: Arc::new(demos),
+            steps: cfg.sft.steps,
+            batch_size: cfg.sft.batch_size,
+            lr: cfg.sft.lr,
+            seed: cfg.run.seed,
+        },
+    )
+    .await??;
+    (job.events)(&TrainEvent::SftDone {
+        steps: cfg.sft.steps,
+        loss: sft.loss,
+    });
+    board.publish(ask(learner, CurrentWeights).await??);
+    let eval_before = evaluate(&generators[0], cfg, 0, "before_rl", &job.events).await?;
+    job.metrics.eval_success.set(eval_before);
+    let carried = BTreeMap::from([("eval_success_before".to_string(), eval_before)]);
+    let files = ask(learner, crate::learner_actor::Snapshot).await??;
+    let method_state = data.method_state.clone();
+    let ckpt = NewCheckpoint {
+        parent: None,
+        step: 0,
+        policy_version: 0,
+        config_hash: cfg.config_hash(),
+        reference: None,
+        tags: vec![
+            "sft".into(),
+            "reference".into(),
+            crate::guard::HEALTHY_TAG.into(),
+        ],
+        data,
+        metrics: carried.clone(),
+        files: files
+            .into_iter()
+            .map(|(n, b)| (n, Bytes::from(b)))
+            .collect(),
+    };
+    let (s, lives, life) = (store.clone(), job.lives.clone(), job.life);
+    let manifest = spawn_io(io, async move {
+        // LV-2, LV-3: only the newest life commits the root, and only on a branch with no head.
+        lives.check_life(life).await?;
+        let branch = s.branch().to_string();
+        s.commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(None))
+            .await
+    })
+    .await?;
+    job.metrics.checkpoints.inc();
+    (job.events)(&TrainEvent::Checkpoint {
+        id: manifest.id.clone(),
+        step: 0,
+        parent: manifest.parent.clone(),
+    });
+    Ok(RlStart {
+        version: 0,
+        frontier: Frontier::default(),
+        parent: Some(manifest.id.clone()),
+        reference: Some(manifest.id),
+        method_state,
+        carried,
+        eval_before,
+        resumed_from: None,
+        head_generation: Some(1),
+    })
+}
+
+/// DF-2: accounts for every batch already in the store and picks those the loop trains first.
+/// Returns them, the batch seqs dropped (recorded in the first checkpoint, CT-6) and how many
+/// corrupt batches were quarantined (JB-7); `rl.frontier` becomes the plan's.
+async fn plan_reuse(
+    job: &Job,
+    rl: &mut RlStart,
+) -> Result<(Vec<ReadyBatch>, Vec<u64>, u64), ActorError> {
+    let cfg = &job.cfg;
+    let (found, quarantined) = find_batches(&job.store, &job.io, &job.metrics).await?;
+    let mut plan = plan_resume(
+        &rl.frontier,
+        rl.version,
+        cfg.staleness_bound(),
         cfg.rollout.tasks_per_batch as u64,
-        found.clone(),
+        found,
     );
-    let mut plan = plan;
     let mut not_reused: Vec<u64> = Vec::new();
     let regenerate = matches!(
         cfg.learner.algo,
@@ -523,11 +720,12 @@ async fn run_in_system(
         plan.dropped.extend(reused);
         plan.frontier = Frontier {
             next_batch_seq: plan.frontier.next_batch_seq,
-            ..saved_frontier.clone()
+            ..rl.frontier.clone()
         };
     }
+    let version = rl.version;
     for d in &plan.dropped {
-        metrics.batches_dropped.inc();
+        job.metrics.batches_dropped.inc();
         let reason = if not_reused.contains(&d.batch_seq) {
             format!(
                 "{} samples it again after a resume instead of reusing stored batches",
@@ -539,75 +737,30 @@ async fn run_in_system(
                 d.policy_version
             )
         };
-        events(&TrainEvent::Dropped {
+        (job.events)(&TrainEvent::Dropped {
             batch_seq: d.batch_seq,
             reason,
         });
     }
-    if let Some(id) = &outcome.resumed_from {
-        events(&TrainEvent::Resumed {
+    if let Some(id) = &rl.resumed_from {
+        (job.events)(&TrainEvent::Resumed {
             checkpoint: id.clone(),
             step: version,
             reused_batches: plan.reuse.len(),
             dropped_batches: plan.dropped.len(),
         });
     }
-    outcome.reused_batches = plan.reuse.len();
+    rl.frontier = plan.frontier;
     let reuse = plan
         .reuse
         .iter()
-        .map(|b| ReadyBatch::plain(store.batch_key(b.batch_seq), b.batch_seq, b.first_task))
+        .map(|b| ReadyBatch::plain(keel_store::BatchKey(b.key.clone()), b.batch_seq, b.first_task))
         .collect();
-
-    let (tx, rx) = tokio::sync::oneshot::channel::<Result<LoopOutcome, ActorError>>();
-    let setup = ControllerSetup {
-        cfg: cfg.clone(),
-        store: store.clone(),
-        io: io.clone(),
-        metrics: metrics.clone(),
-        board: board.clone(),
-        generators: generators.clone(),
-        learner: learner.clone(),
-        budgets: vec![env_budget.clone(), gen_budget.clone()],
-        events: events.clone(),
-        version,
-        frontier: plan.frontier,
+    Ok((
         reuse,
-        parent_checkpoint: parent,
-        reference,
-        carried_metrics: carried,
-        dropped_on_resume: plan.dropped.iter().map(|d| d.batch_seq).collect(),
-        stop: options.stop.clone(),
-        method_state,
-        pats,
-        done: tx,
-    };
-    actix::Actor::start(Controller::new(setup));
-    let loop_outcome = rx
-        .await
-        .map_err(|_| ActorError::Internal("controller stopped without an answer".into()))??;
-    outcome.final_step = loop_outcome.version;
-    outcome.last_checkpoint = loop_outcome.last_checkpoint;
-    outcome.dropped_batches = loop_outcome.dropped_batches + plan.dropped.len() as u64;
-    if loop_outcome.stopped {
-        outcome.stopped = true;
-        outcome.eval_after = f64::NAN;
-        return Ok(outcome);
-    }
-
-    outcome.eval_after = evaluate(
-        &generators[0],
-        &cfg,
-        loop_outcome.version,
-        "after_rl",
-        &events,
-    )
-    .await?;
-    metrics.eval_success.set(outcome.eval_after);
-    outcome.env_shard_restarts = env_budget.used();
-    outcome.generator_restarts = gen_budget.used();
-    drop(shard_pool);
-    Ok(outcome)
+        plan.dropped.iter().map(|d| d.batch_seq).collect(),
+        quarantined,
+    ))
 }
 
 /// SFT demonstrations: `(tokens, loss mask)` each.
@@ -655,42 +808,6 @@ fn make_demos(
         .into());
     }
     Ok(fit)
-}
-
-/// Syncs the `s3://` model folders (policy, critic) into their local caches (MC-1..3) before
-/// anything loads them.
-async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<(), ActorError> {
-    for (path, dir) in [
-        (&cfg.model.path, cfg.model_dir()),
-        (&cfg.model.critic_path, cfg.critic_dir()),
-    ] {
-        if let (true, Some(dir)) = (path.starts_with("s3://"), dir) {
-            sync_folder(path, dir, io).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Syncs one `s3://` folder `path` into `dir` (MC-1..3).
-async fn sync_folder(
-    path: &str,
-    dir: std::path::PathBuf,
-    io: &tokio::runtime::Handle,
-) -> Result<(), ActorError> {
-    let source = RunStore::open(path)?;
-    let into = dir.clone();
-    let report = spawn_io(io, async move {
-        keel_store::sync_model_folder(&source, &into).await
-    })
-    .await?;
-    tracing::info!(
-        model = %path,
-        cache = %dir.display(),
-        downloaded = report.downloaded.len(),
-        cached = report.cached.len(),
-        "model folder synced"
-    );
-    Ok(())
 }
 
 /// Where the job starts: this branch's newest verifiable checkpoint (JB-1, JB-4), else the
@@ -773,6 +890,7 @@ async fn find_batches(
             .min();
         if let Some(first_task) = first_task {
             found.push(FoundBatch {
+                key: key.0.clone(),
                 batch_seq: b.batch_seq.to_native(),
                 first_task,
                 policy_version: oldest.unwrap_or(b.policy_version.to_native()),
@@ -784,7 +902,7 @@ async fn find_batches(
 
 /// Held-out evaluation: one sampled episode per eval task with the published weights.
 async fn evaluate(
-    generator: &Addr<Generator>,
+    generator: &Arc<dyn GeneratorHandle>,
     cfg: &TrainConfig,
     version: u64,
     phase: &str,
@@ -797,7 +915,7 @@ async fn evaluate(
         })
         .collect();
     let msg = Generate::groups(EVAL_BATCH_SEQ + version, tasks, Purpose::Eval);
-    let generated = ask(generator, msg).await??;
+    let generated = generator.generate(msg).await?;
     let success = generated.stats.success_rate();
     events(&TrainEvent::Eval {
         phase: phase.into(),

@@ -271,6 +271,18 @@ pub struct TrainMetrics {
     pub actor_restarts: BranchCounter,
     /// Live actors, by `kind`.
     pub actors_alive: BranchGauge,
+    /// Generator ranks the trainer addresses (`keel trainer`) or generator actors (`keel train`).
+    pub generator_ranks: BranchGauge,
+    /// Generator ranks that answer (not silent past `distributed.order_timeout_s`).
+    pub generator_ranks_alive: BranchGauge,
+    /// Work orders issued again after their rank went silent (RM-5).
+    pub orders_reissued: BranchCounter,
+    /// Seconds to store one published weights version for other processes (SB-1).
+    pub weights_publish_seconds: BranchHistogram,
+    /// Seconds a generator process took to load an order's weights (as it reports them).
+    pub weights_load_seconds: BranchHistogram,
+    /// Weight bytes stored (`publish`) and loaded by generator processes (`load`).
+    pub weights_bytes: BranchCounter,
     /// 1 when a kind's restart budget is spent (SV-2), by `kind`.
     pub budget_exhausted: BranchGauge,
     /// Anomalies the collapse guard saw, by `kind`.
@@ -728,6 +740,38 @@ impl TrainMetrics {
                 "keel_runtime_actors_alive",
                 "Live actors, by actor kind",
                 &["kind"],
+            )?,
+            generator_ranks: b.gauge(
+                "keel_generator_ranks",
+                "Generator ranks (keel trainer) or generator actors (keel train) of the run",
+                &[],
+            )?,
+            generator_ranks_alive: b.gauge(
+                "keel_generator_ranks_alive",
+                "Generator ranks that answer work orders (not silent past the order timeout)",
+                &[],
+            )?,
+            orders_reissued: b.counter(
+                "keel_generator_orders_reissued_total",
+                "Work orders issued again because their rank did not answer in time",
+                &[],
+            )?,
+            weights_publish_seconds: b.histogram(
+                "keel_weights_publish_seconds",
+                "Seconds to store one published weights version for generator processes",
+                &[],
+                prometheus::exponential_buckets(0.001, 2.0, 18)?,
+            )?,
+            weights_load_seconds: b.histogram(
+                "keel_weights_load_seconds",
+                "Seconds a generator process took to load the weights a work order names",
+                &[],
+                prometheus::exponential_buckets(0.001, 2.0, 18)?,
+            )?,
+            weights_bytes: b.counter(
+                "keel_weights_bytes_total",
+                "Weight bytes stored for (publish) and loaded by (load) generator processes",
+                &["direction"],
             )?,
             budget_exhausted: b.gauge(
                 "keel_runtime_supervisor_budget_exhausted",

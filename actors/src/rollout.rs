@@ -55,7 +55,7 @@ mod engine;
 const MAX_SAMPLER_SLOTS: usize = 256;
 
 /// A task to roll out: its id in the run's task order and its env seed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskRef {
     /// Index of the task in the run's task order (train) or eval set.
     pub task_id: u64,

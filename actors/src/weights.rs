@@ -11,8 +11,9 @@
 //! - WB-4: the reference policy (ARMOR anchor rollouts) is published separately, with the
 //!   policy version it was copied at; it changes only on a reference reset.
 //!
-//! In one process the board is shared memory; across processes the same role is played by the
-//! `weights/` prefix of the run root (a generator on another machine polls the newest version).
+//! The controller publishes through the [`Board`] trait: in one process that is the shared
+//! [`WeightBoard`] itself; with generators in other processes it is `remote::StoreBoard`, which
+//! also writes every version under the run root's `weights/` prefix (WT-1..4) for them.
 
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
 
@@ -73,6 +74,34 @@ pub struct PublishedReference {
     pub safetensors: Arc<Vec<u8>>,
 }
 
+/// Where the controller publishes weights (WB-1..4): the in-memory board, or one that also
+/// stores every version for generators in other processes.
+pub trait Board: Send + Sync + 'static {
+    /// Publishes `weights` unless a newer version is already there (WB-1).
+    fn publish(&self, weights: PublishedWeights);
+    /// Replaces the weights with an older version under a new epoch after a rewind (WB-3).
+    fn rewind(&self, weights: PublishedWeights);
+    /// Publishes the reference policy (WB-4).
+    fn publish_reference(&self, reference: PublishedReference);
+    /// The latest published weights, if any.
+    fn latest(&self) -> Option<PublishedWeights>;
+}
+
+impl Board for WeightBoard {
+    fn publish(&self, weights: PublishedWeights) {
+        WeightBoard::publish(self, weights)
+    }
+    fn rewind(&self, weights: PublishedWeights) {
+        WeightBoard::rewind(self, weights)
+    }
+    fn publish_reference(&self, reference: PublishedReference) {
+        WeightBoard::publish_reference(self, reference)
+    }
+    fn latest(&self) -> Option<PublishedWeights> {
+        WeightBoard::latest(self)
+    }
+}
+
 /// The shared board of the latest published weights.
 #[derive(Debug, Clone, Default)]
 pub struct WeightBoard {
@@ -115,6 +144,17 @@ impl WeightBoard {
     /// The latest published weights, if any.
     pub fn latest(&self) -> Option<PublishedWeights> {
         read(&self.latest)
+    }
+
+    /// Puts exactly `weights` on the board, epoch included (a generator process loading the
+    /// version its work order names; the order, not the board, decides what is newest).
+    pub fn install(&self, weights: PublishedWeights) {
+        *write(&self.latest) = Some(weights);
+    }
+
+    /// Puts exactly `reference` on the board, serial included (see [`WeightBoard::install`]).
+    pub fn install_reference(&self, reference: PublishedReference) {
+        *write(&self.reference) = Some(reference);
     }
 }
 

@@ -60,7 +60,7 @@ fn promtool_check_rules_accepts_the_shipped_file() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("SUCCESS: 10 rules found"), "{text}");
+    assert!(text.contains("SUCCESS: 12 rules found"), "{text}");
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn every_alert_has_a_summary_a_runbook_and_a_test() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 10, "{alerts:?}");
+    assert_eq!(alerts.len(), 12, "{alerts:?}");
     assert_eq!(rules.matches("summary:").count(), alerts.len());
     assert_eq!(rules.matches("runbook: |").count(), alerts.len());
     for a in &alerts {

@@ -40,11 +40,13 @@ fn async_mode_never_trains_beyond_the_bound() {
         .build()
         .expect("rt");
     let steps = steps.lock().expect("lock").clone();
+    let writer = store.clone().with_writer("l0000000001").expect("writer");
     assert_eq!(steps.len(), 8);
     let mut max_seen = 0;
     for (step, batch_seq, reported_lag) in steps {
         let buf = rt
-            .block_on(store.get_batch(&store.batch_key(batch_seq)))
+            // The run's only trainer life (1) tags its batches' keys (ST-12).
+            .block_on(store.get_batch(&writer.batch_key(batch_seq)))
             .expect("stored batch");
         let trained_at = step - 1; // the version the learner held when it used this batch
         for traj in buf.archived().trajectories.iter() {

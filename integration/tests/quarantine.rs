@@ -32,7 +32,7 @@ fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
             .expect("keel train")
     };
     assert!(train("20").success());
-    let victim = root.join("batches").join("0000000003.krb");
+    let victim = root.join("batches").join("0000000003-l0000000001.krb");
     let mut bytes = std::fs::read(&victim).expect("batch 3");
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -47,9 +47,9 @@ fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
     assert_eq!(outcome["quarantined_batches"], serde_json::json!(1));
     assert_eq!(outcome["final_step"], serde_json::json!(30));
     assert!(!victim.exists(), "the corrupt batch left batches/");
-    assert!(root.join("quarantine/batches/0000000003.krb").exists());
+    assert!(root.join("quarantine/batches/0000000003-l0000000001.krb").exists());
     assert!(root
-        .join("quarantine/batches/0000000003.krb.reason.txt")
+        .join("quarantine/batches/0000000003-l0000000001.krb.reason.txt")
         .exists());
     let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
     let (head, _) = check_accounting(&rt, &store, 6, "after the quarantine").expect("a checkpoint");

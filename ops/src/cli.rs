@@ -22,8 +22,14 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Train (or resume training) a policy.
+    /// Train (or resume training) a policy: every role in this process.
     Train(TrainArgs),
+    /// The trainer of a multi-process run: controller + learner; generator ranks run as
+    /// `keel generator --rank R` processes that share the run root (one trainer per branch).
+    Trainer(TrainArgs),
+    /// One generator rank of a multi-process run: samples the work orders the trainer writes
+    /// to the run root for this rank; exits 0 when the trainer has finished the run.
+    Generator(GeneratorArgs),
     /// Inspect configuration.
     Config {
         /// What to show.
@@ -117,6 +123,24 @@ pub struct TrainArgs {
     /// Record this checkpoint as the reference anchor (KL / ARMOR) of new checkpoints.
     #[arg(long)]
     pub reference: Option<String>,
+}
+
+/// `keel generator`.
+#[derive(Args, Debug)]
+pub struct GeneratorArgs {
+    /// This process's rank: 0 .. rollout.generators - 1 of the trainer's config.
+    #[arg(long)]
+    pub rank: u32,
+    /// The trainer's TOML config; without it the config the trainer recorded in the run root is
+    /// used (it must be passed when the config has credentials in URLs, which are stored redacted).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run root: a local directory or s3://bucket/prefix (default runs/<run.name> of --config).
+    #[arg(long)]
+    pub run_root: Option<String>,
+    /// Branch the trainer trains on (default `main`).
+    #[arg(long)]
+    pub branch: Option<String>,
 }
 
 /// `keel config ...`.

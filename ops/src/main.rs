@@ -21,7 +21,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use keel_actors::{run_job, JobOptions, TrainConfig, TrainMetrics};
+use keel_actors::{run_generator, run_job, GeneratorExit, JobOptions, Role, TrainConfig, TrainMetrics};
 use keel_store::RunStore;
 
 use cli::{CkptCommand, Cli, Command, ConfigCommand};
@@ -96,7 +96,9 @@ fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train(args) => train(args),
+        Command::Train(args) => train(args, Role::Train),
+        Command::Trainer(args) => train(args, Role::Trainer),
+        Command::Generator(args) => generator(args),
         Command::Config {
             command: ConfigCommand::Show { config },
         } => {
@@ -207,7 +209,7 @@ fn run_report(args: cli::ReportArgs) -> Result<()> {
     Ok(())
 }
 
-fn train(args: cli::TrainArgs) -> Result<()> {
+fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     let mut cfg = load_config(args.config.as_deref())?;
     if let Some(name) = &args.algo {
         cfg.learner.algo = keel_learner::Algo::from_name(name).with_context(|| {
@@ -272,6 +274,7 @@ fn train(args: cli::TrainArgs) -> Result<()> {
         from: args.from.clone(),
         branch,
         reference: args.reference.clone(),
+        role,
         ..JobOptions::default()
     };
     preemption::install(
@@ -318,6 +321,39 @@ fn train(args: cli::TrainArgs) -> Result<()> {
     if let Some(path) = args.summary_json {
         std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `keel generator --rank R`: serves the rank's work orders until the run is finished.
+fn generator(args: cli::GeneratorArgs) -> Result<()> {
+    let cfg = match &args.config {
+        Some(p) => Some(load_config(Some(p))?),
+        None => None,
+    };
+    let run_root = match (&args.run_root, &cfg) {
+        (Some(r), _) => r.clone(),
+        (None, Some(c)) => format!("runs/{}", c.run.name),
+        (None, None) => anyhow::bail!("keel generator needs --run-root (or --config to derive it)"),
+    };
+    let store =
+        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let branch = args
+        .branch
+        .as_deref()
+        .unwrap_or(keel_store::DEFAULT_BRANCH);
+    let store = store.on_branch(branch)?;
+    let stop = keel_actors::StopSignal::default();
+    let grace = cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s);
+    preemption::install(stop.clone(), std::time::Duration::from_secs(grace))?;
+    eprintln!("generator rank {} on run root {} (branch {branch})", args.rank, store.root_url());
+    match run_generator(args.rank, cfg, store, stop, None)
+        .with_context(|| format!("generator rank {}", args.rank))?
+    {
+        GeneratorExit::Finished { life } => {
+            println!("generator rank {}: trainer life {life} finished the run", args.rank)
+        }
+        GeneratorExit::Stopped => println!("generator rank {}: stopped on request", args.rank),
     }
     Ok(())
 }

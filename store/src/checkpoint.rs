@@ -56,6 +56,9 @@ pub enum ExpectHead {
     NoHead,
     /// The head must still name this checkpoint.
     Id(String),
+    /// The head must still be at exactly this generation (a fenced life's commits, LV-3);
+    /// `None`: the branch must have no head yet.
+    Generation(Option<u64>),
 }
 
 /// A checkpoint passed over on the way to a verifiable one (CK-7).
@@ -211,6 +214,8 @@ impl RunStore {
         match (&expect, &head) {
             (ExpectHead::Current, _) | (ExpectHead::NoHead, None) => {}
             (ExpectHead::Id(want), Some(h)) if *want == h.id => {}
+            (ExpectHead::Generation(None), None) => {}
+            (ExpectHead::Generation(Some(g)), Some(h)) if *g == h.generation => {}
             _ => {
                 return Err(StoreError::Conflict {
                     key: self.full_key(&head_key()),
@@ -480,7 +485,7 @@ impl RunStore {
     }
 
     /// Writes one blob: create-only, or as a multipart upload at or above the threshold.
-    async fn put_blob(&self, full_key: &str, bytes: Bytes) -> Result<(), StoreError> {
+    pub(crate) async fn put_blob(&self, full_key: &str, bytes: Bytes) -> Result<(), StoreError> {
         if (bytes.len() as u64) < self.multipart_threshold() {
             return self.create_idempotent(full_key, bytes).await;
         }

@@ -137,6 +137,29 @@ pub enum StoreError {
         key: String,
     },
 
+    /// A newer trainer life owns the branch (LV-2): this trainer must stop without writing.
+    #[error(
+        "trainer life {life} of branch {branch} was superseded by {winner}, which owns the run \
+         root now; this trainer stops without writing (start only one trainer per branch)"
+    )]
+    Superseded {
+        /// The branch.
+        branch: String,
+        /// This trainer's life.
+        life: u64,
+        /// The newest life, described.
+        winner: String,
+    },
+
+    /// A small control object (life record, weights pointer, work order) failed its checks.
+    #[error("{key} is corrupt: {reason}")]
+    CorruptObject {
+        /// Its key.
+        key: String,
+        /// What was wrong.
+        reason: String,
+    },
+
     /// A caller-supplied key could escape the run root or is not portable.
     #[error("invalid object key {key:?}: {reason}; use a relative path of plain segments")]
     InvalidKey {

@@ -10,6 +10,8 @@
 //! - [`checkpoint`] — the checkpoint commit protocol (blobs, manifest, branch head) and resume.
 //! - [`branch`] — branch heads moved by create-only puts (the compare-and-swap).
 //! - [`lineage`] — tags, ancestry, "newest checkpoint tagged T on the lineage of the head".
+//! - [`lives`] — trainer lives: the fencing tokens of the one writer of a branch.
+//! - [`weights`] — policy weights published for generators in other processes.
 //! - [`gc`] — lineage-aware retention and orphan collection.
 //! - [`quarantine`] — corrupt objects moved aside under `quarantine/`.
 //! - [`error`] — [`StoreError`].
@@ -32,9 +34,11 @@ pub mod frame;
 pub mod gc;
 mod key;
 pub mod lineage;
+pub mod lives;
 pub mod model_sync;
 pub mod quarantine;
 pub mod root;
+pub mod weights;
 #[cfg(test)]
 mod test_backends;
 
@@ -51,5 +55,7 @@ pub use error::StoreError;
 pub use gc::GcPlan;
 pub use key::{validate_name, validate_rel_key};
 pub use lineage::COLLECTED_TAG;
+pub use lives::{LifeEnd, LifeRecord};
 pub use model_sync::{sync_model_folder, SyncReport};
 pub use root::{BatchKey, RunStore, DEFAULT_BRANCH};
+pub use weights::{WeightsId, WeightsPointer};

@@ -1,11 +1,12 @@
 //! A run root: the directory (local) or bucket prefix (S3) that holds everything one run writes.
 //!
 //! ```text
-//! <root>/batches/0000000012.krb                  rollout batches of branch `main`, framed (`frame`)
+//! <root>/batches/0000000012-l0000000003.krb      rollout batches of branch `main`, framed (`frame`)
 //! <root>/branches/<b>/batches/0000000012.krb      rollout batches of any other branch `b`
 //! <root>/branches/<b>/HEAD.0000000007            branch heads (see `branch`)
 //! <root>/checkpoints/<id>/...                    checkpoints (see `checkpoint`)
 //! <root>/tags/<tag>/<id>                         tags added after commit (see `lineage`)
+//! <root>/lives/, weights/, orders/, results/      trainer lives, published weights, work orders
 //! <root>/quarantine/<rel key>                    corrupt objects moved aside (see `quarantine`)
 //! <root>/<any rel key>                           other objects, through put_object / get_object
 //! ```
@@ -20,7 +21,10 @@
 //! - ST-2: nothing a caller passes can name an object outside the run root: every relative key is
 //!   checked by KY-1 (see `key`), and batch keys are built from the sequence number alone.
 //! - ST-3: [`RunStore::list_batches`] returns every stored batch once, sorted by `batch_seq`
-//!   (numerically, not lexically), and ignores objects that are not `<digits>.krb`.
+//!   (numerically, not lexically), and ignores objects that are not `<digits>[-<writer>].krb`.
+//! - ST-12: a handle tagged with a writer ([`RunStore::with_writer`]: a trainer life, a
+//!   generator process) stores batch `n` at `<n>-<writer>.krb`, so writers of different lives or
+//!   processes never race for a key; readers take keys from listings or from whoever wrote them.
 //! - ST-4: [`RunStore::get_batch`] returns only batches that pass every frame check (FR-1..FR-4);
 //!   a failure names the corrupt key.
 //! - ST-5: writes are atomic (all or nothing) on both backends; the local backend also fsyncs
@@ -55,7 +59,7 @@ use object_store::{
 use crate::batch::{BatchBuf, RolloutBatch};
 use crate::error::StoreError;
 use crate::frame::{decode_batch, encode_batch};
-use crate::key::{join, to_path, validate_branch, validate_rel_key};
+use crate::key::{join, to_path, validate_branch, validate_rel_key, validate_segment};
 
 /// The branch a run root trains on unless told otherwise.
 pub const DEFAULT_BRANCH: &str = "main";
@@ -76,7 +80,9 @@ impl BatchKey {
     /// The batch sequence number encoded in the key's file name, if it has the `<digits>.krb` form.
     pub fn batch_seq(&self) -> Option<u64> {
         let name = self.0.rsplit('/').next()?;
-        let digits = name.strip_suffix(".krb")?;
+        let stem = name.strip_suffix(".krb")?;
+        // `<seq>.krb`, or `<seq>-<writer>.krb` for a batch of a tagged writer (ST-12).
+        let digits = stem.split_once('-').map_or(stem, |(seq, _)| seq);
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
@@ -96,6 +102,9 @@ pub struct RunStore {
     inner: Arc<Inner>,
     branch: String,
     multipart_bytes: u64,
+    /// ST-12: the tag this handle's batches carry in their keys (a trainer life, a generator
+    /// process), so that two writers never race for one batch key.
+    writer: Option<String>,
 }
 
 struct Inner {
@@ -174,6 +183,7 @@ impl RunStore {
             }),
             branch: DEFAULT_BRANCH.to_string(),
             multipart_bytes: DEFAULT_MULTIPART_BYTES,
+            writer: None,
         })
     }
 
@@ -203,10 +213,15 @@ impl RunStore {
 
     /// The relative folder of this branch's batches (ST-8).
     pub fn batch_dir(&self) -> String {
+        self.branch_dir("batches")
+    }
+
+    /// The relative folder `name` of this branch: `name` on `main`, `branches/<b>/name` else.
+    pub fn branch_dir(&self, name: &str) -> String {
         if self.branch == DEFAULT_BRANCH {
-            "batches".to_string()
+            name.to_string()
         } else {
-            format!("branches/{}/batches", self.branch)
+            format!("branches/{}/{name}", self.branch)
         }
     }
 
@@ -215,9 +230,22 @@ impl RunStore {
         &self.inner.root_url
     }
 
-    /// The key batch `batch_seq` is stored under: `<prefix>/batches/{batch_seq:010}.krb`.
+    /// The key this handle stores batch `batch_seq` under: `<prefix>/batches/{batch_seq:010}.krb`,
+    /// or `…/{batch_seq:010}-<writer>.krb` for a tagged writer (ST-12).
     pub fn batch_key(&self, batch_seq: u64) -> BatchKey {
-        BatchKey(self.full_key(&format!("{}/{batch_seq:010}.krb", self.batch_dir())))
+        let name = match &self.writer {
+            Some(w) => format!("{batch_seq:010}-{w}.krb"),
+            None => format!("{batch_seq:010}.krb"),
+        };
+        BatchKey(self.full_key(&format!("{}/{name}", self.batch_dir())))
+    }
+
+    /// The same run root, writing batches under keys tagged `writer` (ST-12; 1-64 of
+    /// `[A-Za-z0-9._-]`).
+    pub fn with_writer(mut self, writer: &str) -> Result<RunStore, StoreError> {
+        validate_segment(writer)?;
+        self.writer = Some(writer.to_string());
+        Ok(self)
     }
 
     /// Validates, encodes and stores `batch` under [`RunStore::batch_key`]; never overwrites (ST-1).
@@ -349,11 +377,7 @@ impl RunStore {
     /// The key of this branch's method state object `name` (RTPO trunks, PATS banks):
     /// `state/<name>` on `main`, `branches/<b>/state/<name>` elsewhere (like batches, ST-8).
     pub fn state_key(&self, name: &str) -> String {
-        if self.branch == DEFAULT_BRANCH {
-            format!("state/{name}")
-        } else {
-            format!("branches/{}/state/{name}", self.branch)
-        }
+        format!("{}/{name}", self.branch_dir("state"))
     }
 
     /// Reads the object at `rel_key` under the run root.

@@ -304,3 +304,19 @@ fn st11_plaintext_endpoints_off_this_machine_are_flagged() {
         assert!(!plaintext_remote(fine), "{fine}");
     }
 }
+
+#[tokio::test]
+async fn st12_tagged_writers_never_share_a_batch_key() {
+    each_backend("st12", |store| async move {
+        let a = store.clone().with_writer("l0000000001").expect("writer");
+        let b = store.clone().with_writer("l0000000002").expect("writer");
+        let ka = a.put_batch(&sample_batch(4)).await.expect("a");
+        let kb = b.put_batch(&sample_batch(4)).await.expect("b: same seq, own key");
+        assert_ne!(ka, kb);
+        assert!(ka.0.ends_with("batches/0000000004-l0000000001.krb"), "{ka}");
+        assert_eq!((ka.batch_seq(), kb.batch_seq()), (Some(4), Some(4)));
+        assert_eq!(store.list_batches().await.expect("list").len(), 2);
+        assert!(store.clone().with_writer("../x").is_err());
+    })
+    .await;
+}

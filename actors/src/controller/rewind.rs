@@ -203,6 +203,7 @@ impl Controller {
                     Err(e) => return act.finish(ctx, Err(e.into())),
                 };
                 act.s.store = store;
+                act.head_generation = None; // a fresh branch: its first commit creates the head
                 act.s.version = r.version;
                 act.s.parent_checkpoint = Some(r.target_id.clone());
                 act.s.board.rewind(r.weights);

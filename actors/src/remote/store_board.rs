@@ -1,0 +1,255 @@
+//! The trainer's weight board when generators run in other processes: the in-memory board plus
+//! an uploader that stores every published version under `weights/<life>/` (WT-1..4).
+//!
+//! Invariants:
+//! - SB-1: publishing never blocks the controller: the board takes the version at once and a
+//!   background task uploads it; an order waits ([`StoreBoard::ready_policy`]) until weights at
+//!   least as new as the board's are stored, and names the newest stored ones (RM-1).
+//! - SB-2: versions published faster than they upload are coalesced: only the newest waiting
+//!   version is uploaded, so a slow store delays orders but never queues stale weights.
+//! - SB-3: after a policy upload, the weights no order can still name are pruned: older epochs,
+//!   and versions more than `keep` behind (an admitted order is at most `bound` behind, AS-1).
+//! - SB-4: an upload failure is sticky: every later order fails with it (the run ends with the
+//!   store's error, as a failed batch write would).
+//! - SB-5: a policy version is stored as a delta against the last full version of its epoch
+//!   (WT-5) unless it is the first of the epoch or `FULL_EVERY` versions have passed since the
+//!   last full one; pruning never removes a kept delta's base.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use keel_store::{RunStore, WeightsId};
+use tokio::sync::{mpsc, watch};
+
+use crate::error::ActorError;
+use crate::metrics::TrainMetrics;
+use crate::weights::{Board, PublishedReference, PublishedWeights, WeightBoard};
+
+/// What the uploader has stored so far.
+#[derive(Debug, Clone, Default)]
+struct Uploaded {
+    policy: Option<WeightsId>,
+    reference: Option<WeightsId>,
+    error: Option<String>,
+}
+
+/// A full version is stored at least this often (SB-5): a delta's cost grows with the distance
+/// to its base.
+const FULL_EVERY: u64 = 16;
+
+enum Upload {
+    Policy(PublishedWeights),
+    Reference(PublishedReference),
+}
+
+/// The store-backed board (see the module doc).
+pub struct StoreBoard {
+    memory: WeightBoard,
+    queue: mpsc::UnboundedSender<Upload>,
+    uploaded: watch::Receiver<Uploaded>,
+}
+
+/// The id of published policy weights.
+pub fn policy_id(w: &PublishedWeights) -> WeightsId {
+    WeightsId::Policy {
+        epoch: w.epoch,
+        version: w.version,
+    }
+}
+
+impl StoreBoard {
+    /// A board of trainer life `life` uploading on `io`; keeps `keep` versions behind the newest.
+    pub fn start(
+        store: RunStore,
+        io: &tokio::runtime::Handle,
+        life: u64,
+        keep: u64,
+        metrics: TrainMetrics,
+    ) -> Arc<StoreBoard> {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let (tx, uploaded) = watch::channel(Uploaded::default());
+        io.spawn(upload_loop(store, life, keep, metrics, rx, tx));
+        Arc::new(StoreBoard {
+            memory: WeightBoard::default(),
+            queue,
+            uploaded,
+        })
+    }
+
+    /// Waits until `want` (or something newer) is stored and returns what is stored (SB-1).
+    async fn ready(
+        &self,
+        want: WeightsId,
+        pick: fn(&Uploaded) -> Option<WeightsId>,
+    ) -> Result<WeightsId, ActorError> {
+        let mut rx = self.uploaded.clone();
+        loop {
+            {
+                let now = rx.borrow_and_update();
+                if let Some(e) = &now.error {
+                    return Err(ActorError::Internal(format!(
+                        "publishing weights to the run root failed: {e}"
+                    )));
+                }
+                if let Some(stored) = pick(&now).filter(|s| *s >= want) {
+                    return Ok(stored);
+                }
+            }
+            rx.changed().await.map_err(|_| {
+                ActorError::Internal("the weights uploader stopped".into())
+            })?;
+        }
+    }
+
+    /// The stored policy weights an order should name: the board's, or newer (SB-1).
+    pub async fn ready_policy(&self) -> Result<WeightsId, ActorError> {
+        let Some(latest) = self.memory.latest() else {
+            return Err(ActorError::Internal("no weights published yet".into()));
+        };
+        self.ready(policy_id(&latest), |u| u.policy).await
+    }
+
+    /// The stored reference an order should name, if a reference was published.
+    pub async fn ready_reference(&self) -> Result<Option<WeightsId>, ActorError> {
+        let Some(r) = self.memory.reference() else {
+            return Ok(None);
+        };
+        let want = WeightsId::Reference { serial: r.serial };
+        self.ready(want, |u| u.reference).await.map(Some)
+    }
+}
+
+impl Board for StoreBoard {
+    fn publish(&self, weights: PublishedWeights) {
+        self.memory.publish(weights);
+        if let Some(w) = self.memory.latest() {
+            let _ = self.queue.send(Upload::Policy(w));
+        }
+    }
+
+    fn rewind(&self, weights: PublishedWeights) {
+        self.memory.rewind(weights);
+        if let Some(w) = self.memory.latest() {
+            let _ = self.queue.send(Upload::Policy(w));
+        }
+    }
+
+    fn publish_reference(&self, reference: PublishedReference) {
+        self.memory.publish_reference(reference);
+        if let Some(r) = self.memory.reference() {
+            let _ = self.queue.send(Upload::Reference(r));
+        }
+    }
+
+    fn latest(&self) -> Option<PublishedWeights> {
+        self.memory.latest()
+    }
+}
+
+async fn upload_loop(
+    store: RunStore,
+    life: u64,
+    keep: u64,
+    metrics: TrainMetrics,
+    mut rx: mpsc::UnboundedReceiver<Upload>,
+    tx: watch::Sender<Uploaded>,
+) {
+    // SB-5: the last full version stored, as a base for deltas.
+    let mut last_full: Option<(WeightsId, Vec<Bytes>)> = None;
+    while let Some(first) = rx.recv().await {
+        // SB-2: of what is waiting, only the newest policy and reference are worth storing.
+        let (mut policy, mut reference) = (None, None);
+        let mut next = Some(first);
+        while let Some(item) = next.take().or_else(|| rx.try_recv().ok()) {
+            match item {
+                Upload::Policy(w) => policy = Some(w),
+                Upload::Reference(r) => reference = Some(r),
+            }
+        }
+        if let Some(r) = reference {
+            let id = WeightsId::Reference { serial: r.serial };
+            let models = [Bytes::from(r.safetensors.as_ref().clone())];
+            match timed(&store, life, id, r.copied_at, &models, None, &metrics).await {
+                Ok(_) => tx.send_modify(|u| u.reference = Some(id)),
+                Err(e) => return tx.send_modify(|u| u.error = Some(e)),
+            }
+        }
+        if let Some(w) = policy.filter(|w| tx.borrow().policy != Some(policy_id(w))) {
+            let id = policy_id(&w);
+            let models: Vec<Bytes> = (0..=w.extra_models.len())
+                .filter_map(|k| w.model(k).map(|b| Bytes::from(b.to_vec())))
+                .collect();
+            let base = last_full.as_ref().filter(|(b, _)| delta_base_ok(*b, id));
+            let base = base.map(|(b, m)| (*b, m.as_slice()));
+            match timed(&store, life, id, 0, &models, base, &metrics).await {
+                Ok(full) => {
+                    if full {
+                        last_full = Some((id, models));
+                    }
+                    tx.send_modify(|u| u.policy = Some(id))
+                }
+                Err(e) => return tx.send_modify(|u| u.error = Some(e)),
+            }
+            prune(&store, life, id, keep, &tx).await;
+        }
+    }
+}
+
+/// SB-5: whether `id` may be stored as a delta against the full version `base`.
+fn delta_base_ok(base: WeightsId, id: WeightsId) -> bool {
+    match (base, id) {
+        (
+            WeightsId::Policy { epoch: be, version: bv },
+            WeightsId::Policy { epoch, version },
+        ) => be == epoch && version > bv && version - bv < FULL_EVERY,
+        _ => false,
+    }
+}
+
+/// Stores one set and records its cost; answers whether it was stored in full.
+async fn timed(
+    store: &RunStore,
+    life: u64,
+    id: WeightsId,
+    copied_at: u64,
+    models: &[Bytes],
+    base: Option<(WeightsId, &[Bytes])>,
+    metrics: &TrainMetrics,
+) -> Result<bool, String> {
+    let started = Instant::now();
+    let pointer = store
+        .publish_weights(life, id, copied_at, models, base)
+        .await
+        .map_err(|e| e.to_string())?;
+    metrics
+        .weights_publish_seconds
+        .observe(started.elapsed().as_secs_f64());
+    metrics.weights_bytes.inc_for("publish", pointer.bytes());
+    tracing::debug!(?id, bytes = pointer.bytes(), delta = pointer.base.is_some(), "weights published to the run root");
+    Ok(pointer.base.is_none())
+}
+
+/// SB-3: weights no order can name any more go; a failed prune only leaves garbage behind.
+async fn prune(
+    store: &RunStore,
+    life: u64,
+    newest: WeightsId,
+    keep: u64,
+    tx: &watch::Sender<Uploaded>,
+) {
+    let WeightsId::Policy { epoch, version } = newest else {
+        return;
+    };
+    let reference = tx.borrow().reference;
+    let keep_id = |id: &WeightsId| match *id {
+        WeightsId::Policy {
+            epoch: e,
+            version: v,
+        } => e == epoch && v + keep >= version,
+        r @ WeightsId::Reference { .. } => Some(r) == reference,
+    };
+    if let Err(e) = store.prune_weights(life, keep_id).await {
+        tracing::warn!(error = %e, "could not prune old weights from the run root");
+    }
+}

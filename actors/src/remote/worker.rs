@@ -1,0 +1,366 @@
+//! A generator process (`keel generator --rank R`): executes its rank's work orders of the
+//! newest trainer life and answers each with a result (RM-1..5).
+//!
+//! Invariants:
+//! - GW-1: the process takes its config from `--config` or, without one, from the trainer life's
+//!   record; either way its config hash must equal the life's, or it refuses to start work.
+//! - GW-2: an order is executed with exactly the weights it names, loaded from the run root and
+//!   checked (WT-2), and installed on the process's board before sampling (RM-2).
+//! - GW-3: a store error while executing ends the process non-zero without a result: the engine
+//!   restarts it, and the restarted process executes the order again (RM-3). An order whose
+//!   weights are gone was given up by the trainer (RM-5): it is skipped, not answered.
+//! - GW-4: the process ends with [`GeneratorExit::Finished`] once the newest life recorded that
+//!   the run finished, and with [`GeneratorExit::Stopped`] on SIGTERM between orders.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use keel_store::{LifeRecord, RunStore, StoreError, WeightsId};
+
+use super::{process_tag, GeneratedWire, LifeKeys, OrderResult, Outcome, WorkOrder};
+use crate::config::TrainConfig;
+use crate::env_shard::EnvFactory;
+use crate::error::ActorError;
+use crate::generator::Generator;
+use crate::job::StopSignal;
+use crate::setup::{select_device, LocalGenerators, ModelSetup};
+use crate::weights::{PublishedReference, PublishedWeights};
+
+/// How a generator process ended (GW-4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GeneratorExit {
+    /// The trainer life `life` finished the run.
+    Finished {
+        /// The life.
+        life: u64,
+    },
+    /// Stopped on request (SIGTERM).
+    Stopped,
+}
+
+/// Runs rank `rank` against `store`'s branch until the run finishes or `stop` is set.
+pub fn run_generator(
+    rank: u32,
+    config: Option<TrainConfig>,
+    store: RunStore,
+    stop: StopSignal,
+    env_factory: Option<EnvFactory>,
+) -> Result<GeneratorExit, ActorError> {
+    let io_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("keel-io")
+        .enable_all()
+        .build()
+        .map_err(|e| ActorError::Internal(format!("cannot start the I/O runtime: {e}")))?;
+    let io = io_runtime.handle().clone();
+    let poll = Duration::from_millis(config.as_ref().map_or(100, |c| c.distributed.poll_ms));
+    let Some(first) = io.block_on(wait_for_life(&store, &stop, poll))? else {
+        return Ok(GeneratorExit::Stopped);
+    };
+    let cfg = config_of(config, &first)?;
+    if cfg.run.threads > 0 {
+        tch::set_num_threads(cfg.run.threads as i32);
+    }
+    let device = select_device(&cfg.run.device)?;
+    let system = actix::System::new();
+    let result = system.block_on(async {
+        let model = ModelSetup::prepare(&cfg, &io, device).await?;
+        // GW-1: the shards; a generator actor of this rank is started per trainer life.
+        let local = LocalGenerators::start(&cfg, &model, &store, &io, env_factory, 0..0, true)?;
+        let mut worker = Worker {
+            rank,
+            cfg,
+            model,
+            local,
+            store,
+            io: io.clone(),
+            process: process_tag(),
+            poll: Duration::from_millis(poll.as_millis() as u64),
+            loaded: None,
+            loaded_reference: None,
+            full: None,
+        };
+        worker.serve(first, &stop).await
+    });
+    actix::System::current().stop();
+    drop(system);
+    io_runtime.shutdown_timeout(Duration::from_secs(10));
+    result
+}
+
+/// The newest life of the branch, once a trainer has claimed one (`None`: stopped first).
+async fn wait_for_life(
+    store: &RunStore,
+    stop: &StopSignal,
+    poll: Duration,
+) -> Result<Option<LifeRecord>, ActorError> {
+    let mut said = false;
+    loop {
+        if stop.requested() {
+            return Ok(None);
+        }
+        if let Some(life) = store.newest_life().await? {
+            return Ok(Some(life));
+        }
+        if !said {
+            tracing::info!(root = store.root_url(), branch = store.branch(), "waiting for a trainer to claim the run root");
+            said = true;
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// GW-1: the config the generator runs under.
+fn config_of(config: Option<TrainConfig>, life: &LifeRecord) -> Result<TrainConfig, ActorError> {
+    let cfg = match config {
+        Some(c) => c,
+        None => TrainConfig::from_toml(&life.config_toml).map_err(|e| {
+            ActorError::Resume(format!(
+                "the config of trainer {} does not parse ({e}); pass the trainer's --config",
+                life.describe()
+            ))
+        })?,
+    };
+    cfg.validate()?;
+    if cfg.config_hash() != life.config_hash {
+        return Err(ActorError::Resume(format!(
+            "this generator's config (hash {}) is not the one trainer {} trains under (hash {}); \
+             pass the trainer's --config (a config with credentials in URLs is stored redacted, \
+             so it must be passed)",
+            cfg.config_hash(),
+            life.describe(),
+            life.config_hash
+        )));
+    }
+    Ok(cfg)
+}
+
+struct Worker {
+    rank: u32,
+    cfg: TrainConfig,
+    model: ModelSetup,
+    local: LocalGenerators,
+    store: RunStore,
+    io: tokio::runtime::Handle,
+    process: String,
+    poll: Duration,
+    /// The policy weights on the board now.
+    loaded: Option<WeightsId>,
+    /// The reference on the board now.
+    loaded_reference: Option<WeightsId>,
+    /// The last full weights set decoded: the base of the deltas that follow it (WT-5).
+    full: Option<(WeightsId, Vec<bytes::Bytes>)>,
+}
+
+/// One trainer life as this process serves it.
+struct Serving {
+    life: LifeRecord,
+    keys: LifeKeys,
+    generator: Addr<Generator>,
+    /// Orders of this rank known to be answered (or skipped).
+    done: BTreeSet<u64>,
+}
+
+impl Worker {
+    async fn serve(
+        &mut self,
+        first: LifeRecord,
+        stop: &StopSignal,
+    ) -> Result<GeneratorExit, ActorError> {
+        let mut serving = self.begin(first).await?;
+        loop {
+            if stop.requested() {
+                return Ok(GeneratorExit::Stopped);
+            }
+            // RM-3: only the newest life is served.
+            if let Some(newest) = self.store.newest_life().await? {
+                if newest.life > serving.life.life {
+                    config_of(Some(self.cfg.clone()), &newest)?;
+                    serving = self.begin(newest).await?;
+                }
+            }
+            if let Some(seq) = self.next_order(&mut serving).await? {
+                self.execute(&mut serving, seq).await?;
+                continue;
+            }
+            if let Some(end) = self.store.life_end(serving.life.life).await? {
+                if end.finished {
+                    tracing::info!(life = end.life, "the trainer finished the run; generator exits");
+                    return Ok(GeneratorExit::Finished { life: end.life });
+                }
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+
+    /// Starts serving `life`: a generator actor writing batches under this process's tag
+    /// (ST-12, RM-4) and the process's start record (GH-2).
+    async fn begin(&mut self, life: LifeRecord) -> Result<Serving, ActorError> {
+        let keys = LifeKeys::new(&self.store, life.life);
+        // Weights are named within a life: a new life's version v is other weights.
+        (self.loaded, self.loaded_reference, self.full) = (None, None, None);
+        let writer = format!("l{:010}-r{:04}-{}", life.life, self.rank, self.process);
+        let store = self.store.clone().with_writer(&writer)?;
+        let generator =
+            self.local
+                .start_generator(&self.cfg, &self.model, &store, &self.io, self.rank);
+        let record = serde_json::json!({
+            "rank": self.rank,
+            "process": self.process,
+            "pid": std::process::id(),
+            "started_unix_ms": crate::rollout::unix_ms(),
+        });
+        let body = serde_json::to_vec_pretty(&record)
+            .map_err(|e| ActorError::Internal(format!("rank start record: {e}")))?;
+        match self
+            .store
+            .create_object(&keys.rank_start(self.rank, &self.process), body.into())
+            .await
+        {
+            Ok(()) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(rank = self.rank, life = %life.describe(), "generator serving trainer life");
+        Ok(Serving {
+            life,
+            keys,
+            generator,
+            done: BTreeSet::new(),
+        })
+    }
+
+    /// The oldest order of this rank without a result.
+    async fn next_order(&self, serving: &mut Serving) -> Result<Option<u64>, ActorError> {
+        let orders = self
+            .store
+            .list_objects(&serving.keys.orders_dir(self.rank))
+            .await?;
+        let mut seqs: Vec<u64> = orders.iter().filter_map(|k| super::seq_of_key(k)).collect();
+        seqs.sort_unstable();
+        for seq in seqs {
+            if serving.done.contains(&seq) {
+                continue;
+            }
+            match self.store.get_object(&serving.keys.result(seq)).await {
+                Ok(_) => {
+                    serving.done.insert(seq);
+                }
+                Err(StoreError::NotFound { .. }) => return Ok(Some(seq)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Executes order `seq` and writes its result (GW-2, GW-3).
+    async fn execute(&mut self, serving: &mut Serving, seq: u64) -> Result<(), ActorError> {
+        let key = serving.keys.order(self.rank, seq);
+        let order = WorkOrder::from_bytes(&key, &self.store.get_object(&key).await?)?;
+        let started = Instant::now();
+        let loaded_bytes = match self.load(serving.life.life, &order).await {
+            Ok(bytes) => bytes,
+            Err(ActorError::Store(StoreError::NotFound { key })) => {
+                // GW-3: the trainer pruned these weights, so it gave the order up (RM-5).
+                tracing::warn!(batch_seq = seq, missing = %key, "skipping an order whose weights are gone");
+                serving.done.insert(seq);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let load_seconds = started.elapsed().as_secs_f64();
+        let answer = serving
+            .generator
+            .send(order.generate())
+            .await
+            .map_err(|e| ActorError::Mailbox(e.to_string()))?;
+        let outcome = match answer {
+            Ok(generated) => Outcome::Done(Box::new(GeneratedWire::from_generated(generated))),
+            Err(ActorError::GeneratorPanicked(p)) => Outcome::Panicked(p),
+            Err(ActorError::AllEpisodesFailed {
+                failed,
+                last_failure,
+                ..
+            }) => Outcome::AllEpisodesFailed {
+                failed,
+                last_failure,
+            },
+            // GW-3: the store may come back; the restarted process answers.
+            Err(e @ ActorError::Store(_)) => return Err(e),
+            Err(e) => Outcome::Failed(e.to_string()),
+        };
+        if self.local.gen_budget.exhausted() {
+            return Err(ActorError::RestartBudgetExhausted {
+                kind: "generator",
+                restarts: self.local.gen_budget.used(),
+                budget: self.local.gen_budget.max_restarts(),
+            });
+        }
+        let mut result = OrderResult::new(self.rank, &self.process, seq, outcome);
+        result.weight_load_seconds = load_seconds;
+        result.weight_load_bytes = loaded_bytes;
+        let body = serde_json::to_vec_pretty(&result)
+            .map_err(|e| ActorError::Internal(format!("order result: {e}")))?;
+        match self
+            .store
+            .create_object(&serving.keys.result(seq), body.into())
+            .await
+        {
+            // RM-3: another process of this rank answered first; its answer stands.
+            Ok(()) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        serving.done.insert(seq);
+        Ok(())
+    }
+
+    /// GW-2: puts the order's weights (and reference) on the board; returns the bytes read.
+    async fn load(&mut self, life: u64, order: &WorkOrder) -> Result<u64, ActorError> {
+        let mut bytes = 0;
+        if self.loaded != Some(order.weights) {
+            let WeightsId::Policy { epoch, version } = order.weights else {
+                return Err(ActorError::Internal(format!(
+                    "order {} names {:?} as its policy",
+                    order.batch_seq, order.weights
+                )));
+            };
+            let pointer = self.store.weights_pointer(life, order.weights).await?;
+            let models = self
+                .store
+                .load_weights(&pointer, self.full.as_ref())
+                .await?;
+            if pointer.base.is_none() {
+                self.full = Some((order.weights, models.clone()));
+            }
+            let mut blobs = models.into_iter();
+            bytes += pointer.bytes();
+            let Some(first) = blobs.next() else {
+                return Err(ActorError::Internal(format!("weights {:?} have no model", order.weights)));
+            };
+            self.local.board.install(PublishedWeights {
+                version,
+                safetensors: std::sync::Arc::new(first.to_vec()),
+                epoch,
+                extra_models: std::sync::Arc::new(blobs.map(|b| b.to_vec()).collect()),
+            });
+            self.loaded = Some(order.weights);
+        }
+        if let Some(id @ WeightsId::Reference { serial }) = order.reference {
+            if self.loaded_reference != Some(id) {
+                let pointer = self.store.weights_pointer(life, id).await?;
+                let blob = self.store.read_weights(&pointer).await?.into_iter().next();
+                let Some(blob) = blob else {
+                    return Err(ActorError::Internal(format!("reference {id:?} has no model")));
+                };
+                bytes += pointer.bytes();
+                self.local.board.install_reference(PublishedReference {
+                    copied_at: pointer.copied_at,
+                    serial,
+                    safetensors: std::sync::Arc::new(blob.to_vec()),
+                });
+                self.loaded_reference = Some(id);
+            }
+        }
+        Ok(bytes)
+    }
+}
