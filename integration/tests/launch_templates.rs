@@ -77,7 +77,8 @@ impl Hostile {
         }
     }
 
-    /// The trainer arguments after `--`: one with a newline and a substitution.
+    /// The trainer arguments after `--`: one with a newline and a substitution, and a branch
+    /// (which the generators get too).
     fn trainer_args(&self) -> Vec<String> {
         vec![
             "--steps".into(),
@@ -87,9 +88,14 @@ impl Hostile {
                 "{}/sum $(touch canary6)\nnext line.json",
                 self.base.display()
             ),
+            "--branch".into(),
+            BRANCH.into(),
         ]
     }
 }
+
+/// A branch name no template may interpret.
+const BRANCH: &str = "b 'x' $(touch canary7)";
 
 fn keel(args: &[&str], cwd: &Path) -> Output {
     Command::new(keel_bin())
@@ -209,9 +215,12 @@ fn ray_driver_parses_as_python_and_carries_hostile_values_as_data() {
                 "--rank",
                 rank.to_string(),
                 "--run-root",
-                h.run_root
+                h.run_root,
+                "--branch",
+                BRANCH
             ])
         );
+        assert_eq!(role["config_text"], h.config_text.as_str());
         assert_eq!(
             (role["gpus"].as_f64(), role["restart_on"].as_str()),
             (Some(0.5), Some("failure"))
@@ -455,7 +464,9 @@ fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
                     "--rank",
                     &rank.to_string(),
                     "--run-root",
-                    &h.run_root
+                    &h.run_root,
+                    "--branch",
+                    BRANCH
                 ]
             );
         }
@@ -626,8 +637,13 @@ fn jobset_manifest_parses_with_ranks_restarts_and_grace() {
         gpod["containers"][0]["resources"]["requests"]["cpu"],
         "1500m"
     );
-    assert_eq!(tc["volumeMounts"][0]["mountPath"], "/etc/keel");
-    assert_eq!(tpod["volumes"][0]["configMap"]["name"], "keel-test-config");
+    for pod in [tpod, gpod] {
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"][0]["mountPath"],
+            "/etc/keel"
+        );
+        assert_eq!(pod["volumes"][0]["configMap"]["name"], "keel-test-config");
+    }
 
     // As the kubelet expands them: the hostile values come back unchanged, and the rank is
     // the pod's completion index.
@@ -658,7 +674,11 @@ fn jobset_manifest_parses_with_ranks_restarts_and_grace() {
             "--rank",
             "2",
             "--run-root",
-            &h.run_root
+            &h.run_root,
+            "--config",
+            "/etc/keel/config.toml",
+            "--branch",
+            BRANCH
         ]
     );
 }

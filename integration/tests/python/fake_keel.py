@@ -4,8 +4,8 @@ what they were given and follow the contract of the real roles, under the test's
 
 Everything goes through `<run root>/fake/` (the engines give their processes no environment of
 the test's):
-- every process writes `<role>-<pid>.json`: its argv, its working directory and, for the
-  trainer, the text of its --config file;
+- every process writes `<role>-<pid>.json`: its argv, its working directory and the text of
+  its --config file, if it has one;
 - `trainer` runs until `finish` exists and exits with the number in it (then `done` exists);
   on SIGTERM it writes `trainer-sigterm` and exits 0 (a checkpoint, then exit 0);
 - `generator --rank R` runs until `done` exists and exits 0; it exits 7 at once if
@@ -30,7 +30,7 @@ def main():
     os.makedirs(fake, exist_ok=True)
     name = role if role == "trainer" else f"generator-{arg(argv, '--rank')}"
     record = {"argv": sys.argv, "cwd": os.getcwd()}
-    if role == "trainer" and "--config" in argv:
+    if "--config" in argv:
         with open(arg(argv, "--config"), encoding="utf-8") as f:
             record["config_text"] = f.read()
     with open(os.path.join(fake, f"{name}-{os.getpid()}.json"), "w", encoding="utf-8") as f:

@@ -96,7 +96,10 @@ pub fn render(args: &K8sArgs) -> Result<String> {
         argv.iter().map(|a| yaml_str(&k8s_literal(a))).collect()
     };
     let trainer_command = command(&plan.trainer_argv(config_arg.as_deref()));
-    let mut generator_command = command(&plan.generator_argv("0"));
+    let generator_config = config_arg
+        .as_deref()
+        .filter(|_| plan.generators_need_config);
+    let mut generator_command = command(&plan.generator_argv("0", generator_config));
     // The one value the kubelet expands (K8-1); the Job controller sets it in every pod.
     generator_command[RANK_ARG] = yaml_str("$(JOB_COMPLETION_INDEX)");
     fill(
@@ -114,8 +117,8 @@ pub fn render(args: &K8sArgs) -> Result<String> {
                 resources(plan.trainer, &args.gpu_resource, "trainer")?,
             ),
             ("ENV_FROM", flow_seq(&env_from)),
-            ("TRAINER_MOUNTS", mounts),
-            ("TRAINER_VOLUMES", volumes),
+            ("CONFIG_MOUNTS", mounts),
+            ("CONFIG_VOLUMES", volumes),
             ("GENERATORS", plan.generators.to_string()),
             ("GENERATOR_COMMAND", flow_seq(&generator_command)),
             (

@@ -10,6 +10,10 @@
 //!   ranks the trainer addresses; a `--generators` that says otherwise is an error.
 //! - LH-4: the engine's grace is `run.sigterm_grace_s` plus `GRACE_MARGIN_S`, so keel's own
 //!   deadline (PE-2: exit 1 when no checkpoint landed) always comes before the engine's SIGKILL.
+//! - LH-6: generators take their config from the trainer's record in the run root (GW-1), the
+//!   same effective config whatever the trainer's flags; only a config with credentials in a
+//!   URL, which the record holds redacted (RD-1), is given to them as well, and then no trainer
+//!   flag may change the config (the generator would refuse the different hash).
 
 use std::path::{Path, PathBuf};
 
@@ -59,6 +63,16 @@ pub struct CommonArgs {
     pub trainer_args: Vec<String>,
 }
 
+/// `keel trainer` flags that change the effective config (`keel train`'s overrides).
+const CONFIG_FLAGS: [&str; 6] = [
+    "--algo",
+    "--env",
+    "--model",
+    "--critic",
+    "--steps",
+    "--metrics-port",
+];
+
 /// Where the rank is in `Plan::generator_argv` (an engine may put its own variable there).
 pub const RANK_ARG: usize = 3;
 
@@ -93,6 +107,12 @@ pub struct Plan {
     pub trainer: Resources,
     pub generator: Resources,
     pub trainer_args: Vec<String>,
+    /// The trainer's `--branch`, which the generators must be given too.
+    pub branch: Option<String>,
+    /// The config has credentials in a URL: the generators must be given it (LH-6).
+    pub generators_need_config: bool,
+    /// The config file, absolute (for an engine that can only point at it).
+    pub config_path: Option<String>,
     /// The directory `keel launch` ran in (relative paths in the config mean the same there).
     pub cwd: String,
 }
@@ -135,6 +155,38 @@ impl Plan {
                 bail!("{flag} after `--`: give it to `keel launch` itself, which passes it on");
             }
         }
+        let branch = flag_value(&args.trainer_args, "--branch")?;
+        if branch.is_none() && flag_value(&args.trainer_args, "--from")?.is_some() {
+            bail!(
+                "--from without --branch after `--`: name the branch, so that the generators \
+                 serve the branch the trainer trains on"
+            );
+        }
+        let generators_need_config = cfg.redacted() != cfg;
+        if generators_need_config {
+            if let Some(flag) = args
+                .trainer_args
+                .iter()
+                .map(|a| a.split('=').next().unwrap_or(a))
+                .find(|f| CONFIG_FLAGS.contains(f))
+            {
+                bail!(
+                    "{flag} after `--` changes the config, but this config has credentials in a \
+                     URL, so the generators must be given the file itself: set the key in the \
+                     config instead"
+                );
+            }
+        }
+        let config_path = match &args.config {
+            Some(p) => Some(
+                utf8(
+                    &std::path::absolute(p).context("cannot make the config path absolute")?,
+                    "the config path",
+                )?
+                .to_owned(),
+            ),
+            None => None,
+        };
         let keel = match (&args.keel, keel_default) {
             (Some(k), _) => k.clone(),
             (None, KeelDefault::OnPath) => "keel".to_owned(),
@@ -161,6 +213,9 @@ impl Plan {
                 gpus: args.num_gpus_generator,
             },
             trainer_args: args.trainer_args.clone(),
+            branch,
+            generators_need_config,
+            config_path,
             cwd: utf8(&cwd, "the current directory")?.to_owned(),
         })
     }
@@ -181,17 +236,50 @@ impl Plan {
         argv
     }
 
-    /// `keel generator --rank RANK --run-root ROOT` (RANK may be an engine's variable).
-    pub fn generator_argv(&self, rank: &str) -> Vec<String> {
-        vec![
+    /// `keel generator --rank RANK --run-root ROOT [--config CONFIG] [--branch B]` (RANK may
+    /// be an engine's variable). Without `--config` a generator reads the config the trainer
+    /// recorded in the run root, where URL credentials are redacted.
+    pub fn generator_argv(&self, rank: &str, config: Option<&str>) -> Vec<String> {
+        let mut argv = vec![
             self.keel.clone(),
             "generator".to_owned(),
             "--rank".to_owned(),
             rank.to_owned(),
             "--run-root".to_owned(),
             self.run_root.clone(),
-        ]
+        ];
+        argv.extend(self.generator_options(config));
+        argv
     }
+
+    /// What follows `--run-root ROOT` in `generator_argv`.
+    pub fn generator_options(&self, config: Option<&str>) -> Vec<String> {
+        let mut opts = Vec::new();
+        if let Some(c) = config {
+            opts.extend(["--config".to_owned(), c.to_owned()]);
+        }
+        if let Some(b) = &self.branch {
+            opts.extend(["--branch".to_owned(), b.clone()]);
+        }
+        opts
+    }
+}
+
+/// The value of `flag` in `args` (`--flag V` or `--flag=V`), if given.
+fn flag_value(args: &[String], flag: &str) -> Result<Option<String>> {
+    let mut found = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            match it.next() {
+                Some(v) => found = Some(v.clone()),
+                None => bail!("{flag} after `--` has no value"),
+            }
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            found = Some(v.to_owned());
+        }
+    }
+    Ok(found)
 }
 
 /// A whole number of resources (Slurm and Kubernetes count CPUs per task and GPUs whole).
@@ -266,7 +354,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            plan.generator_argv("2"),
+            plan.generator_argv("2", None),
             [
                 "/opt/keel",
                 "generator",
@@ -276,11 +364,49 @@ mod tests {
                 "s3://b/run"
             ]
         );
-        assert_eq!(plan.generator_argv("7")[super::RANK_ARG], "7");
+        assert_eq!(plan.generator_argv("7", Some("/c"))[super::RANK_ARG], "7");
         let mut a = args(Some(p));
         a.generators = Some(2);
         let e = Plan::resolve(&a, KeelDefault::OnPath).unwrap_err();
         assert!(e.to_string().contains("rollout.generators = 3"), "{e}");
+    }
+
+    #[test]
+    fn the_trainers_branch_goes_to_the_generators() {
+        let mut a = args(None);
+        a.trainer_args = vec!["--from".into(), "ck-1".into(), "--branch=exp".into()];
+        let plan = Plan::resolve(&a, KeelDefault::OnPath).expect("plan");
+        let argv = plan.generator_argv("0", Some("/c"));
+        assert_eq!(argv[6..], ["--config", "/c", "--branch", "exp"]);
+        a.trainer_args = vec!["--from".into(), "ck-1".into()];
+        let e = Plan::resolve(&a, KeelDefault::OnPath).unwrap_err();
+        assert!(e.to_string().contains("--branch"), "{e}");
+    }
+
+    #[test]
+    fn only_a_config_with_url_credentials_goes_to_the_generators() {
+        let dir = tempfile::tempdir().expect("dir");
+        let plain = dir.path().join("plain.toml");
+        std::fs::write(&plain, "[metrics]\npushgateway_url = \"http://pg:9091\"\n").expect("w");
+        let plan = Plan::resolve(&args(Some(plain)), KeelDefault::OnPath).expect("plan");
+        assert!(!plan.generators_need_config);
+        let secret = dir.path().join("secret.toml");
+        std::fs::write(
+            &secret,
+            "[metrics]\npushgateway_url = \"http://user:pw@pg:9091\"\n",
+        )
+        .expect("w");
+        let mut a = args(Some(secret));
+        a.trainer_args.clear();
+        let plan = Plan::resolve(&a, KeelDefault::OnPath).expect("plan");
+        assert!(plan.generators_need_config);
+        assert!(plan
+            .config_path
+            .as_deref()
+            .is_some_and(|p| p.ends_with("secret.toml")));
+        a.trainer_args = vec!["--steps=9".into()];
+        let e = Plan::resolve(&a, KeelDefault::OnPath).unwrap_err();
+        assert!(e.to_string().contains("--steps"), "{e}");
     }
 
     #[test]

@@ -83,8 +83,8 @@ pub fn render(args: &RayArgs) -> Result<String> {
     for rank in 0..plan.generators {
         roles.push(json!({
             "name": format!("generator-{rank}"),
-            "argv": plan.generator_argv(&rank.to_string()),
-            "config_text": null,
+            "argv": plan.generator_argv(&rank.to_string(), None),
+            "config_text": if plan.generators_need_config { plan.config_text.as_deref() } else { None },
             "cpus": plan.generator.cpus,
             "gpus": plan.generator.gpus,
             "restart_on": "failure",

@@ -78,6 +78,24 @@ pub fn render(args: &SlurmArgs) -> Result<String> {
         .map(|a| shell_word(a))
         .collect::<Result<Vec<_>>>()?
         .join(" ");
+    // LH-6: the generators on other nodes can only be pointed at the file (a shared file
+    // system); the rank and the run root are the script's own (a loop over the ranks).
+    let generator_config = plan
+        .config_path
+        .as_deref()
+        .filter(|_| plan.generators_need_config);
+    if let Some(p) = generator_config {
+        eprintln!(
+            "note: the config has credentials in a URL, so the generators read {p} itself: it \
+             must be on a file system every node shares, unchanged while the job runs"
+        );
+    }
+    let generator_args = plan
+        .generator_options(generator_config)
+        .iter()
+        .map(|a| shell_word(a))
+        .collect::<Result<Vec<_>>>()?
+        .join(" ");
     let config_block = match &plan.config_text {
         None => "# No config: the trainer runs on the built-in defaults.\n".to_owned(),
         Some(text) => config_block(text),
@@ -100,6 +118,7 @@ pub fn render(args: &SlurmArgs) -> Result<String> {
             ("GENERATORS", plan.generators.to_string()),
             ("MAX_RESTARTS", plan.max_restarts.to_string()),
             ("TRAINER_ARGS", trainer_args),
+            ("GENERATOR_ARGS", generator_args),
             ("CONFIG_BLOCK", config_block),
         ],
     )
