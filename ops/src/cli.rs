@@ -56,6 +56,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::algo_cmd::AlgoCommand,
     },
+    /// Run the trainer and the generator ranks on Ray, or print a Slurm / Kubernetes job.
+    Launch {
+        /// Which engine.
+        #[command(subcommand)]
+        command: crate::launch::LaunchCommand,
+    },
 }
 
 /// `keel report`.

@@ -7,6 +7,7 @@ mod ckpt_export;
 mod cli;
 mod env_cmd;
 mod explain;
+mod launch;
 mod lineage;
 mod metrics_server;
 mod preemption;
@@ -20,7 +21,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-use keel_actors::{run_generator, run_job, GeneratorExit, JobOptions, Role, TrainConfig, TrainMetrics};
+use keel_actors::{
+    run_generator, run_job, GeneratorExit, JobOptions, Role, TrainConfig, TrainMetrics,
+};
 use keel_store::RunStore;
 
 use cli::{CkptCommand, Cli, Command, ConfigCommand};
@@ -141,6 +144,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => run_report(args),
         Command::Env { command } => env_cmd::run(command),
         Command::Algo { command } => algo_cmd::run(command),
+        Command::Launch { command } => launch::run(command),
     }
 }
 
@@ -336,20 +340,24 @@ fn generator(args: cli::GeneratorArgs) -> Result<()> {
     };
     let store =
         RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let branch = args
-        .branch
-        .as_deref()
-        .unwrap_or(keel_store::DEFAULT_BRANCH);
+    let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
     let store = store.on_branch(branch)?;
     let stop = keel_actors::StopSignal::default();
     let grace = cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s);
     preemption::install(stop.clone(), std::time::Duration::from_secs(grace))?;
-    eprintln!("generator rank {} on run root {} (branch {branch})", args.rank, store.root_url());
+    eprintln!(
+        "generator rank {} on run root {} (branch {branch})",
+        args.rank,
+        store.root_url()
+    );
     match run_generator(args.rank, cfg, store, stop, None)
         .with_context(|| format!("generator rank {}", args.rank))?
     {
         GeneratorExit::Finished { life } => {
-            println!("generator rank {}: trainer life {life} finished the run", args.rank)
+            println!(
+                "generator rank {}: trainer life {life} finished the run",
+                args.rank
+            )
         }
         GeneratorExit::Stopped => println!("generator rank {}: stopped on request", args.rank),
     }
