@@ -52,9 +52,9 @@ use crate::generator::{Generate, Generated, Purpose, Work};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
 use crate::learner_actor::{LearnerActor, ResetReference, Snapshot, TrainOn, Trained};
 use crate::metrics::{TrainMetrics, Utilization};
+use crate::remote::GeneratorHandle;
 use crate::rollout::TaskRef;
 use crate::supervision::RestartBudget;
-use crate::remote::GeneratorHandle;
 use crate::weights::{Board, PublishedReference};
 
 /// A stored batch waiting for the learner.
@@ -1025,7 +1025,9 @@ impl Actor for Controller {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // CT-5: notice a stop request, and GH-2: a silent rank heard from again, even while
         // nothing else wakes the loop.
-        ctx.run_interval(std::time::Duration::from_millis(100), |act, ctx| act.pump(ctx));
+        ctx.run_interval(std::time::Duration::from_millis(100), |act, ctx| {
+            act.pump(ctx)
+        });
         self.pump(ctx);
     }
 }

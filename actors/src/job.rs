@@ -201,11 +201,8 @@ pub fn run_job(
         .on_branch(&branch)?
         .with_multipart_threshold(cfg.run.checkpoint_multipart_bytes);
     // JB-9: claim the next life and fence the head before reading anything.
-    let record = LifeRecord::for_this_process(
-        options.role.name(),
-        &cfg.config_hash(),
-        &cfg.to_toml(),
-    );
+    let record =
+        LifeRecord::for_this_process(options.role.name(), &cfg.config_hash(), &cfg.to_toml());
     let (life, head_generation) = io.block_on(async {
         let life = lives.claim_life(record).await?;
         let fenced = lives.fence_head().await?;
@@ -334,8 +331,13 @@ impl Generators {
             Role::Trainer => {
                 // SB-3: an admitted order is at most `bound` versions behind (AS-1).
                 let keep = cfg.staleness_bound() + 2;
-                let board =
-                    StoreBoard::start(job.lives.clone(), &job.io, job.life, keep, job.metrics.clone());
+                let board = StoreBoard::start(
+                    job.lives.clone(),
+                    &job.io,
+                    job.life,
+                    keep,
+                    job.metrics.clone(),
+                );
                 let keys = LifeKeys::new(&job.lives, job.life);
                 let handles = crate::remote::handle::remote_ranks(
                     n,
@@ -350,9 +352,13 @@ impl Generators {
                 let life = job.life;
                 job.io.spawn(async move {
                     match lives.prune_older_lives_weights(life).await {
-                        Ok(n) if n > 0 => tracing::info!(objects = n, "pruned weights of earlier trainer lives"),
+                        Ok(n) if n > 0 => {
+                            tracing::info!(objects = n, "pruned weights of earlier trainer lives")
+                        }
                         Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "could not prune weights of earlier lives"),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not prune weights of earlier lives")
+                        }
                     }
                 });
                 Ok(Generators::Remote { board, handles })
@@ -411,7 +417,10 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         None => warm_start(&job, &model, &learner, &board, &handles).await?,
     };
     board.publish(ask(&learner, CurrentWeights).await??);
-    if let (Some(id), true) = (&job.options.reference, cfg.learner.resolve().needs_reference()) {
+    if let (Some(id), true) = (
+        &job.options.reference,
+        cfg.learner.resolve().needs_reference(),
+    ) {
         // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
         let (s, id) = (job.store.clone(), id.clone());
         let weights = spawn_io(&job.io, async move {
@@ -432,7 +441,14 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     }
     let pats = match cfg.learner.algo {
         keel_learner::Algo::Pats => Some(
-            pats_runtime(&cfg, &job.store, &job.io, &model.tokenizer, &rl.method_state).await?,
+            pats_runtime(
+                &cfg,
+                &job.store,
+                &job.io,
+                &model.tokenizer,
+                &rl.method_state,
+            )
+            .await?,
         ),
         _ => None,
     };
@@ -597,8 +613,7 @@ async fn warm_start(
         keel_learner::Algo::Pats => {
             // PS-1/2: seed bank + scaffold-conditioned SFT; the SFT checkpoint names the seed
             // bank, so every life of the run starts RL from it.
-            let mut pats =
-                pats_runtime(cfg, store, io, &model.tokenizer, &BTreeMap::new()).await?;
+            let mut pats = pats_runtime(cfg, store, io, &model.tokenizer, &BTreeMap::new()).await?;
             let demos =
                 crate::pats_seed::seed_scaffold(cfg, &model.codec, demos, &mut pats.controller)?;
             let version = pats.controller.bank().version();
@@ -754,7 +769,13 @@ async fn plan_reuse(
     let reuse = plan
         .reuse
         .iter()
-        .map(|b| ReadyBatch::plain(keel_store::BatchKey(b.key.clone()), b.batch_seq, b.first_task))
+        .map(|b| {
+            ReadyBatch::plain(
+                keel_store::BatchKey(b.key.clone()),
+                b.batch_seq,
+                b.first_task,
+            )
+        })
         .collect();
     Ok((
         reuse,

@@ -36,5 +36,5 @@ pub use config::{ConfigError, Mode, TrainConfig};
 pub use error::ActorError;
 pub use events::{EventSink, TrainEvent};
 pub use job::{run_job, JobOptions, JobOutcome, Role, StopSignal};
-pub use remote::{run_generator, GeneratorExit};
 pub use metrics::TrainMetrics;
+pub use remote::{run_generator, GeneratorExit};

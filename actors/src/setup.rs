@@ -116,7 +116,17 @@ impl LocalGenerators {
         let board = WeightBoard::default();
         let generators = ids
             .map(|id| {
-                let setup = generator_setup(cfg, model, &addrs, store, io, &board, &gen_budget, id, remote);
+                let setup = generator_setup(
+                    cfg,
+                    model,
+                    &addrs,
+                    store,
+                    io,
+                    &board,
+                    &gen_budget,
+                    id,
+                    remote,
+                );
                 SyncArbiter::start(1, move || Generator::new(setup.clone()))
             })
             .collect();

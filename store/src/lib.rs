@@ -38,9 +38,9 @@ pub mod lives;
 pub mod model_sync;
 pub mod quarantine;
 pub mod root;
-pub mod weights;
 #[cfg(test)]
 mod test_backends;
+pub mod weights;
 
 pub use batch::{
     ArchivedRolloutBatch, ArchivedSource, ArchivedTrajectory, ArchivedTurn, BatchBuf, RolloutBatch,

@@ -223,12 +223,14 @@ impl RunStore {
     pub async fn life_end(&self, life: u64) -> Result<Option<LifeEnd>, StoreError> {
         let key = self.life_end_key(life);
         match self.get_object(&key).await {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| StoreError::CorruptObject {
-                    key,
-                    reason: format!("not a life end record: {e}"),
-                }),
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| StoreError::CorruptObject {
+                        key,
+                        reason: format!("not a life end record: {e}"),
+                    })
+            }
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
@@ -299,7 +301,10 @@ mod tests {
             // Another branch has lives of its own.
             let side = store.on_branch("side").expect("branch");
             assert_eq!(side.claim_life(record()).await.expect("side").life, 1);
-            assert_eq!(store.newest_life().await.expect("newest").map(|r| r.life), Some(6));
+            assert_eq!(
+                store.newest_life().await.expect("newest").map(|r| r.life),
+                Some(6)
+            );
         })
         .await;
     }
@@ -310,7 +315,11 @@ mod tests {
             assert_eq!(store.fence_head().await.expect("no head"), None);
             store.advance_head("main", None, "a").await.expect("first");
             assert_eq!(store.fence_head().await.expect("fence"), Some(2));
-            let head = store.branch_head("main").await.expect("head").expect("some");
+            let head = store
+                .branch_head("main")
+                .await
+                .expect("head")
+                .expect("some");
             assert_eq!((head.generation, head.id.as_str()), (2, "a"));
             // A zombie that read generation 1 before the fence cannot move the head.
             assert!(matches!(

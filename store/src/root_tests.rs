@@ -311,7 +311,10 @@ async fn st12_tagged_writers_never_share_a_batch_key() {
         let a = store.clone().with_writer("l0000000001").expect("writer");
         let b = store.clone().with_writer("l0000000002").expect("writer");
         let ka = a.put_batch(&sample_batch(4)).await.expect("a");
-        let kb = b.put_batch(&sample_batch(4)).await.expect("b: same seq, own key");
+        let kb = b
+            .put_batch(&sample_batch(4))
+            .await
+            .expect("b: same seq, own key");
         assert_ne!(ka, kb);
         assert!(ka.0.ends_with("batches/0000000004-l0000000001.krb"), "{ka}");
         assert_eq!((ka.batch_seq(), kb.batch_seq()), (Some(4), Some(4)));

@@ -448,8 +448,14 @@ mod tests {
         each_backend("wt", |store| async move {
             let v = |version| WeightsId::Policy { epoch: 0, version };
             for version in 0..3 {
-                let models = vec![Bytes::from(vec![version as u8; 64]), Bytes::from_static(b"agent")];
-                store.publish_weights(5, v(version), 0, &models, None).await.expect("publish");
+                let models = vec![
+                    Bytes::from(vec![version as u8; 64]),
+                    Bytes::from_static(b"agent"),
+                ];
+                store
+                    .publish_weights(5, v(version), 0, &models, None)
+                    .await
+                    .expect("publish");
             }
             assert_eq!(store.newest_weights(5).await.expect("newest"), Some(v(2)));
             let p = store.weights_pointer(5, v(1)).await.expect("pointer");
@@ -458,7 +464,10 @@ mod tests {
             assert_eq!(blobs[1].as_ref(), b"agent");
             // A damaged blob is refused (WT-2).
             let key = format!("weights/0000000005/{}/model-1.safetensors", v(1).name());
-            store.put_object(&key, Bytes::from_static(b"agenT")).await.expect("damage");
+            store
+                .put_object(&key, Bytes::from_static(b"agenT"))
+                .await
+                .expect("damage");
             assert!(matches!(
                 store.read_weights(&p).await,
                 Err(StoreError::CorruptObject { .. })
@@ -469,8 +478,15 @@ mod tests {
                 .expect("prune");
             assert_eq!(pruned, 2);
             assert_eq!(store.weights_ids(5).await.expect("ids"), vec![v(2)]);
-            assert!(store.list_objects("weights/0000000005/e0000-v0000000000").await.expect("list").is_empty());
-            store.publish_weights(6, v(0), 0, &[Bytes::from_static(b"x")], None).await.expect("life 6");
+            assert!(store
+                .list_objects("weights/0000000005/e0000-v0000000000")
+                .await
+                .expect("list")
+                .is_empty());
+            store
+                .publish_weights(6, v(0), 0, &[Bytes::from_static(b"x")], None)
+                .await
+                .expect("life 6");
             assert!(store.prune_older_lives_weights(6).await.expect("older") > 0);
             assert!(store.weights_ids(5).await.expect("ids").is_empty());
             assert_eq!(store.weights_ids(6).await.expect("ids"), vec![v(0)]);
@@ -482,28 +498,54 @@ mod tests {
     async fn wt5_deltas_decode_to_the_new_weights_and_keep_their_base() {
         each_backend("wt5", |store| async move {
             let v = |version| WeightsId::Policy { epoch: 0, version };
-            let full: Vec<u8> = (0..40_000u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+            let full: Vec<u8> = (0..40_000u32)
+                .flat_map(|i| (i as f32).to_le_bytes())
+                .collect();
             let mut next = full.clone();
             for i in (0..next.len()).step_by(997) {
                 next[i] ^= 0x5a; // a few bytes change between versions
             }
             let base = [Bytes::from(full.clone())];
-            let p0 = store.publish_weights(1, v(0), 0, &base, None).await.expect("full");
+            let p0 = store
+                .publish_weights(1, v(0), 0, &base, None)
+                .await
+                .expect("full");
             assert_eq!(p0.base, None);
             let p1 = store
-                .publish_weights(1, v(1), 0, &[Bytes::from(next.clone())], Some((v(0), &base)))
+                .publish_weights(
+                    1,
+                    v(1),
+                    0,
+                    &[Bytes::from(next.clone())],
+                    Some((v(0), &base)),
+                )
                 .await
                 .expect("delta");
             assert_eq!(p1.base, Some(v(0)));
-            assert!(p1.bytes() * 10 < p1.decoded_bytes(), "{} of {}", p1.bytes(), p1.decoded_bytes());
+            assert!(
+                p1.bytes() * 10 < p1.decoded_bytes(),
+                "{} of {}",
+                p1.bytes(),
+                p1.decoded_bytes()
+            );
             let got = store.load_weights(&p1, None).await.expect("decode");
             assert_eq!(got[0].as_ref(), &next[..]);
             let cache = (v(0), base.to_vec());
-            let got = store.load_weights(&p1, Some(&cache)).await.expect("from cache");
+            let got = store
+                .load_weights(&p1, Some(&cache))
+                .await
+                .expect("from cache");
             assert_eq!(got[0].as_ref(), &next[..]);
             // A wrong base in the cache is not used: the pointer names its own.
             let wrong = (v(7), vec![Bytes::from(vec![0u8; full.len()])]);
-            assert_eq!(store.load_weights(&p1, Some(&wrong)).await.expect("read base")[0].as_ref(), &next[..]);
+            assert_eq!(
+                store
+                    .load_weights(&p1, Some(&wrong))
+                    .await
+                    .expect("read base")[0]
+                    .as_ref(),
+                &next[..]
+            );
             // Incompressible changes are stored in full.
             let noise: Vec<u8> = (0..full.len()).map(|i| (i * 7919 % 251) as u8).collect();
             let p2 = store
@@ -512,9 +554,15 @@ mod tests {
                 .expect("full again");
             assert_eq!(p2.base, None);
             // Pruning keeps the base of a kept delta.
-            store.prune_weights(1, |id| *id == v(1)).await.expect("prune");
+            store
+                .prune_weights(1, |id| *id == v(1))
+                .await
+                .expect("prune");
             assert_eq!(store.weights_ids(1).await.expect("ids"), vec![v(0), v(1)]);
-            assert_eq!(store.load_weights(&p1, None).await.expect("still")[0].as_ref(), &next[..]);
+            assert_eq!(
+                store.load_weights(&p1, None).await.expect("still")[0].as_ref(),
+                &next[..]
+            );
         })
         .await;
     }

@@ -328,7 +328,9 @@ mod tests {
         assert_eq!(seq_of_key(&k.order(1, 7)), Some(7));
         assert_eq!(seq_of_key(&k.result(1 << 40)), Some(1 << 40));
         let side = LifeKeys::new(&store.on_branch("side").expect("branch"), 3);
-        assert!(side.result(2).starts_with("branches/side/results/0000000003/"));
+        assert!(side
+            .result(2)
+            .starts_with("branches/side/results/0000000003/"));
     }
 
     #[test]
@@ -358,7 +360,9 @@ mod tests {
         let bytes = serde_json::to_vec(&result).expect("json");
         let rkey = "results/0000000003/00000000000000000005.json";
         assert!(matches!(
-            OrderResult::from_bytes(rkey, &bytes).expect("result").outcome,
+            OrderResult::from_bytes(rkey, &bytes)
+                .expect("result")
+                .outcome,
             Outcome::Panicked(_)
         ));
     }

@@ -96,9 +96,9 @@ impl StoreBoard {
                     return Ok(stored);
                 }
             }
-            rx.changed().await.map_err(|_| {
-                ActorError::Internal("the weights uploader stopped".into())
-            })?;
+            rx.changed()
+                .await
+                .map_err(|_| ActorError::Internal("the weights uploader stopped".into()))?;
         }
     }
 
@@ -200,7 +200,10 @@ async fn upload_loop(
 fn delta_base_ok(base: WeightsId, id: WeightsId) -> bool {
     match (base, id) {
         (
-            WeightsId::Policy { epoch: be, version: bv },
+            WeightsId::Policy {
+                epoch: be,
+                version: bv,
+            },
             WeightsId::Policy { epoch, version },
         ) => be == epoch && version > bv && version - bv < FULL_EVERY,
         _ => false,
@@ -226,7 +229,12 @@ async fn timed(
         .weights_publish_seconds
         .observe(started.elapsed().as_secs_f64());
     metrics.weights_bytes.inc_for("publish", pointer.bytes());
-    tracing::debug!(?id, bytes = pointer.bytes(), delta = pointer.base.is_some(), "weights published to the run root");
+    tracing::debug!(
+        ?id,
+        bytes = pointer.bytes(),
+        delta = pointer.base.is_some(),
+        "weights published to the run root"
+    );
     Ok(pointer.base.is_none())
 }
 

@@ -104,7 +104,11 @@ async fn wait_for_life(
             return Ok(Some(life));
         }
         if !said {
-            tracing::info!(root = store.root_url(), branch = store.branch(), "waiting for a trainer to claim the run root");
+            tracing::info!(
+                root = store.root_url(),
+                branch = store.branch(),
+                "waiting for a trainer to claim the run root"
+            );
             said = true;
         }
         tokio::time::sleep(poll).await;
@@ -186,7 +190,10 @@ impl Worker {
             }
             if let Some(end) = self.store.life_end(serving.life.life).await? {
                 if end.finished {
-                    tracing::info!(life = end.life, "the trainer finished the run; generator exits");
+                    tracing::info!(
+                        life = end.life,
+                        "the trainer finished the run; generator exits"
+                    );
                     return Ok(GeneratorExit::Finished { life: end.life });
                 }
             }
@@ -335,7 +342,10 @@ impl Worker {
             let mut blobs = models.into_iter();
             bytes += pointer.bytes();
             let Some(first) = blobs.next() else {
-                return Err(ActorError::Internal(format!("weights {:?} have no model", order.weights)));
+                return Err(ActorError::Internal(format!(
+                    "weights {:?} have no model",
+                    order.weights
+                )));
             };
             self.local.board.install(PublishedWeights {
                 version,
@@ -350,7 +360,9 @@ impl Worker {
                 let pointer = self.store.weights_pointer(life, id).await?;
                 let blob = self.store.read_weights(&pointer).await?.into_iter().next();
                 let Some(blob) = blob else {
-                    return Err(ActorError::Internal(format!("reference {id:?} has no model")));
+                    return Err(ActorError::Internal(format!(
+                        "reference {id:?} has no model"
+                    )));
                 };
                 bytes += pointer.bytes();
                 self.local.board.install_reference(PublishedReference {

@@ -64,7 +64,9 @@ fn weights(previous: Option<&[Vec<f32>]>, changed: f64, seed: u64) -> (Vec<Vec<f
             .iter()
             .map(|(_, s)| {
                 let n: usize = s.iter().product();
-                (0..n).map(|_| bf16(rng.gen_range(-0.05f32..0.05))).collect()
+                (0..n)
+                    .map(|_| bf16(rng.gen_range(-0.05f32..0.05)))
+                    .collect()
             })
             .collect(),
         Some(prev) => prev
@@ -110,7 +112,9 @@ async fn time<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<(f6
 async fn bench_weights_on(store: &RunStore, name: &str, v0: &Bytes, v1: &Bytes) -> Result<()> {
     let id = |version| WeightsId::Policy { epoch: 0, version };
     let (raw_put, _) = time(async {
-        Ok(store.create_object("bench/raw.safetensors", v0.clone()).await?)
+        Ok(store
+            .create_object("bench/raw.safetensors", v0.clone())
+            .await?)
     })
     .await?;
     let (raw_get, _) = time(async { Ok(store.get_object("bench/raw.safetensors").await?) }).await?;
@@ -146,7 +150,11 @@ async fn bench_weights_on(store: &RunStore, name: &str, v0: &Bytes, v1: &Bytes) 
     }
     let mb = |b: u64| b as f64 / 1e6;
     let raw = raw_put + raw_get;
-    println!("| {name} | full | {:.0} MB | {pub_full:.2} s | {load_full:.2} s | {:.2}x |", mb(p0.bytes()), (pub_full + load_full) / raw);
+    println!(
+        "| {name} | full | {:.0} MB | {pub_full:.2} s | {load_full:.2} s | {:.2}x |",
+        mb(p0.bytes()),
+        (pub_full + load_full) / raw
+    );
     println!("| {name} | delta (1% changed) | {:.1} MB | {pub_delta:.2} s | {load_delta:.2} s | {:.2}x |", mb(p1.bytes()), (pub_delta + load_delta) / raw);
     println!("| {name} | baseline: plain put + get | {:.0} MB | {raw_put:.2} s | {raw_get:.2} s | 1.00x |", mb(v0.len() as u64));
     Ok(())
@@ -159,7 +167,10 @@ fn bench_weights() -> Result<()> {
     let (_, v1) = weights(Some(&values), 0.01, 2);
     drop(values);
     let (v0, v1) = (Bytes::from(v0), Bytes::from(v1));
-    println!("\n### Weight publish + load, Qwen2-0.5B shape ({:.2} GB as F32 safetensors)\n", v0.len() as f64 / 1e9);
+    println!(
+        "\n### Weight publish + load, Qwen2-0.5B shape ({:.2} GB as F32 safetensors)\n",
+        v0.len() as f64 / 1e9
+    );
     println!("| backend | set | stored | publish | load | (publish + load) / baseline |");
     println!("| --- | --- | --- | --- | --- | --- |");
     let dir = tempfile::tempdir()?;
@@ -168,12 +179,15 @@ fn bench_weights() -> Result<()> {
     drop(dir);
     match std::env::var("KEEL_TEST_S3_ENDPOINT") {
         Ok(_) => {
-            let bucket = std::env::var("KEEL_TEST_S3_BUCKET").unwrap_or_else(|_| "keel-test".into());
+            let bucket =
+                std::env::var("KEEL_TEST_S3_BUCKET").unwrap_or_else(|_| "keel-test".into());
             let root = format!("s3://{bucket}/bench-weights-{}", std::process::id());
             let s3 = RunStore::open(&root)?;
             rt.block_on(bench_weights_on(&s3, "SeaweedFS S3", &v0, &v1))?;
         }
-        Err(_) => eprintln!("KEEL_TEST_S3_ENDPOINT is not set: S3 skipped (. scripts/seaweedfs.sh)"),
+        Err(_) => {
+            eprintln!("KEEL_TEST_S3_ENDPOINT is not set: S3 skipped (. scripts/seaweedfs.sh)")
+        }
     }
     Ok(())
 }
@@ -182,7 +196,10 @@ fn keel_bin() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let bin = exe.with_file_name("keel");
     if !bin.exists() {
-        bail!("{} is missing: build it with the same profile (--bin keel)", bin.display());
+        bail!(
+            "{} is missing: build it with the same profile (--bin keel)",
+            bin.display()
+        );
     }
     Ok(bin)
 }
@@ -294,7 +311,9 @@ fn main() -> Result<()> {
             "--skip-weights" => weights = false,
             "--skip-generators" => generators = false,
             "--steps" => steps = it.next().context("--steps N")?.parse().context("--steps")?,
-            other => bail!("unknown argument {other:?} (--skip-weights, --skip-generators, --steps N)"),
+            other => {
+                bail!("unknown argument {other:?} (--skip-weights, --skip-generators, --steps N)")
+            }
         }
     }
     if weights {
