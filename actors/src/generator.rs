@@ -467,8 +467,6 @@ impl Generator {
         })
     }
 
-    /// The loaded models as `Policies` (after `load_weights`).
-
     /// RTPO siblings: `group_size` continuations of each trunk's boundary `depth` turns from its
     /// end (trunks with fewer turns sit this depth out).
     fn branch_plans(&mut self, key: &str, depth: usize) -> Result<Vec<EpisodePlan>, ActorError> {

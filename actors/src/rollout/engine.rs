@@ -188,11 +188,11 @@ impl<'a> Engine<'a> {
             None => EnvOp::Reset(p.task.task_seed),
             Some(b) => EnvOp::Restore(b.snapshot.clone()),
         };
-        self.to_env(i, op);
+        self.send_to_env(i, op);
     }
 
     /// Sends one episode's request to its shard; the answer comes back on the channel.
-    fn to_env(&mut self, i: usize, op: EnvOp) {
+    fn send_to_env(&mut self, i: usize, op: EnvOp) {
         let ep = &self.episodes[i];
         self.shards[ep.shard].do_send(EnvRequest {
             episode: ep.id,
@@ -256,7 +256,7 @@ impl<'a> Engine<'a> {
             .codec
             .action_text(&self.episodes[i].traj.tokens[start..])
             .unwrap_or_default();
-        self.to_env(i, EnvOp::Step(action));
+        self.send_to_env(i, EnvOp::Step(action));
     }
 
     fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
