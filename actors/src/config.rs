@@ -677,6 +677,16 @@ impl TrainConfig {
         check_unit("guard.rewind_lr_factor", g.rewind_lr_factor, true)?;
         let f = &self.faults;
         check_at_least("faults.nan_loss_count", u64::from(f.nan_loss_count), 1)?;
+        if f.nan_loss_model > self.agent_models.len() {
+            return Err(range_err(
+                "faults.nan_loss_model",
+                format!(
+                    "must be at most the number of [[agent_models]] ({}), got {}",
+                    self.agent_models.len(),
+                    f.nan_loss_model
+                ),
+            ));
+        }
         check_unit("faults.lr_blowup_to", f.lr_blowup_to, true)?;
         self.validate_methods()
     }

@@ -101,6 +101,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("guard.rewind_lr_factor", "(0, 1]", "Learning rate multiplier applied at every rewind (1 keeps it)."),
     k("faults.nan_loss_at_step", ">= 0 (0 = off)", "TESTING AID: poison the update producing this policy version with NaN log-probs."),
     k("faults.nan_loss_count", ">= 1", "TESTING AID: attempts at that update poisoned in a row."),
+    k("faults.nan_loss_model", "0 ..= number of [[agent_models]]", "TESTING AID: the model whose update is poisoned: 0 = the main model, k = the k-th [[agent_models]] (Dr. MAS)."),
     k("faults.lr_blowup_at_step", ">= 0 (0 = off)", "TESTING AID: before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     k("faults.lr_blowup_to", "(0, 1]", "TESTING AID: the blown-up learning rate."),
     k("distributed.order_timeout_s", ">= 1", "keel trainer: seconds a work order may go unanswered before its task range is issued again (a generator rank that died and did not come back); the silent rank gets no order until it writes again."),

@@ -213,12 +213,30 @@ impl Controller {
             .filter(|tree| cursor.claim(tree.first_task));
         let pats = s.pats.take();
         let ready: VecDeque<ReadyBatch> = s.reuse.drain(..).collect();
-        let lr = s.cfg.learner.lr;
+        let mut guard = CollapseGuard::new(s.cfg.guard.clone());
+        // GD-7: the rewinds so far, and the learning rate they cut, survive a restart.
+        if let Some(text) = s.method_state.get(crate::guard::GUARD_STATE) {
+            match serde_json::from_str::<crate::guard::GuardState>(text) {
+                Ok(state) => guard.restore(state),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring the checkpoint's collapse-guard state; the guard starts fresh")
+                }
+            }
+        }
+        let lr = s.cfg.guard.rewound_lr(s.cfg.learner.lr, guard.rewinds());
+        if guard.rewinds() > 0 {
+            tracing::info!(
+                rewinds = guard.rewinds(),
+                lr,
+                "collapse guard: continuing after earlier rewinds"
+            );
+            s.learner.do_send(crate::learner_actor::SetLearningRate(lr));
+        }
         if s.metrics.branch() != s.store.branch() {
             s.metrics.set_branch(s.store.branch());
         }
         let c = Self {
-            guard: CollapseGuard::new(s.cfg.guard.clone()),
+            guard,
             epoch: 0,
             rewinding: false,
             next_tags: Vec::new(),
@@ -269,6 +287,7 @@ impl Controller {
             .set_for("generator", self.s.generators.len() as f64);
         m.generator_ranks.set(self.s.generators.len() as f64);
         m.orders_reissued.inc_by(0);
+        m.weights_prefetched.inc_by(0);
         m.actors_alive
             .set_for("env_shard", cfg.rollout.env_shards as f64);
         m.actors_alive.set_for("learner", 1.0);
@@ -657,6 +676,12 @@ impl Controller {
         self.s.board.publish(t.weights.clone());
         self.consume(&batch);
         self.record_trained(&t);
+        for (model, what) in &t.refused_models {
+            // LA-5: an agent model kept its weights for this step; the step stands.
+            self.s.metrics.nonfinite_steps.inc();
+            self.s.metrics.guard_anomalies.inc_for("nonfinite", 1);
+            tracing::warn!(step = t.version, model, what = %what, "agent model kept its weights: non-finite update");
+        }
         let verdict = self.guard.on_step(t.metrics.grad_norm, t.metrics.approx_kl);
         self.s.metrics.guard_consecutive_skips.set(0.0);
         self.last_metrics = BTreeMap::from([
@@ -888,6 +913,11 @@ impl Controller {
             .collect();
         let frontier = self.cursor.frontier(in_flight, self.next_batch_seq);
         let mut method_state = BTreeMap::new();
+        if self.guard.config().enabled {
+            if let Ok(state) = serde_json::to_string(&self.guard.state()) {
+                method_state.insert(crate::guard::GUARD_STATE.to_string(), state);
+            }
+        }
         if let Some(tree) = &self.rtpo {
             method_state.insert(methods::RTPO_STATE.to_string(), tree.to_state());
         }

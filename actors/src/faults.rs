@@ -18,6 +18,9 @@ pub struct FaultsSection {
     pub nan_loss_at_step: u64,
     /// How many attempts at that update are poisoned in a row.
     pub nan_loss_count: u32,
+    /// Which model's update is poisoned: 0 = the main model, k = the k-th `[[agent_models]]`
+    /// (Dr. MAS).
+    pub nan_loss_model: usize,
     /// Before the update that would produce this policy version, set the learning rate to
     /// `lr_blowup_to` (0 = off).
     pub lr_blowup_at_step: u64,
@@ -30,6 +33,7 @@ impl Default for FaultsSection {
         Self {
             nan_loss_at_step: 0,
             nan_loss_count: 1,
+            nan_loss_model: 0,
             lr_blowup_at_step: 0,
             lr_blowup_to: 1.0,
         }
@@ -69,6 +73,11 @@ impl FaultPlan {
             nan_left,
             lr_fired: false,
         }
+    }
+
+    /// The model whose update a NaN fault poisons (0 = the main one).
+    pub fn poisoned_model(&self) -> usize {
+        self.cfg.nan_loss_model
     }
 
     /// Faults for the update that starts at policy version `version` (producing `version + 1`).

@@ -16,11 +16,15 @@
 //! - GD-4: a checkpoint is tagged `healthy` only if no anomaly (skip or spike) was seen since the
 //!   previous checkpoint; a rewind goes to the newest `healthy` checkpoint on the current lineage
 //!   (`RunStore::newest_tagged_on_lineage`, LN-3), never to another branch.
-//! - GD-5: at most `max_rewinds` rewinds per process; the next request ends the run with an
-//!   error naming the anomaly.
+//! - GD-5: at most `max_rewinds` rewinds per run (counted along the lineage, GD-7); the next
+//!   request ends the run with an error naming the anomaly.
 //! - GD-6: a rewind tags the abandoned branch's head `rewound-to-<new branch>`; `keel train`
 //!   without `--branch` follows these tags from `main` (`follow_rewinds`), so a run that crashes
 //!   after a rewind resumes the new branch, not the abandoned one.
+//! - GD-7: every checkpoint keeps the guard's state ([`GuardState`]: rewinds, skips in a row,
+//!   the healthy windows) in its `method_state["guard"]`; a resumed run restores it, and with it
+//!   the learning rate its rewinds cut (`GuardSection::rewound_lr`), so a crash resets neither
+//!   `max_rewinds` nor the rate.
 
 use std::collections::VecDeque;
 
@@ -142,6 +146,31 @@ pub enum Verdict {
     Rewind(Anomaly),
 }
 
+impl GuardSection {
+    /// The learning rate after `rewinds` rewinds from `base`: `base · rewind_lr_factor^rewinds`.
+    pub fn rewound_lr(&self, base: f64, rewinds: u32) -> f64 {
+        base * self
+            .rewind_lr_factor
+            .powi(rewinds.min(i32::MAX as u32) as i32)
+    }
+}
+
+/// The key of the guard's state in a checkpoint's `method_state` (GD-7).
+pub const GUARD_STATE: &str = "guard";
+
+/// What a checkpoint keeps of the guard (GD-7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuardState {
+    /// Rewinds done along the lineage.
+    pub rewinds: u32,
+    /// Non-finite skips in a row.
+    pub consecutive_skips: u32,
+    /// The healthy gradient-norm window, oldest first.
+    pub grad_norms: Vec<f64>,
+    /// The healthy KL window, oldest first.
+    pub kls: Vec<f64>,
+}
+
 /// The guard's state: two median windows and a few counters.
 #[derive(Debug, Clone)]
 pub struct CollapseGuard {
@@ -179,6 +208,31 @@ impl CollapseGuard {
     /// The configuration.
     pub fn config(&self) -> &GuardSection {
         &self.cfg
+    }
+
+    /// What a checkpoint keeps (GD-7).
+    pub fn state(&self) -> GuardState {
+        GuardState {
+            rewinds: self.rewinds,
+            consecutive_skips: self.consecutive_skips,
+            grad_norms: self.grad_norms.iter().copied().collect(),
+            kls: self.kls.iter().copied().collect(),
+        }
+    }
+
+    /// Continues from a checkpoint's `state` (GD-7); windows longer than this config's keep
+    /// their newest values.
+    pub fn restore(&mut self, state: GuardState) {
+        let cap = self.cfg.window.max(1);
+        let newest = |v: Vec<f64>| -> VecDeque<f64> {
+            let skip = v.len().saturating_sub(cap);
+            v.into_iter().skip(skip).collect()
+        };
+        self.rewinds = state.rewinds;
+        self.consecutive_skips = state.consecutive_skips;
+        self.grad_norms = newest(state.grad_norms);
+        self.kls = newest(state.kls);
+        self.anomaly_since_checkpoint = false;
     }
 
     /// Rewinds done so far.
@@ -442,6 +496,37 @@ mod tests {
         g.on_step(1.0, 0.0);
         assert!(!g.checkpoint_is_healthy());
         assert!(g.checkpoint_is_healthy());
+    }
+
+    #[test]
+    fn gd7_the_state_round_trips_and_long_windows_keep_their_newest_values() {
+        let cfg = GuardSection {
+            window: 3,
+            warmup: 1,
+            ..GuardSection::default()
+        };
+        let mut g = CollapseGuard::new(cfg.clone());
+        for x in [1.0, 2.0, 3.0, 4.0] {
+            assert!(matches!(g.on_step(x, x / 10.0), Verdict::Healthy));
+        }
+        g.on_rewound();
+        let _ = g.on_nonfinite("loss");
+        let state = g.state();
+        let json = serde_json::to_string(&state).expect("json");
+        let back: GuardState = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, state);
+        let mut r = CollapseGuard::new(cfg.clone());
+        r.restore(back);
+        assert_eq!(r.state(), state);
+        assert_eq!((r.rewinds(), r.consecutive_skips()), (1, 1));
+        assert_eq!(r.state().grad_norms, [2.0, 3.0, 4.0]);
+        let mut narrow = CollapseGuard::new(GuardSection {
+            window: 2,
+            ..cfg.clone()
+        });
+        narrow.restore(state);
+        assert_eq!(narrow.state().grad_norms, [3.0, 4.0]);
+        assert_eq!(cfg.rewound_lr(1e-3, 2), 1e-3 * 0.25);
     }
 
     #[test]

@@ -11,6 +11,11 @@
 //! - LA-4 (Dr. MAS agent models): every model trains on every batch, restricted to its agents'
 //!   turns, with its own optimizer and settings; their versions stay equal; checkpoint files of
 //!   model k > 0 are named `agent-model-<k>.<file>`.
+//! - LA-5 (a non-finite update is one for all models or none): the main model steps first; when
+//!   its update is refused (LR-2) no other model steps and the batch is refused as a whole. When
+//!   only an agent model's update is refused, that model keeps its weights but counts the
+//!   version (LR-6), and the step reports it (`Trained::refused_models`), so the versions never
+//!   diverge (a diverged version would refuse every later batch as stale).
 
 use std::sync::Arc;
 
@@ -120,6 +125,8 @@ pub struct Trained {
     pub get_bytes: u64,
     /// The learning rate the update ran at.
     pub lr: f64,
+    /// Agent models whose update was refused as non-finite, with what was non-finite (LA-5).
+    pub refused_models: Vec<(usize, String)>,
 }
 
 /// Sets the learning rate of the following updates (collapse guard: rewind with a lower rate).
@@ -373,21 +380,46 @@ impl Handler<TrainOn> for LearnerActor {
         let n_traj = batch.trajectories.len().max(1);
         let device = learner.model().device();
         let mut tensors = TrainBatch::from_archived(batch, device)?;
-        if injection.nan_logprobs {
-            tracing::warn!(version, "fault injection: NaN behaviour log-probs");
-            tensors.behaviour_logp = tensors
-                .behaviour_logp
-                .f_full_like(f64::NAN)
-                .map_err(keel_learner::LearnerError::from)?;
-        }
+        let clean_logp = tensors.behaviour_logp.shallow_clone();
+        let poisoned = match injection.nan_logprobs {
+            true => {
+                let model = self.faults.poisoned_model();
+                tracing::warn!(version, model, "fault injection: NaN behaviour log-probs");
+                let nan = clean_logp
+                    .f_full_like(f64::NAN)
+                    .map_err(keel_learner::LearnerError::from)?;
+                Some((model, nan))
+            }
+            false => None,
+        };
+        // FI-2: the poisoned model is given NaN behaviour log-probs, every other the batch's.
+        let logp_for = |k: usize| match &poisoned {
+            Some((model, nan)) if *model == k => nan.shallow_clone(),
+            _ => clean_logp.shallow_clone(),
+        };
+        tensors.behaviour_logp = logp_for(0);
+        let learner = self.learner()?;
         let lr = learner.config().lr;
+        // LA-5: a refused update of the main model is refused for every model.
         let mut metrics = learner.train_step(&tensors)?;
-        for other in &mut self.learners[1..] {
+        let mut refused_models = Vec::new();
+        for (k, other) in self.learners.iter_mut().enumerate().skip(1) {
             // LA-4: every agent model steps on every batch (on its agents' turns only).
-            let m = other.train_step(&tensors)?;
-            metrics.grad_norm = metrics.grad_norm.max(m.grad_norm);
-            metrics.approx_kl = metrics.approx_kl.max(m.approx_kl);
-            metrics.loss += m.loss;
+            tensors.behaviour_logp = logp_for(k);
+            match other.train_step(&tensors) {
+                Ok(m) => {
+                    metrics.grad_norm = metrics.grad_norm.max(m.grad_norm);
+                    metrics.approx_kl = metrics.approx_kl.max(m.approx_kl);
+                    metrics.loss += m.loss;
+                }
+                Err(keel_learner::LearnerError::NonFinite { what }) => {
+                    // LA-5, LR-6: its weights stay, its version moves with the others'.
+                    other.count_refused_update();
+                    tracing::warn!(version, model = k, %what, "an agent model's update was refused as non-finite");
+                    refused_models.push((k, what));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         let weights = self.published()?;
         Ok(Trained {
@@ -406,6 +438,7 @@ impl Handler<TrainOn> for LearnerActor {
             get_seconds,
             get_bytes,
             lr,
+            refused_models,
         })
     }
 }

@@ -283,6 +283,8 @@ pub struct TrainMetrics {
     pub weights_load_seconds: BranchHistogram,
     /// Weight bytes stored (`publish`) and loaded by generator processes (`load`).
     pub weights_bytes: BranchCounter,
+    /// Work orders whose weights a generator process had loaded ahead (GW-5).
+    pub weights_prefetched: BranchCounter,
     /// 1 when a kind's restart budget is spent (SV-2), by `kind`.
     pub budget_exhausted: BranchGauge,
     /// Anomalies the collapse guard saw, by `kind`.
@@ -772,6 +774,11 @@ impl TrainMetrics {
                 "keel_weights_bytes_total",
                 "Weight bytes stored for (publish) and loaded by (load) generator processes",
                 &["direction"],
+            )?,
+            weights_prefetched: b.counter(
+                "keel_weights_prefetched_total",
+                "Work orders whose weights a generator process had loaded ahead, while it sampled",
+                &[],
             )?,
             budget_exhausted: b.gauge(
                 "keel_runtime_supervisor_budget_exhausted",

@@ -2,7 +2,7 @@
 //! steps are skipped and K of them in a row rewind to the newest healthy checkpoint on a new
 //! branch (GD-1, GD-2, CT-4); a learning-rate blow-up is caught as a spike and rewound with a
 //! lower rate; with no rewinds left the run ends with an error (GD-5); a later run follows the
-//! rewind to the new branch (GD-6).
+//! rewind to the new branch (GD-6) and keeps the rewinds and the cut rate (GD-7).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -180,5 +180,58 @@ fn gd5_with_no_rewinds_left_the_run_fails_naming_the_anomaly() {
     assert!(
         t.contains("training collapsed: 2 consecutive steps with a non-finite loss"),
         "{t}"
+    );
+}
+
+/// The `learner.json` `config.lr` of every checkpoint of the run root, by step (newest last).
+fn checkpoint_lrs(dir: &Path) -> Vec<(u64, f64)> {
+    let root = dir.join("run");
+    let mut out: Vec<(u64, f64)> = keel_integration::checkpoints(&root)
+        .iter()
+        .map(|m| {
+            let bytes = keel_integration::checkpoint_file(&root, m, "learner.json");
+            let v: serde_json::Value = serde_json::from_slice(&bytes).expect("learner.json");
+            (m.step, v["config"]["lr"].as_f64().expect("config.lr"))
+        })
+        .collect();
+    out.sort_by_key(|(step, _)| *step);
+    out
+}
+
+/// GD-7: a restarted run keeps the guard's rewinds and the learning rate they cut; before, a
+/// restart gave it `max_rewinds` again and the original rate.
+#[test]
+fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let guard = "\n[guard]\nmax_rewinds = 1\nmax_consecutive_skips = 1\nrewind_lr_factor = 0.5\n";
+    let first = tiny_config(8, 2, "sync", 1) + guard + "\n[faults]\nnan_loss_at_step = 5\n";
+    let out = train(dir.path(), &first);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(of_kind(&events(dir.path()), "rewind").len(), 1);
+    let lrs = checkpoint_lrs(dir.path());
+    let base = lrs.first().expect("checkpoints").1;
+    let cut = lrs.last().expect("checkpoints").1;
+    assert!((cut - base * 0.5).abs() < base * 1e-12, "{lrs:?}");
+
+    // A new process on the rewind branch, with another fault at step 12: the one rewind is
+    // spent, so the run must end naming the anomaly, at the cut rate until then.
+    let second = tiny_config(14, 2, "sync", 1) + guard + "\n[faults]\nnan_loss_at_step = 12\n";
+    let out = train(dir.path(), &second);
+    let t = text(&out);
+    assert!(!out.status.success(), "a second rewind was allowed:\n{t}");
+    assert!(t.contains("training collapsed"), "{t}");
+    let lrs = checkpoint_lrs(dir.path());
+    let resumed: Vec<f64> = lrs
+        .iter()
+        .filter(|(s, _)| *s > 8)
+        .map(|(_, lr)| *lr)
+        .collect();
+    assert!(
+        !resumed.is_empty(),
+        "the second process committed nothing: {lrs:?}"
+    );
+    assert!(
+        resumed.iter().all(|lr| (lr - cut).abs() < base * 1e-12),
+        "the restart reset the rate: {lrs:?}"
     );
 }

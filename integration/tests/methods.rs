@@ -583,6 +583,56 @@ fn dr_mas_trains_an_agent_model_and_resumes_it() {
 /// PATS (§5, MS-2, GN-8, RO-6): reviews after every step grow the bank; training prompts carry
 /// the bank in force (its version recorded per trajectory, its `tip`/`avoid` entries in the
 /// tokens); evaluation prompts never do.
+/// LA-5: when only an agent model's update is non-finite, that model keeps its weights for
+/// the step but its version moves with the main model's, so the run goes on (before, the
+/// versions diverged and the run failed or refused every later batch as stale).
+#[test]
+fn dr_mas_a_non_finite_agent_model_update_keeps_the_versions_together() {
+    let mut run = MethodRun::new("dr_mas");
+    run.steps = 4;
+    run.checkpoint_every = 1;
+    run.env = "solver-verifier";
+    run.difficulty = 2;
+    run.context_len = 128;
+    run.extra = "[[agent_models]]\nagents = [1]\nlr = 0.0005\n\n\
+                 [faults]\nnan_loss_at_step = 2\nnan_loss_model = 1\n"
+        .into();
+    let (_dir, root, _, _) = train(&run, "drmas-nan");
+    let ckpts = checkpoints(&root);
+    let at = |step: u64| {
+        ckpts
+            .iter()
+            .find(|m| m.step == step)
+            .unwrap_or_else(|| panic!("a checkpoint at {step}"))
+    };
+    let file = |step, name: &str| checkpoint_file(&root, at(step), name);
+    let updates = |step, name: &str| -> Option<u64> {
+        let v: Value = serde_json::from_slice(&file(step, name)).expect("learner.json");
+        v["updates"].as_u64()
+    };
+    assert_eq!(
+        (
+            updates(4, "learner.json"),
+            updates(4, "agent-model-1.learner.json")
+        ),
+        (Some(4), Some(4)),
+        "both models end at version 4"
+    );
+    let agent = "agent-model-1.model.safetensors";
+    assert!(
+        file(1, agent) == file(2, agent),
+        "the agent model's poisoned update must leave its weights"
+    );
+    assert!(
+        file(2, agent) != file(3, agent),
+        "the agent model trains again"
+    );
+    assert!(
+        file(1, "model.safetensors") != file(2, "model.safetensors"),
+        "the main model's update of the same step went through"
+    );
+}
+
 #[test]
 fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
     let mut run = MethodRun::new("pats");

@@ -9,7 +9,9 @@
 //!   (LV-2, LV-3);
 //! - a SIGKILL soak over every role (trainer, either generator; 20 kills in CI,
 //!   `KEEL_ROLE_SOAK=N` for N, `KEEL_CRASH_SEED` replays) with the crash harness's accounting check
-//!   after each kill, ending in a finished run (RM-3, RM-5).
+//!   after each kill, ending in a finished run (RM-3, RM-5);
+//! - in async mode the generator processes load newer weights while they sample, and orders
+//!   that name them find them loaded (GW-5).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -29,6 +31,11 @@ fn config(dir: &Path, name: &str, steps: u64, latency_ms: f64) -> PathBuf {
         latency_ms,
         ..MethodRun::new("grpo")
     };
+    config_of(dir, name, &run)
+}
+
+/// `run` with two generator ranks and a short order timeout and poll.
+fn config_of(dir: &Path, name: &str, run: &MethodRun) -> PathBuf {
     let toml = run
         .toml()
         .replace("[rollout]\n", "[rollout]\ngenerators = 2\n")
@@ -344,5 +351,73 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
     eprintln!(
         "role soak: {kills} kills ({trainer_kills} of the trainer), {} steps trained",
         end.step
+    );
+}
+
+/// Every order result (`results/<life>/<seq>.json`) under the local run root `root`.
+fn order_results(root: &Path) -> Vec<serde_json::Value> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.components().any(|c| c.as_os_str() == "results")
+                && path.extension().is_some_and(|e| e == "json")
+            {
+                let text = std::fs::read_to_string(&path).expect("read result");
+                found.push(serde_json::from_str(&text).expect("a result parses"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn async_generators_load_newer_weights_while_they_sample() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    let run = MethodRun {
+        steps: 8,
+        checkpoint_every: 4,
+        mode: "async",
+        bound: 2,
+        latency_ms: 10.0,
+        ..MethodRun::new("grpo")
+    };
+    let cfg = config_of(dir.path(), "async", &run);
+    let root = dir.path().join("root");
+    let root_s = root.to_str().expect("utf-8").to_owned();
+    let logs: Vec<PathBuf> = ["trainer", "g0", "g1"]
+        .iter()
+        .map(|n| dir.path().join(format!("{n}.log")))
+        .collect();
+    let mut t = trainer(&cfg, &root_s, &logs[0]);
+    let mut g0 = generator(0, &cfg, &root_s, &logs[1]);
+    let mut g1 = generator(1, &cfg, &root_s, &logs[2]);
+    wait_ok(&mut t, "keel trainer", &logs[0]);
+    wait_ok(&mut g0, "keel generator --rank 0", &logs[1]);
+    wait_ok(&mut g1, "keel generator --rank 1", &logs[2]);
+
+    let store = RunStore::open(&root_s).expect("open");
+    let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "async").expect("accounting");
+    assert_eq!(head.step, 8);
+    let results = order_results(&root);
+    let trained: Vec<&serde_json::Value> = results
+        .iter()
+        .filter(|r| r["outcome"].get("Done").is_some())
+        .collect();
+    assert!(!trained.is_empty(), "no answered orders in {results:?}");
+    let ahead = results
+        .iter()
+        .filter(|r| r["weights_prefetched"] == serde_json::json!(true))
+        .count();
+    // The first order of each rank cannot find its weights loaded ahead; in async mode the
+    // trainer publishes while the ranks sample, so later orders do.
+    assert!(
+        ahead >= 2,
+        "{ahead} of {} orders found their weights loaded ahead",
+        results.len()
     );
 }

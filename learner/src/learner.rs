@@ -29,6 +29,8 @@
 //! - LR-3 (counters): `step()` counts RL optimizer steps (actor and value-only steps);
 //!   `policy_version()` counts successful `train_step` calls (one published policy version
 //!   each); SFT steps are counted separately; AdamW's own counter counts all of them.
+//! - LR-6 (one version for all models): [`Learner::count_refused_update`] advances the version
+//!   of a model whose update was refused, so that every model of a job has the same version.
 //! - LR-4 (exact resume): the minibatch order depends only on (seed, step). `state_files` holds
 //!   weights, optimizer state, counters, the KL controller's β and the reference weights (when
 //!   the preset has a reference), so `restore` followed by the same calls yields bit-identical
@@ -383,6 +385,13 @@ impl Learner {
     /// Completed `train_step` calls: the policy version of the current weights (LR-3).
     pub fn policy_version(&self) -> u64 {
         self.updates
+    }
+
+    /// Counts an update that was refused as non-finite (LR-2) as a policy version all the
+    /// same, with the weights unchanged (LR-6): a Dr. MAS agent model keeps the version of the
+    /// models whose update on the same batch went through.
+    pub fn count_refused_update(&mut self) {
+        self.updates += 1;
     }
 
     /// SFT optimizer steps taken (LR-3).

@@ -88,7 +88,11 @@ impl Controller {
         let store: RunStore = self.s.store.clone();
         let io = self.s.io.clone();
         let learner = self.s.learner.clone();
-        let lr = self.s.cfg.learner.lr * self.s.cfg.guard.rewind_lr_factor.powi(rewinds as i32 + 1);
+        let lr = self
+            .s
+            .cfg
+            .guard
+            .rewound_lr(self.s.cfg.learner.lr, rewinds + 1);
         let reason = anomaly.to_string();
         let armor = self.s.cfg.learner.algo == keel_learner::Algo::Armor;
         let fut = async move {

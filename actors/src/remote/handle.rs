@@ -150,6 +150,9 @@ impl RemoteGenerator {
                 .weights_bytes
                 .inc_for("load", result.weight_load_bytes);
         }
+        if result.weights_prefetched {
+            self.metrics.weights_prefetched.inc();
+        }
         match result.outcome {
             Outcome::Done(g) => {
                 if msg.purpose == Purpose::Train && g.key.is_none() && g.trunk_depth.is_none() {

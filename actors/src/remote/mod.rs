@@ -204,10 +204,13 @@ pub struct OrderResult {
     pub process: String,
     /// Batch sequence number of the order.
     pub batch_seq: u64,
-    /// Seconds the generator spent loading the order's weights (0 when cached).
+    /// Seconds the generator waited for the order's weights before sampling (0 when cached).
     pub weight_load_seconds: f64,
     /// Bytes it read for them.
     pub weight_load_bytes: u64,
+    /// The weights had been loaded ahead, while the generator sampled (GW-5).
+    #[serde(default)]
+    pub weights_prefetched: bool,
     /// The outcome.
     pub outcome: Outcome,
 }
@@ -222,6 +225,7 @@ impl OrderResult {
             batch_seq,
             weight_load_seconds: 0.0,
             weight_load_bytes: 0,
+            weights_prefetched: false,
             outcome,
         }
     }

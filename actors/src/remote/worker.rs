@@ -11,12 +11,17 @@
 //!   weights are gone was given up by the trainer (RM-5): it is skipped, not answered.
 //! - GW-4: the process ends with [`GeneratorExit::Finished`] once the newest life recorded that
 //!   the run finished, and with [`GeneratorExit::Stopped`] on SIGTERM between orders.
+//! - GW-5: while it samples (and while it waits for orders) the process loads the newest
+//!   published policy weights ahead, on the I/O runtime; an order uses them only when it names
+//!   exactly that version (GW-2 holds), else they wait for the order that does. A failed
+//!   prefetch is only logged: the order then loads its weights itself.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use keel_store::{LifeRecord, RunStore, StoreError, WeightsId};
+use keel_store::{LifeRecord, RunStore, StoreError, WeightsId, WeightsPointer};
+use tokio::task::JoinHandle;
 
 use super::{process_tag, GeneratedWire, LifeKeys, OrderResult, Outcome, WorkOrder};
 use crate::config::TrainConfig;
@@ -80,6 +85,7 @@ pub fn run_generator(
             loaded: None,
             loaded_reference: None,
             full: None,
+            prefetch: None,
         };
         worker.serve(first, &stop).await
     });
@@ -155,6 +161,29 @@ struct Worker {
     loaded_reference: Option<WeightsId>,
     /// The last full weights set decoded: the base of the deltas that follow it (WT-5).
     full: Option<(WeightsId, Vec<bytes::Bytes>)>,
+    /// Newer policy weights being loaded ahead of the order that will name them (GW-5).
+    prefetch: Option<Prefetch>,
+}
+
+/// Policy weights loaded ahead (GW-5).
+struct Prefetch {
+    id: WeightsId,
+    task: JoinHandle<Result<(WeightsPointer, Vec<bytes::Bytes>), StoreError>>,
+}
+
+/// Policy weights read and decoded: their pointer and their models.
+type Fetched = (WeightsPointer, Vec<bytes::Bytes>);
+
+/// Reads and decodes policy weights `id` of `life` (WT-2, WT-5).
+async fn fetch_policy(
+    store: &RunStore,
+    life: u64,
+    id: WeightsId,
+    full: Option<&(WeightsId, Vec<bytes::Bytes>)>,
+) -> Result<Fetched, StoreError> {
+    let pointer = store.weights_pointer(life, id).await?;
+    let models = store.load_weights(&pointer, full).await?;
+    Ok((pointer, models))
 }
 
 /// One trainer life as this process serves it.
@@ -198,7 +227,59 @@ impl Worker {
                 }
             }
             tokio::time::sleep(self.poll).await;
+            self.look_ahead(serving.life.life).await;
         }
+    }
+
+    /// GW-5: starts loading the newest published policy weights of `life` when they are newer
+    /// than what is on the board and what is being loaded already.
+    async fn look_ahead(&mut self, life: u64) {
+        let newest = match self.store.newest_weights(life).await {
+            Ok(Some(id)) => id,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list published weights to load ahead");
+                return;
+            }
+        };
+        let have = self.prefetch.as_ref().map(|p| p.id).max(self.loaded);
+        if have.is_some_and(|h| h >= newest) {
+            return;
+        }
+        if let Some(old) = self.prefetch.take() {
+            old.task.abort();
+        }
+        let (store, full) = (self.store.clone(), self.full.clone());
+        let task = self
+            .io
+            .spawn(async move { fetch_policy(&store, life, newest, full.as_ref()).await });
+        tracing::debug!(weights = ?newest, "loading weights ahead");
+        self.prefetch = Some(Prefetch { id: newest, task });
+    }
+
+    /// The policy weights `id` of `life`: loaded ahead when they were (`true`), else now.
+    async fn policy_weights(
+        &mut self,
+        life: u64,
+        id: WeightsId,
+    ) -> Result<(Fetched, bool), ActorError> {
+        match self.prefetch.take() {
+            Some(p) if p.id == id => match p.task.await {
+                Ok(Ok(fetched)) => return Ok((fetched, true)),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, weights = ?id, "loading ahead failed; loading again")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, weights = ?id, "loading ahead did not finish; loading again")
+                }
+            },
+            // Newer weights than this order's: they wait for the order that names them.
+            Some(p) if p.id > id => self.prefetch = Some(p),
+            Some(p) => p.task.abort(),
+            None => {}
+        }
+        let fetched = fetch_policy(&self.store, life, id, self.full.as_ref()).await?;
+        Ok((fetched, false))
     }
 
     /// Starts serving `life`: a generator actor writing batches under this process's tag
@@ -207,6 +288,9 @@ impl Worker {
         let keys = LifeKeys::new(&self.store, life.life);
         // Weights are named within a life: a new life's version v is other weights.
         (self.loaded, self.loaded_reference, self.full) = (None, None, None);
+        if let Some(old) = self.prefetch.take() {
+            old.task.abort();
+        }
         let writer = format!("l{:010}-r{:04}-{}", life.life, self.rank, self.process);
         let store = self.store.clone().with_writer(&writer)?;
         let generator =
@@ -265,8 +349,8 @@ impl Worker {
         let key = serving.keys.order(self.rank, seq);
         let order = WorkOrder::from_bytes(&key, &self.store.get_object(&key).await?)?;
         let started = Instant::now();
-        let loaded_bytes = match self.load(serving.life.life, &order).await {
-            Ok(bytes) => bytes,
+        let (loaded_bytes, prefetched) = match self.load(serving.life.life, &order).await {
+            Ok(loaded) => loaded,
             Err(ActorError::Store(StoreError::NotFound { key })) => {
                 // GW-3: the trainer pruned these weights, so it gave the order up (RM-5).
                 tracing::warn!(batch_seq = seq, missing = %key, "skipping an order whose weights are gone");
@@ -276,11 +360,17 @@ impl Worker {
             Err(e) => return Err(e),
         };
         let load_seconds = started.elapsed().as_secs_f64();
-        let answer = serving
-            .generator
-            .send(order.generate())
-            .await
-            .map_err(|e| ActorError::Mailbox(e.to_string()))?;
+        // GW-5: while the episodes run, newer weights are loaded ahead.
+        let request = serving.generator.send(order.generate());
+        tokio::pin!(request);
+        let answer = loop {
+            tokio::select! {
+                biased;
+                answer = &mut request => break answer,
+                () = tokio::time::sleep(self.poll) => self.look_ahead(serving.life.life).await,
+            }
+        }
+        .map_err(|e| ActorError::Mailbox(e.to_string()))?;
         let outcome = match answer {
             Ok(generated) => Outcome::Done(Box::new(GeneratedWire::from_generated(generated))),
             Err(ActorError::GeneratorPanicked(p)) => Outcome::Panicked(p),
@@ -306,6 +396,7 @@ impl Worker {
         let mut result = OrderResult::new(self.rank, &self.process, seq, outcome);
         result.weight_load_seconds = load_seconds;
         result.weight_load_bytes = loaded_bytes;
+        result.weights_prefetched = prefetched;
         let body = serde_json::to_vec_pretty(&result)
             .map_err(|e| ActorError::Internal(format!("order result: {e}")))?;
         match self
@@ -321,9 +412,11 @@ impl Worker {
         Ok(())
     }
 
-    /// GW-2: puts the order's weights (and reference) on the board; returns the bytes read.
-    async fn load(&mut self, life: u64, order: &WorkOrder) -> Result<u64, ActorError> {
+    /// GW-2: puts the order's weights (and reference) on the board; returns the bytes read
+    /// and whether the policy weights had been loaded ahead (GW-5).
+    async fn load(&mut self, life: u64, order: &WorkOrder) -> Result<(u64, bool), ActorError> {
         let mut bytes = 0;
+        let mut prefetched = false;
         if self.loaded != Some(order.weights) {
             let WeightsId::Policy { epoch, version } = order.weights else {
                 return Err(ActorError::Internal(format!(
@@ -331,11 +424,8 @@ impl Worker {
                     order.batch_seq, order.weights
                 )));
             };
-            let pointer = self.store.weights_pointer(life, order.weights).await?;
-            let models = self
-                .store
-                .load_weights(&pointer, self.full.as_ref())
-                .await?;
+            let ((pointer, models), ahead) = self.policy_weights(life, order.weights).await?;
+            prefetched = ahead;
             if pointer.base.is_none() {
                 self.full = Some((order.weights, models.clone()));
             }
@@ -373,6 +463,6 @@ impl Worker {
                 self.loaded_reference = Some(id);
             }
         }
-        Ok(bytes)
+        Ok((bytes, prefetched))
     }
 }
