@@ -104,6 +104,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("faults.nan_loss_model", "0 ..= number of [[agent_models]]", "TESTING AID: the model whose update is poisoned: 0 = the main model, k = the k-th [[agent_models]] (Dr. MAS)."),
     k("faults.lr_blowup_at_step", ">= 0 (0 = off)", "TESTING AID: before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     k("faults.lr_blowup_to", "(0, 1]", "TESTING AID: the blown-up learning rate."),
+    k("faults.learner_panic_at_step", ">= 0 (0 = off)", "TESTING AID: panic in the learner before the update producing this policy version (the run must end naming it)."),
     k("distributed.order_timeout_s", ">= 1", "keel trainer: seconds a work order may go unanswered before its task range is issued again (a generator rank that died and did not come back); the silent rank gets no order until it writes again."),
     k("distributed.poll_ms", ">= 1", "keel trainer / keel generator: how often (ms) a process looks at the run root for work orders, results and weights."),
     k("armor.anchor_episodes", ">= 1 with algo armor", "ARMOR: episodes per task sampled from the reference policy; the first successful one joins the group (source = anchor) when the policy's episodes are neither all right nor all wrong."),

@@ -42,6 +42,17 @@ pub enum ActorError {
         /// The bound.
         bound: u64,
     },
+    /// The learner panicked in an update (LA-6): its state is not trusted any more.
+    #[error(
+        "the learner panicked while {during}: {message}; its weights may be half updated, so the \
+         run stops here and a new run resumes from the last committed checkpoint"
+    )]
+    LearnerPanicked {
+        /// What it was doing.
+        during: &'static str,
+        /// The panic's message.
+        message: String,
+    },
     /// A generator panicked mid-batch; the batch is retried.
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),

@@ -26,6 +26,9 @@ pub struct FaultsSection {
     pub lr_blowup_at_step: u64,
     /// The blown-up learning rate.
     pub lr_blowup_to: f64,
+    /// Panic in the learner before the update that would produce this policy version
+    /// (0 = off): stands for a bug in the loss code (LA-6).
+    pub learner_panic_at_step: u64,
 }
 
 impl Default for FaultsSection {
@@ -36,6 +39,7 @@ impl Default for FaultsSection {
             nan_loss_model: 0,
             lr_blowup_at_step: 0,
             lr_blowup_to: 1.0,
+            learner_panic_at_step: 0,
         }
     }
 }
@@ -43,7 +47,7 @@ impl Default for FaultsSection {
 impl FaultsSection {
     /// True when no fault is configured.
     pub fn is_off(&self) -> bool {
-        self.nan_loss_at_step == 0 && self.lr_blowup_at_step == 0
+        self.nan_loss_at_step == 0 && self.lr_blowup_at_step == 0 && self.learner_panic_at_step == 0
     }
 }
 
@@ -62,6 +66,8 @@ pub struct Injection {
     pub nan_logprobs: bool,
     /// Set the learning rate to this before the update.
     pub set_lr: Option<f64>,
+    /// Panic in the learner before the update.
+    pub panic: bool,
 }
 
 impl FaultPlan {
@@ -88,6 +94,7 @@ impl FaultPlan {
             self.nan_left -= 1;
             inj.nan_logprobs = true;
         }
+        inj.panic = self.cfg.learner_panic_at_step == target;
         if self.cfg.lr_blowup_at_step == target && !self.lr_fired {
             self.lr_fired = true;
             inj.set_lr = Some(self.cfg.lr_blowup_to);

@@ -215,14 +215,19 @@ pub fn run_job(
     let log = Arc::new(Mutex::new(MetricsLog::open(
         store.clone(),
         io.clone(),
+        life.life,
         latest.as_ref().map(|m| m.step),
-    )));
+    )?));
     let trackers = Arc::new(Trackers::start(
         crate::tracking::from_config(&cfg, &store, &io, &branch),
         metrics.tracking_dropped.clone(),
     ));
-    if let Ok(l) = log.lock() {
-        trackers.replay(&l.events(), &branch);
+    // TR-3: the log as this life continues it (JL-2), so that trackers log no step twice.
+    match io.block_on(crate::jsonl::read_events(&store)) {
+        Ok(history) => trackers.replay(&history, &branch),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the metrics log; trackers may log resumed steps again")
+        }
     }
     let sink: EventSink = {
         let (log, trackers) = (log.clone(), trackers.clone());

@@ -16,6 +16,10 @@
 //!   only an agent model's update is refused, that model keeps its weights but counts the
 //!   version (LR-6), and the step reports it (`Trained::refused_models`), so the versions never
 //!   diverge (a diverged version would refuse every later batch as stale).
+//! - LA-6 (panics): a panic in an update (SFT or RL) is caught and answered with
+//!   `ActorError::LearnerPanicked`; the actor then refuses every message that reads or writes
+//!   the model (its weights may be half updated), so no checkpoint is taken of them: the run
+//!   ends non-zero naming the panic, and a new run resumes from the last committed checkpoint.
 
 use std::sync::Arc;
 
@@ -186,6 +190,8 @@ pub struct LearnerActor {
     /// Agent filter of each learner (None for the main one without agent models).
     filters: Vec<Option<Vec<u32>>>,
     faults: FaultPlan,
+    /// Set when an update panicked (LA-6): what it was doing, and the panic's message.
+    panicked: Option<(&'static str, String)>,
 }
 
 impl LearnerActor {
@@ -198,6 +204,7 @@ impl LearnerActor {
             tokenizer_files: Vec::new(),
             filters: Vec::new(),
             faults: FaultPlan::default(),
+            panicked: None,
         }
     }
 
@@ -216,9 +223,38 @@ impl LearnerActor {
     }
 
     fn learner(&mut self) -> Result<&mut Learner, ActorError> {
+        self.check_not_panicked()?;
         self.learners
             .first_mut()
             .ok_or_else(|| ActorError::Internal("learner used before InitLearner".into()))
+    }
+
+    /// LA-6: after a panic the weights may be half updated; nothing reads or writes them again.
+    fn check_not_panicked(&self) -> Result<(), ActorError> {
+        match &self.panicked {
+            Some((during, message)) => Err(ActorError::LearnerPanicked {
+                during,
+                message: message.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `work` (an update: SFT or RL) with its panics caught (LA-6).
+    fn caught<T>(
+        &mut self,
+        during: &'static str,
+        work: impl FnOnce(&mut Self) -> Result<T, ActorError>,
+    ) -> Result<T, ActorError> {
+        self.check_not_panicked()?;
+        match crate::supervision::run_caught(|| work(self)) {
+            Ok(result) => result,
+            Err(message) => {
+                tracing::error!(during, %message, "the learner panicked; it takes no more work");
+                self.panicked = Some((during, message.clone()));
+                Err(ActorError::LearnerPanicked { during, message })
+            }
+        }
     }
 
     /// The weights every generator needs: model 0 and the agent models.
@@ -291,6 +327,14 @@ impl Handler<RunSft> for LearnerActor {
     type Result = Result<StepMetrics, ActorError>;
 
     fn handle(&mut self, msg: RunSft, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.caught("fine-tuning on demonstrations", move |this| {
+            this.run_sft(msg)
+        })
+    }
+}
+
+impl LearnerActor {
+    fn run_sft(&mut self, msg: RunSft) -> Result<StepMetrics, ActorError> {
         let device = self.learner()?.model().device();
         let mut order: Vec<usize> = Vec::new();
         let mut last = StepMetrics::default();
@@ -323,12 +367,25 @@ impl Handler<TrainOn> for LearnerActor {
     type Result = Result<Trained, ActorError>;
 
     fn handle(&mut self, msg: TrainOn, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.caught("updating the policy", move |this| this.train_on(msg))
+    }
+}
+
+impl LearnerActor {
+    fn train_on(&mut self, msg: TrainOn) -> Result<Trained, ActorError> {
         let fetch = std::time::Instant::now();
         let buf = self.io.block_on(self.store.get_batch(&msg.key))?;
         let get_seconds = fetch.elapsed().as_secs_f64();
         let get_bytes = buf.archive_len() as u64;
         let version = self.learner()?.policy_version();
         let injection = self.faults.before_update(version);
+        if injection.panic {
+            // FI-2: a testing aid standing for a bug in the loss code.
+            panic!(
+                "fault injection: the learner panicked before update {}",
+                version + 1
+            );
+        }
         if let Some(lr) = injection.set_lr {
             tracing::warn!(lr, version, "fault injection: learning rate blown up");
             self.set_lr(lr)?;

@@ -448,13 +448,13 @@ pub fn run_train(
         .expect("summary is JSON")
 }
 
-/// The events of a local run root's `metrics.jsonl`, in order (empty before the first write).
+/// The events of a local run root's metrics log as `keel report` reads them (JL-2), in order
+/// (empty before the first segment is stored).
 pub fn read_events(root: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(root.join("metrics.jsonl"))
+    let store = keel_store::RunStore::open(root.to_str().expect("utf-8 run root")).expect("open");
+    test_rt()
+        .block_on(keel_actors::jsonl::read_events(&store))
         .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 /// `(step, detail)` of every `{"event":"method","method":<method>}` event.
@@ -475,9 +475,9 @@ pub fn step_events(events: &[serde_json::Value]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// SIGKILLs `child` as soon as `ready(events of root's metrics.jsonl)` holds (polled every few
-/// ms; metrics.jsonl is rewritten whole after each event, so a line seen there was logged with
-/// everything before it). Panics when the run exits first or after 120 s.
+/// SIGKILLs `child` as soon as `ready(events of root's metrics log)` holds (polled every few
+/// ms; segments are stored in order, JL-1, so a line seen there was logged with everything
+/// before it). Panics when the run exits first or after 120 s.
 pub fn kill_when(
     child: &mut std::process::Child,
     root: &std::path::Path,

@@ -22,10 +22,7 @@ fn train(dir: &Path, config: &str) -> Output {
 }
 
 fn events(dir: &Path) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join("run/metrics.jsonl")).expect("metrics.jsonl");
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect()
+    keel_integration::read_events(&dir.join("run"))
 }
 
 fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
@@ -234,4 +231,39 @@ fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
         resumed.iter().all(|lr| (lr - cut).abs() < base * 1e-12),
         "the restart reset the rate: {lrs:?}"
     );
+}
+
+/// LA-6: a panic in the learner's update ends the run non-zero with a message that names it
+/// (before, the actor was respawned uninitialised and the run ended with a mailbox error);
+/// nothing is checkpointed after it, and a new run resumes from the last committed checkpoint.
+#[test]
+fn la6_a_learner_panic_ends_the_run_naming_it_and_a_new_run_resumes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = tiny_config(8, 2, "sync", 1);
+    let out = train(
+        dir.path(),
+        &(base.clone() + "\n[faults]\nlearner_panic_at_step = 5\n"),
+    );
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("the learner panicked while updating the policy: fault injection: the learner panicked before update 5"),
+        "{t}"
+    );
+    assert!(!t.contains("mailbox"), "{t}");
+    let steps = |dir: &Path| -> Vec<u64> {
+        keel_integration::checkpoints(&dir.join("run"))
+            .iter()
+            .map(|m| m.step)
+            .collect()
+    };
+    assert_eq!(
+        steps(dir.path()).iter().max(),
+        Some(&4),
+        "nothing after the panic"
+    );
+
+    let out = train(dir.path(), &base);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(steps(dir.path()).iter().max(), Some(&8));
 }

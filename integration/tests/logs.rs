@@ -48,7 +48,7 @@ fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 /// Credentials in configured URLs (RD-1) reach no output of a run: not `keel config show`, not
 /// the logs and messages of `keel train` (a Pushgateway and an MLflow server that are both
-/// down, so their errors are printed), not the run root (metrics.jsonl, checkpoints, the
+/// down, so their errors are printed), not the run root (the metrics log, checkpoints, the
 /// TensorBoard config text).
 #[test]
 fn url_credentials_appear_in_no_output_of_a_run() {

@@ -2,7 +2,7 @@
 //! method's own state — a critic warm-up, a PATS review, an ARMOR reference reset, between two
 //! depths of an RTPO tree, after the dynamic-sampling cold start — and restarted on the same run
 //! root; the method continues exactly where the checkpoint says. Kills are deterministic: each
-//! waits for a given line of `metrics.jsonl` (or state object), with a simulated env latency
+//! waits for a given line of the metrics log (or state object), with a simulated env latency
 //! that keeps the next checkpoint well away.
 
 use std::collections::{BTreeMap, BTreeSet};

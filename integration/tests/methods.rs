@@ -1,6 +1,6 @@
 //! The seed methods end to end (issue 7; spec algorithms.md §2–§9): one short real `keel train`
 //! run per method, each checked for the method's own invariant through the run root alone
-//! (stored batches, checkpoints, `metrics.jsonl`), not just for finishing.
+//! (stored batches, checkpoints, the metrics log), not just for finishing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -328,19 +328,15 @@ fn sorl(algo: &'static str, mode: &'static str, bound: u64) {
             "{algo}: {s}"
         );
         assert!(metric(s, "actor_steps") > 0.0);
-        let (lo, mean, hi) = (
-            metric(s, "turn_ratio_min"),
-            metric(s, "turn_ratio_mean"),
-            metric(s, "turn_ratio_max"),
-        );
+        // The turn ratios are reported (the JSON has them) and, the ratio being taken against
+        // the behaviour log-probs, stay near 1 on these small updates: a ratio taken against
+        // anything else (or not per turn) would not. Whether CTN fires exactly where it must
+        // is checked on a constructed batch (keel-learner so1_ctn_fires_exactly_...).
+        let (lo, hi) = (metric(s, "turn_ratio_min"), metric(s, "turn_ratio_max"));
         assert!(
-            0.0 < lo && lo <= mean && mean <= hi,
-            "{algo} step {}: turn ratios min {lo} mean {mean} max {hi}",
+            lo > 0.5 && hi < 2.0,
+            "{algo} step {}: turn ratios min {lo} max {hi}",
             s["step"]
-        );
-        assert!(
-            (0.0..=1.0).contains(&metric(s, "ctn_trigger_frac")),
-            "{algo}: {s}"
         );
     }
 }

@@ -652,6 +652,43 @@ fn sorl_reports_turn_ratios_and_sao_reports_the_dis_mask() {
     );
 }
 
+/// `rl_batch` with trajectory 0's (advantage > 0) behaviour log-probs lowered by `shift` on its
+/// model tokens: its turn ratios are then exactly `exp(shift)`, every other row on-policy.
+fn off_policy_first_row(model: &HfModel, shift: f64) -> TrainBatch {
+    let mut batch = rl_batch(model);
+    let lowered = batch.loss_mask.zeros_like();
+    lowered.get(0).copy_(&(batch.loss_mask.get(0) * shift));
+    batch.behaviour_logp = &batch.behaviour_logp - lowered;
+    batch
+}
+
+/// SO-1 on a whole update: CTN fires exactly on the sample whose clipping bias
+/// `3 tokens · (e^3 − 1.2) · 0.707 ≈ 40` exceeds δ = 5 (1 of 4 samples), and not on a sample
+/// that is clipped with a bias `3 · (e^0.5 − 1.2) · 0.707 ≈ 0.95` below δ.
+#[test]
+fn so1_ctn_fires_exactly_on_the_samples_whose_clipping_bias_exceeds_delta() {
+    tch::set_num_threads(1);
+    let mut l = preset_learner(crate::Preset::SoGrpo, 26);
+    let batch = off_policy_first_row(l.model(), 3.0);
+    let m = l.train_step(&batch).expect("so_grpo");
+    assert!(
+        (m.ctn_trigger_frac - 0.25).abs() < 1e-12,
+        "CTN must fire on exactly 1 of 4 samples: {}",
+        m.ctn_trigger_frac
+    );
+    assert!(
+        (m.turn_ratio_max - 3f64.exp()).abs() < 1e-3,
+        "{}",
+        m.turn_ratio_max
+    );
+
+    let mut l = preset_learner(crate::Preset::SoGrpo, 26);
+    let batch = off_policy_first_row(l.model(), 0.5);
+    let m = l.train_step(&batch).expect("so_grpo");
+    assert!(m.clip_frac > 0.0, "the shifted sample is clipped");
+    assert_eq!(m.ctn_trigger_frac, 0.0, "but its bias is below delta");
+}
+
 #[test]
 fn lr1_recompute_ratio_base_ignores_stale_behaviour_logprobs() {
     tch::set_num_threads(1);

@@ -170,16 +170,17 @@ fn run_report(args: cli::ReportArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let bytes = rt
-        .block_on(store.get_object(keel_actors::jsonl::METRICS_LOG))
-        .with_context(|| {
-            format!(
-                "cannot read {} in {}",
-                keel_actors::jsonl::METRICS_LOG,
-                args.run
-            )
-        })?;
-    let log = report::parse_log(&String::from_utf8_lossy(&bytes));
+    let text = rt
+        .block_on(keel_actors::jsonl::read_log(&store))
+        .with_context(|| format!("cannot read the metrics log of {}", args.run))?;
+    if text.is_empty() {
+        anyhow::bail!(
+            "{} has no metrics log ({}/ is empty): no trainer has run there",
+            args.run,
+            keel_actors::jsonl::METRICS_DIR
+        );
+    }
+    let log = report::parse_log(&text);
     let out = args.out.unwrap_or_else(|| {
         if args.run.contains("://") {
             let name = args

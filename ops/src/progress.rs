@@ -52,10 +52,10 @@ impl Progress {
             TrainEvent::Skipped { step, batch_seq, what } => {
                 bar.println(format!("skipped batch {batch_seq} at step {step}: non-finite {what}"))
             }
-            // Per-batch rollout numbers are for metrics.jsonl and `keel report`.
+            // Per-batch rollout numbers are for the metrics log and `keel report`.
             TrainEvent::Rollout { .. } => {}
             TrainEvent::Method { step, method, detail } => match method.as_str() {
-                // Per-batch generation details are for metrics.jsonl, not the terminal.
+                // Per-batch generation details are for the metrics log, not the terminal.
                 "generate" => {}
                 _ => bar.println(format!("{method} at step {step}: {detail}")),
             },

@@ -1,8 +1,8 @@
 //! `keel report RUN`: PNG and SVG plots of a run's training curves (one line per branch) and a
-//! markdown summary, from the run's `metrics.jsonl`.
+//! markdown summary, from the run's metrics log (`keel_actors::jsonl::read_log`).
 //!
 //! Invariants:
-//! - RP-1: the report reads only `metrics.jsonl` (the serialised `TrainEvent`s); it never needs
+//! - RP-1: the report reads only the metrics log (the serialised `TrainEvent`s); it never needs
 //!   the checkpoints, so it works on a run that is still going or has crashed.
 //! - RP-2: text (titles, axis labels, legends) is drawn only with a font found at run time
 //!   (`KEEL_REPORT_FONT`, then common system paths; `scripts/setup.sh` installs DejaVu); without
@@ -104,7 +104,7 @@ fn num(v: &Value, path: &[&str]) -> Option<f64> {
     cur.as_f64()
 }
 
-/// Parses `metrics.jsonl` text (RP-1, RP-3).
+/// Parses the metrics log as JSONL text (RP-1, RP-3).
 pub fn parse_log(text: &str) -> RunLog {
     let mut log = RunLog::default();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -480,7 +480,7 @@ pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
     }
     if log.bad_lines > 0 {
         md.push_str(&format!(
-            "\n_{} lines of metrics.jsonl were not JSON and were ignored._\n",
+            "\n_{} lines of the metrics log were not JSON and were ignored._\n",
             log.bad_lines
         ));
     }

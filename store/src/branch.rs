@@ -96,6 +96,17 @@ impl RunStore {
 
     /// Every branch of the run root with its head, sorted by name.
     pub async fn list_branches(&self) -> Result<Vec<BranchHead>, StoreError> {
+        let mut heads = Vec::new();
+        for name in self.branch_names().await? {
+            if let Some(head) = self.branch_head(&name).await? {
+                heads.push(head);
+            }
+        }
+        Ok(heads)
+    }
+
+    /// The names of the run root's branches that hold anything, a head or not, sorted.
+    pub async fn branch_names(&self) -> Result<Vec<String>, StoreError> {
         let dir = self.full_key("branches");
         let listing = match self
             .backend()
@@ -106,20 +117,15 @@ impl RunStore {
             Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(StoreError::from_object_store(&dir, e)),
         };
-        let mut heads = Vec::new();
-        for prefix in listing.common_prefixes {
-            let Some(name) = prefix.filename() else {
-                continue;
-            };
-            if validate_branch(name).is_err() {
-                continue;
-            }
-            if let Some(head) = self.branch_head(name).await? {
-                heads.push(head);
-            }
-        }
-        heads.sort_by(|a, b| a.branch.cmp(&b.branch));
-        Ok(heads)
+        let mut names: Vec<String> = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename())
+            .filter(|name| validate_branch(name).is_ok())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        Ok(names)
     }
 
     /// Moves `branch` from generation `from` (`None`: the branch has no head yet) to `id` with a

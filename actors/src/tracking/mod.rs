@@ -8,7 +8,7 @@
 //!   `keel_tracking_events_dropped_total{tracker}` and training goes on.
 //! - TR-2 (flush at the end): [`Trackers::finish`] delivers everything still queued before the
 //!   job returns.
-//! - TR-3 (lossless resume): trackers take the events as `metrics.jsonl` holds them; a resumed
+//! - TR-3 (lossless resume): trackers take the events as the metrics log holds them; a resumed
 //!   job first replays the log it kept (every event through its checkpoint's step), and each
 //!   tracker skips what it already delivered (TB-1, ML-1), so points that a killed process
 //!   queued but never delivered are delivered by the next life, and none twice.
@@ -28,7 +28,7 @@ use serde_json::Value;
 /// Events a tracker's queue holds before new ones are dropped (TR-1).
 pub const QUEUE_EVENTS: usize = 4096;
 
-/// `[tracking]`: where besides Prometheus and `metrics.jsonl` the run is recorded.
+/// `[tracking]`: where besides Prometheus and the metrics log the run is recorded.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrackingSection {
@@ -58,7 +58,7 @@ impl Default for TrackingSection {
 pub trait Tracker: Send {
     /// Its label in `keel_tracking_events_dropped_total`.
     fn name(&self) -> &'static str;
-    /// Records one event, as `metrics.jsonl` holds it (may buffer). Events at or before a
+    /// Records one event, as the metrics log holds it (may buffer). Events at or before a
     /// step the tracker already delivered are ignored, so replaying history is harmless.
     fn handle(&mut self, ev: &Value);
     /// Events dropped since the last call.
@@ -192,7 +192,7 @@ impl Trackers {
         Trackers { workers, dropped }
     }
 
-    /// Offers `ev` (a `metrics.jsonl` event) to every tracker without blocking (TR-1).
+    /// Offers `ev` (a metrics log event) to every tracker without blocking (TR-1).
     pub fn offer(&self, ev: &Value) {
         for w in &self.workers {
             let Some(tx) = &w.tx else {
