@@ -10,8 +10,8 @@
 //! 4. reading the whole 100,000-event log back as `keel report` does.
 //!
 //! ```text
-//! cargo build --release -p keel-integration --bin keel-bench-metrics-log
-//! target/release/keel-bench-metrics-log [--events 100000]
+//! cargo run -p keel-integration --bin keel-bench-metrics-log -- [--events 100000]
+//! (the workspace's dev profile is optimised)
 //! ```
 
 use std::time::{Duration, Instant};
