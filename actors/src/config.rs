@@ -79,6 +79,8 @@ pub struct RunSection {
     pub sigterm_grace_s: u64,
     /// Checkpoint blobs of at least this many bytes are uploaded as S3 multipart uploads.
     pub checkpoint_multipart_bytes: u64,
+    /// The metrics log stores a segment at most this often while events come in (JL-4).
+    pub metrics_log_flush_ms: u64,
 }
 
 impl Default for RunSection {
@@ -94,6 +96,7 @@ impl Default for RunSection {
             threads: 0,
             sigterm_grace_s: 60,
             checkpoint_multipart_bytes: 16 << 20,
+            metrics_log_flush_ms: 1000,
         }
     }
 }
@@ -539,6 +542,12 @@ impl TrainConfig {
         check_at_least("run.steps", r.steps, 1)?;
         check_at_least("run.checkpoint_every", r.checkpoint_every, 1)?;
         check_at_least("run.sigterm_grace_s", r.sigterm_grace_s, 1)?;
+        if r.metrics_log_flush_ms > 60_000 {
+            return Err(range_err(
+                "run.metrics_log_flush_ms",
+                format!("must be at most 60000, got {}", r.metrics_log_flush_ms),
+            ));
+        }
         check_at_least(
             "distributed.order_timeout_s",
             self.distributed.order_timeout_s,

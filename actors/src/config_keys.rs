@@ -37,6 +37,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("run.device", "cpu | cuda | auto", "Torch device; auto = CUDA when available."),
     k("run.threads", ">= 0", "Torch intra-op threads (0 = torch's default)."),
     k("run.sigterm_grace_s", ">= 1", "On SIGTERM/SIGINT: seconds to finish the step, commit a checkpoint and exit 0 (else exit 1)."),
+    k("run.metrics_log_flush_ms", "0 ..= 60000", "The metrics log (metrics/ in the run root) stores a segment at most this often while events come in: how fresh `keel report` is, against how many objects a long run makes (0 = a segment whenever the writer is free)."),
     k("run.checkpoint_multipart_bytes", ">= 1", "Checkpoint blobs at least this large go up as S3 multipart uploads (parts of max(this, 8 MiB))."),
     k("env.name", "calc | search-qa | household | shop | sokoban | solver-verifier | search-team | external", "Environment name (`keel env list`)."),
     k("env.difficulty", "1..=4 (1..=3 for search-qa, search-team)", "The difficulty knob; sets the horizon. `n_ops` is an alias (calc: operations per task)."),

@@ -217,6 +217,7 @@ pub fn run_job(
         io.clone(),
         life.life,
         latest.as_ref().map(|m| m.step),
+        std::time::Duration::from_millis(cfg.run.metrics_log_flush_ms),
     )?));
     let trackers = Arc::new(Trackers::start(
         crate::tracking::from_config(&cfg, &store, &io, &branch),

@@ -17,8 +17,9 @@
 //!   line belongs to the branch its life started on until a `rewind` line moves it.
 //! - JL-3: every line carries `unix_ms` (wall clock) and `elapsed_s` (seconds since its life
 //!   started).
-//! - JL-4: segments are stored at most every `SEGMENT_EVERY` while lines come in (and at
-//!   `flush`), so a run makes at most one object per second of its log, whatever its rate.
+//! - JL-4: segments are stored at most every `run.metrics_log_flush_ms` (1 s by default) while
+//!   lines come in, and at `flush`: a run makes at most one object per interval of its log,
+//!   whatever its event rate, and a line is stored within one interval.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -31,9 +32,6 @@ use serde_json::Value;
 
 /// The folder of the metrics log under a branch's part of the run root.
 pub const METRICS_DIR: &str = "metrics";
-
-/// The shortest time between two stored segments while lines come in (JL-4).
-pub const SEGMENT_EVERY: Duration = Duration::from_secs(1);
 
 /// What a life records before its first line (`metrics/<life>/life.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,12 +66,14 @@ fn life_dir(store: &RunStore, life: u64) -> String {
 
 impl MetricsLog {
     /// Starts life `life`'s part of the log on `store`'s branch, resumed at `resumed_at_step`
-    /// (JL-2); stores its `life.json` before returning.
+    /// (JL-2), storing a segment at most every `flush_every` (JL-4); stores its `life.json`
+    /// before returning.
     pub fn open(
         store: RunStore,
         io: tokio::runtime::Handle,
         life: u64,
         resumed_at_step: Option<u64>,
+        flush_every: Duration,
     ) -> Result<Self, StoreError> {
         let record = LifeLog {
             life,
@@ -93,7 +93,8 @@ impl MetricsLog {
             Err(e) => return Err(e),
         }
         let (tx, rx) = mpsc::channel::<String>();
-        let writer = std::thread::spawn(move || write_segments(&store, &io, &dir, &rx));
+        let writer =
+            std::thread::spawn(move || write_segments(&store, &io, &dir, &rx, flush_every));
         Ok(Self {
             started: Instant::now(),
             tx: Some(tx),
@@ -101,8 +102,8 @@ impl MetricsLog {
         })
     }
 
-    /// Appends one JSON value as a line, with its time (JL-3); it is stored within
-    /// `SEGMENT_EVERY` (JL-4).
+    /// Appends one JSON value as a line, with its time (JL-3); it is stored within one flush
+    /// interval (JL-4).
     pub fn append(&mut self, value: &Value) {
         let mut value = value.clone();
         if let Value::Object(map) = &mut value {
@@ -130,6 +131,7 @@ fn write_segments(
     io: &tokio::runtime::Handle,
     dir: &str,
     rx: &mpsc::Receiver<String>,
+    flush_every: Duration,
 ) {
     let mut seq = 0u64;
     let mut failed: Option<Bytes> = None; // a segment to store again, byte for byte (JL-1)
@@ -145,7 +147,7 @@ fn write_segments(
         }
         // Gather what comes in during the rest of the interval (JL-4); all at once at the end.
         while open {
-            let left = SEGMENT_EVERY.saturating_sub(started.elapsed());
+            let left = flush_every.saturating_sub(started.elapsed());
             match rx.recv_timeout(left) {
                 Ok(line) => push_line(&mut pending, &line),
                 Err(mpsc::RecvTimeoutError::Timeout) => break,
@@ -297,8 +299,14 @@ mod tests {
         resumed: Option<u64>,
         lines: &[Value],
     ) {
-        let mut log =
-            MetricsLog::open(store.clone(), io.handle().clone(), life, resumed).expect("open");
+        let mut log = MetricsLog::open(
+            store.clone(),
+            io.handle().clone(),
+            life,
+            resumed,
+            Duration::from_secs(1),
+        )
+        .expect("open");
         for l in lines {
             log.append(l);
         }

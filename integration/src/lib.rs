@@ -335,6 +335,8 @@ staleness_bound = {bound}
 checkpoint_every = {every}
 device = "cpu"
 threads = 1
+# Tests read the metrics log while the run goes (kill_when): store it promptly (JL-4).
+metrics_log_flush_ms = 20
 
 [env]
 name = "{env}"

@@ -240,7 +240,10 @@ impl MlflowServer {
                 "filter": format!("tags.`keel.run_key` = '{}#main'", root.display()),
             }),
         );
-        found["runs"].get(0).cloned()
+        let runs = found["runs"].as_array().cloned().unwrap_or_default();
+        // ML-1: a resumed job continues the run; a second run for one key is a bug.
+        assert!(runs.len() <= 1, "{} runs for one keel run and branch", runs.len());
+        runs.first().cloned()
     }
 
     /// Steps of metric `key` in run `run_id`, in logging order.

@@ -59,6 +59,9 @@ fn step_event(step: u64) -> Value {
     })
 }
 
+/// `run.metrics_log_flush_ms`'s default.
+const FLUSH: Duration = Duration::from_secs(1);
+
 fn per_event(d: Duration, n: u64) -> f64 {
     d.as_secs_f64() / n as f64 * 1e6
 }
@@ -81,7 +84,7 @@ fn main() -> Result<()> {
 
     // 1. append cost inside one long life.
     let window = 1_000.min(events / 2);
-    let mut log = MetricsLog::open(store.clone(), rt.handle().clone(), 1, None)?;
+    let mut log = MetricsLog::open(store.clone(), rt.handle().clone(), 1, None, FLUSH)?;
     let (mut early, mut late) = (Duration::ZERO, Duration::ZERO);
     for step in 1..=events {
         let ev = step_event(step);
@@ -110,7 +113,7 @@ fn main() -> Result<()> {
     let fresh = RunStore::open(fresh_dir.path().to_str().context("utf-8")?)?;
     let store_1000 = |s: &RunStore, life: u64, from: u64| -> Result<Duration> {
         let t = Instant::now();
-        let mut log = MetricsLog::open(s.clone(), rt.handle().clone(), life, Some(from))?;
+        let mut log = MetricsLog::open(s.clone(), rt.handle().clone(), life, Some(from), FLUSH)?;
         for step in from + 1..=from + window {
             log.append(&step_event(step));
         }
