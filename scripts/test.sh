@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Sets up the machine and runs every test of the workspace (unit, integration, S3 against a real
 # SeaweedFS server on loopback).
+#   scripts/test.sh --slow   also runs the slow tests marked #[ignore] (the per-env SFT tests of
+#                            integration/tests/env_sft.rs: about 5 more minutes on 2 cores)
+# Other arguments go to cargo nextest (or cargo test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+slow=""
+if [ "${1:-}" = "--slow" ]; then
+  shift
+  slow=1
+fi
 . scripts/setup.sh
 export RUST_BACKTRACE=1
 cargo build -p keel-ops   # integration tests drive the real `keel` binary (target/debug/keel)
 . scripts/seaweedfs.sh
 trap seaweed_stop EXIT
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast ${slow:+--run-ignored all} "$@"
 else
-  cargo test --workspace --no-fail-fast "$@"
+  cargo test --workspace --no-fail-fast "$@" ${slow:+-- --include-ignored}
 fi

@@ -4,7 +4,8 @@
 //!
 //! Each env is one test so that they run in parallel. `calc` and `solver-verifier` take a few
 //! seconds and run by default; the others take about a minute each on 2 cores and are marked
-//! `#[ignore]` (run them with `cargo test -p keel-integration --test env_sft -- --ignored`).
+//! `#[ignore]`: `scripts/test.sh --slow` runs them with everything else (or alone:
+//! `cargo nextest run -p keel-integration --test env_sft --run-ignored all`).
 
 use keel_actors::demo_tokens::render_demonstration;
 use keel_actors::model_policy::ModelPolicy;
