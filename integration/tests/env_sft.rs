@@ -95,7 +95,7 @@ fn sft_calc() {
 #[test]
 #[ignore = "slow: about a minute on 2 cores"]
 fn sft_search_qa() {
-    check("search-qa", 1, 150, 5);
+    check("search-qa", 1, 600, 5);
 }
 
 #[test]
@@ -111,9 +111,9 @@ fn sft_shop() {
 }
 
 #[test]
-#[ignore = "slow: about a minute on 2 cores"]
+#[ignore = "slow: about two minutes on 2 cores"]
 fn sft_sokoban() {
-    check("sokoban", 1, 150, 2);
+    check("sokoban", 1, 600, 2);
 }
 
 #[test]
