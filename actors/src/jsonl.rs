@@ -53,12 +53,6 @@ pub struct MetricsLog {
     writer: Option<JoinHandle<()>>,
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The folder of `life`'s log on `store`'s branch.
 fn life_dir(store: &RunStore, life: u64) -> String {
     store.branch_dir(&format!("{METRICS_DIR}/{life:010}"))
@@ -107,7 +101,8 @@ impl MetricsLog {
     pub fn append(&mut self, value: &Value) {
         let mut value = value.clone();
         if let Value::Object(map) = &mut value {
-            map.entry("unix_ms").or_insert_with(|| unix_ms().into());
+            map.entry("unix_ms")
+                .or_insert_with(|| crate::rollout::unix_ms().into());
             map.entry("elapsed_s")
                 .or_insert_with(|| self.started.elapsed().as_secs_f64().into());
         }

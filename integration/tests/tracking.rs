@@ -242,7 +242,11 @@ impl MlflowServer {
         );
         let runs = found["runs"].as_array().cloned().unwrap_or_default();
         // ML-1: a resumed job continues the run; a second run for one key is a bug.
-        assert!(runs.len() <= 1, "{} runs for one keel run and branch", runs.len());
+        assert!(
+            runs.len() <= 1,
+            "{} runs for one keel run and branch",
+            runs.len()
+        );
         runs.first().cloned()
     }
 

@@ -15,6 +15,7 @@ mod progress;
 mod pushgateway;
 mod report;
 mod store_retries;
+mod term_signals;
 
 use std::path::Path;
 

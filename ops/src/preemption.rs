@@ -9,34 +9,23 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use keel_actors::StopSignal;
-use tokio::signal::unix::{signal, SignalKind};
 
 /// Installs the handlers (PE-1) on a thread of their own.
 pub fn install(stop: StopSignal, grace: Duration) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (mut term, mut int) = {
-        let _guard = rt.enter();
-        (
-            signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?,
-            signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?,
-        )
-    };
-    std::thread::Builder::new().name("keel-signals".into()).spawn(move || {
-        rt.block_on(async move {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            };
-            eprintln!("{name}: finishing the current step and committing a checkpoint (grace {} s)", grace.as_secs());
-            stop.request();
-            tokio::time::sleep(grace).await;
-            eprintln!("error: no checkpoint was committed within the {} s grace period (run.sigterm_grace_s)", grace.as_secs());
-            std::process::exit(1);
-        })
-    })?;
-    Ok(())
+    crate::term_signals::spawn("keel-signals", move |mut signals| async move {
+        let name = signals.next().await.name();
+        eprintln!(
+            "{name}: finishing the current step and committing a checkpoint (grace {} s)",
+            grace.as_secs()
+        );
+        stop.request();
+        tokio::time::sleep(grace).await;
+        eprintln!(
+            "error: no checkpoint was committed within the {} s grace period (run.sigterm_grace_s)",
+            grace.as_secs()
+        );
+        std::process::exit(1);
+    })
 }

@@ -165,14 +165,14 @@ struct Worker {
     prefetch: Option<Prefetch>,
 }
 
+/// Policy weights read and decoded: their pointer and their models.
+type Fetched = (WeightsPointer, Vec<bytes::Bytes>);
+
 /// Policy weights loaded ahead (GW-5).
 struct Prefetch {
     id: WeightsId,
-    task: JoinHandle<Result<(WeightsPointer, Vec<bytes::Bytes>), StoreError>>,
+    task: JoinHandle<Result<Fetched, StoreError>>,
 }
-
-/// Policy weights read and decoded: their pointer and their models.
-type Fetched = (WeightsPointer, Vec<bytes::Bytes>);
 
 /// Reads and decodes policy weights `id` of `life` (WT-2, WT-5).
 async fn fetch_policy(
