@@ -81,6 +81,21 @@ fn wait_ok(child: &mut Child, what: &str, log: &Path) {
     );
 }
 
+/// A trainer and generator ranks 0 and 1 on `root` (logs in `dir`), each of which must exit 0:
+/// the generators once the trainer recorded that the run finished (GW-4).
+fn run_trainer_and_two_generators(dir: &Path, cfg: &Path, root: &str) {
+    let logs: Vec<PathBuf> = ["trainer", "g0", "g1"]
+        .iter()
+        .map(|n| dir.join(format!("{n}.log")))
+        .collect();
+    let mut t = trainer(cfg, root, &logs[0]);
+    let mut g0 = generator(0, cfg, root, &logs[1]);
+    let mut g1 = generator(1, cfg, root, &logs[2]);
+    wait_ok(&mut t, "keel trainer", &logs[0]);
+    wait_ok(&mut g0, "keel generator --rank 0", &logs[1]);
+    wait_ok(&mut g1, "keel generator --rank 1", &logs[2]);
+}
+
 /// (step, model crc, optimizer crc) of every checkpoint on the head's lineage, oldest first.
 fn lineage_crcs(rt: &tokio::runtime::Runtime, root: &str) -> Vec<(u64, u32, u32)> {
     let store = RunStore::open(root).expect("open");
@@ -116,17 +131,7 @@ fn sync_trainer_and_two_generators_end_bit_identical_to_one_process_on_s3() {
     wait_ok(&mut train, "keel train", &log);
 
     let multi = s3_root("mp-multi");
-    let logs: Vec<PathBuf> = ["trainer", "g0", "g1"]
-        .iter()
-        .map(|n| dir.path().join(format!("{n}.log")))
-        .collect();
-    let mut t = trainer(&cfg, &multi, &logs[0]);
-    let mut g0 = generator(0, &cfg, &multi, &logs[1]);
-    let mut g1 = generator(1, &cfg, &multi, &logs[2]);
-    wait_ok(&mut t, "keel trainer", &logs[0]);
-    // GW-4: the generators exit 0 once the trainer recorded that the run finished.
-    wait_ok(&mut g0, "keel generator --rank 0", &logs[1]);
-    wait_ok(&mut g1, "keel generator --rank 1", &logs[2]);
+    run_trainer_and_two_generators(dir.path(), &cfg, &multi);
 
     let a = lineage_crcs(&rt, &one);
     let b = lineage_crcs(&rt, &multi);
@@ -389,16 +394,7 @@ fn async_generators_load_newer_weights_while_they_sample() {
     let cfg = config_of(dir.path(), "async", &run);
     let root = dir.path().join("root");
     let root_s = root.to_str().expect("utf-8").to_owned();
-    let logs: Vec<PathBuf> = ["trainer", "g0", "g1"]
-        .iter()
-        .map(|n| dir.path().join(format!("{n}.log")))
-        .collect();
-    let mut t = trainer(&cfg, &root_s, &logs[0]);
-    let mut g0 = generator(0, &cfg, &root_s, &logs[1]);
-    let mut g1 = generator(1, &cfg, &root_s, &logs[2]);
-    wait_ok(&mut t, "keel trainer", &logs[0]);
-    wait_ok(&mut g0, "keel generator --rank 0", &logs[1]);
-    wait_ok(&mut g1, "keel generator --rank 1", &logs[2]);
+    run_trainer_and_two_generators(dir.path(), &cfg, &root_s);
 
     let store = RunStore::open(&root_s).expect("open");
     let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "async").expect("accounting");
