@@ -282,6 +282,9 @@ pub struct RolloutSection {
     pub env_shards: usize,
     /// Held-out tasks used for each evaluation.
     pub eval_tasks: usize,
+    /// k of avg@k: episodes per held-out task sampled at `temperature`, besides the greedy
+    /// pass@1 episode (EV-5); 0 = greedy only.
+    pub eval_samples: usize,
     /// Sample with fixed forward shapes (SA-7): a trajectory does not depend on which episodes
     /// shared its decoding steps, so streamed sync runs are bit-reproducible on CPU.
     pub batch_invariant: BatchInvariance,
@@ -299,6 +302,7 @@ impl Default for RolloutSection {
             generators: 1,
             env_shards: 1,
             eval_tasks: 256,
+            eval_samples: 2,
             batch_invariant: BatchInvariance::Auto,
             inflight_updates: true,
         }
@@ -616,6 +620,12 @@ impl TrainConfig {
         check_at_least("rollout.generators", ro.generators as u64, 1)?;
         check_at_least("rollout.env_shards", ro.env_shards as u64, 1)?;
         check_at_least("rollout.eval_tasks", ro.eval_tasks as u64, 1)?;
+        if ro.eval_samples > 64 {
+            return Err(range_err(
+                "rollout.eval_samples",
+                format!("must be in 0..=64, got {}", ro.eval_samples),
+            ));
+        }
         if !(ro.temperature.is_finite() && ro.temperature > 0.0 && ro.temperature <= 10.0) {
             return Err(range_err(
                 "rollout.temperature",

@@ -70,6 +70,11 @@ pub const KEYS: &[KeyDoc] = &[
     k("rollout.generators", ">= 1", "Generator actors (keel train); with keel trainer, the generator ranks 0..N-1 it addresses work orders to (one keel generator --rank R process each)."),
     k("rollout.env_shards", ">= 1", "Environment-shard actors, each on its own thread; episode e lives on shard e mod env_shards."),
     k("rollout.eval_tasks", ">= 1", "Held-out tasks per evaluation."),
+    k(
+        "rollout.eval_samples",
+        "0..=64",
+        "k of avg@k: sampled episodes per held-out task besides the greedy pass@1 one (0 = greedy only).",
+    ),
     k("rollout.inflight_updates", "true | false", "Async mode: a newly published policy version reaches the samplers between decode steps and the episodes in flight continue under it (each turn records the version it was queued under, never newer than its oldest token; the batch's start version is what admission bounds, so no token exceeds run.staleness_bound and nothing is restarted). false: a batch is sampled with the version it started with."),
     k("rollout.batch_invariant", "auto | on | off", "Decode with fixed forward shapes (every slot, the whole context) and prefill each turn alone, so an episode's tokens and log-probs do not depend on which episodes share the sampler or when their observations arrived: streamed runs and crash resumes stay bit-reproducible on CPU. Costs full-width decode steps. auto = on in sync mode, off in async mode (whose batches depend on timing anyway, through the weight version each starts with); GPU kernels are not bit-deterministic across shapes, so off is the throughput choice there."),
     k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (weight_decay, clip_low, clip_high, dual_clip, loss_agg, kl_coef, ...; policy_loss = ppo | gspo | reinforce picks the loss, rollout_is_threshold the REINFORCE truncation, 2.0 as in verl, 0 for none)."),

@@ -30,11 +30,12 @@
 //!   generator it reaches is a `GeneratorHandle` (an actor here, a rank elsewhere, GH-1); a rank
 //!   that went silent gets no work until it is heard from again (GH-2).
 //! - CT-4 (collapse guard, GD-1..5): every learner result goes through the `CollapseGuard`; a
-//!   non-finite update is skipped (its batch counts as consumed), and a rewind restores the newest
-//!   `healthy` checkpoint on the lineage into the learner, starts a new branch from it (its first
-//!   checkpoint, tagged `rewind`, is committed before training goes on), drops every batch sampled
-//!   on the abandoned branch (their task ranges go back to the cursor) and publishes the restored
-//!   weights under a new board epoch (WB-3). See `controller/rewind.rs`.
+//!   non-finite update is skipped (its batch is used up, its range recorded as skipped), and a
+//!   rewind restores the newest `healthy` checkpoint on the lineage into the learner, starts a
+//!   new branch from it (its first checkpoint, tagged `rewind`, is committed before training goes
+//!   on), drops every batch sampled on the abandoned branch, continues the data stream from the target's frontier (RW-1: what
+//!   the abandoned branch trained after it is owed again) and publishes the restored weights
+//!   under a new board epoch (WB-3). See `controller/rewind.rs`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -84,6 +85,15 @@ impl ReadyBatch {
             groups: Arc::default(),
         }
     }
+}
+
+/// What the learner did with a batch it used up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Used {
+    /// An update was applied.
+    Trained,
+    /// The update was non-finite and refused (GD-1).
+    Skipped,
 }
 
 /// How the RL loop ended.
@@ -160,6 +170,8 @@ pub struct Controller {
     checkpointing: bool,
     consumed_since_checkpoint: Vec<u64>,
     consumed_tasks_since_checkpoint: Vec<u64>,
+    /// Ranges whose update was skipped as non-finite since the last checkpoint (GD-1).
+    skipped_tasks_since_checkpoint: Vec<u64>,
     dropped_since_checkpoint: Vec<u64>,
     checkpointed_version: Option<u64>,
     dropped: u64,
@@ -257,6 +269,7 @@ impl Controller {
             checkpointing: false,
             consumed_since_checkpoint: Vec::new(),
             consumed_tasks_since_checkpoint: Vec::new(),
+            skipped_tasks_since_checkpoint: Vec::new(),
             dropped_since_checkpoint: std::mem::take(&mut s.dropped_on_resume),
             checkpointed_version: Some(s.version),
             dropped: 0,
@@ -459,10 +472,10 @@ impl Controller {
                 act.gen_util.set_busy(act.gen_busy.iter().filter(|b| b.is_some()).count());
                 act.generating.remove(&seq);
                 if epoch != act.epoch {
-                    // Sampled on a branch a rewind abandoned (CT-4): its tasks are owed again.
+                    // Sampled on a branch a rewind abandoned (CT-4): the rewind already owes its
+                    // range again from the target's frontier (RW-1).
                     act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
                     act.dropped += 1;
-                    give_back(act);
                     return act.pump(ctx);
                 }
                 match res {
@@ -616,7 +629,7 @@ impl Controller {
 
     /// A non-finite update was refused (GD-1): count it, consume the batch, maybe rewind.
     fn on_nonfinite(&mut self, batch: ReadyBatch, what: &str, ctx: &mut Context<Self>) {
-        self.consume(&batch);
+        self.consume(&batch, Used::Skipped);
         let m = &self.s.metrics;
         m.nonfinite_steps.inc();
         m.guard_anomalies.inc_for("nonfinite", 1);
@@ -641,12 +654,16 @@ impl Controller {
         }
     }
 
-    /// Accounts for a batch the learner used (CT-6); an RTPO sibling batch moves its tree on
-    /// and its range counts as trained after the last depth (MS-1).
-    fn consume(&mut self, batch: &ReadyBatch) {
+    /// Accounts for a batch the learner used (CT-6): its range is trained, or skipped when its
+    /// update was refused as non-finite (GD-1); an RTPO sibling batch moves its tree on and its
+    /// range counts as trained after the last depth (MS-1).
+    fn consume(&mut self, batch: &ReadyBatch, used: Used) {
         self.consumed_since_checkpoint.push(batch.batch_seq);
         if !batch.branch {
-            self.consumed_tasks_since_checkpoint.push(batch.first_task);
+            match used {
+                Used::Trained => self.consumed_tasks_since_checkpoint.push(batch.first_task),
+                Used::Skipped => self.skipped_tasks_since_checkpoint.push(batch.first_task),
+            }
             return;
         }
         let Some(tree) = self.rtpo.as_mut() else {
@@ -674,7 +691,7 @@ impl Controller {
     fn on_trained(&mut self, batch: ReadyBatch, t: Trained, ctx: &mut Context<Self>) {
         self.s.version = t.version;
         self.s.board.publish(t.weights.clone());
-        self.consume(&batch);
+        self.consume(&batch, Used::Trained);
         self.record_trained(&t);
         for (model, what) in &t.refused_models {
             // LA-5: an agent model kept its weights for this step; the step stands.
@@ -907,6 +924,15 @@ impl Controller {
             .copied()
             .chain(self.ready.iter().map(|b| b.first_task))
             .collect();
+        // The resume index: where the batches of the pending ranges are (or will be) stored.
+        let pending_batch_seqs: Vec<u64> = self
+            .generating
+            .keys()
+            .copied()
+            .chain(self.ready.iter().map(|b| b.batch_seq))
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
         let in_flight: Vec<u64> = in_flight
             .into_iter()
             .chain(self.rtpo.as_ref().map(|t| t.first_task))
@@ -937,6 +963,8 @@ impl Controller {
             pending_tasks: frontier.pending.clone(),
             consumed_tasks: std::mem::take(&mut self.consumed_tasks_since_checkpoint),
             dropped_batches: std::mem::take(&mut self.dropped_since_checkpoint),
+            skipped_tasks: std::mem::take(&mut self.skipped_tasks_since_checkpoint),
+            pending_batch_seqs: Some(pending_batch_seqs),
             method_state,
         };
         let store: RunStore = self.s.store.clone();

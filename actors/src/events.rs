@@ -32,10 +32,19 @@ pub enum TrainEvent {
         phase: String,
         /// Policy version evaluated.
         version: u64,
-        /// Success rate.
+        /// pass@1: the success rate of one greedy episode per task (EV-5).
         success: f64,
-        /// Episodes evaluated.
+        /// Held-out tasks evaluated.
         episodes: usize,
+        /// How `success` was decoded: `greedy`.
+        decoding: String,
+        /// avg@k: the mean success of `samples` episodes per task sampled at `temperature`
+        /// (`None` when `rollout.eval_samples = 0`).
+        avg_at_k: Option<f64>,
+        /// k of avg@k.
+        samples: usize,
+        /// Temperature of the avg@k pass.
+        temperature: f64,
     },
     /// The run resumed from a checkpoint.
     Resumed {

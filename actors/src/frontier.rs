@@ -14,10 +14,17 @@
 //!   is dropped and counted; its range is regenerated. No range is trained on twice.
 //! - DF-3: batch sequence numbers after a resume are above every sequence number in the store, so
 //!   no batch object is ever overwritten (ST-1).
+//! - DF-5: a found batch whose first task lies more than [`MAX_RANGES_AHEAD`] ranges beyond the
+//!   checkpoint's next task is never reused (dropped and counted): keel never has that many
+//!   ranges in flight, and the owed gaps before it would have to be listed one by one. Planning
+//!   never overflows, whatever the store holds.
 
 use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
+
+/// How far beyond the checkpoint's next task a reusable batch may start, in ranges (DF-5).
+pub const MAX_RANGES_AHEAD: u64 = 4096;
 
 /// The frontier as recorded in a checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +75,12 @@ pub fn plan_resume(
     let mut next_task = saved.next_task;
     let mut claimed = BTreeSet::new();
     let mut plan = ResumePlan::default();
-    let max_seq = found.iter().map(|b| b.batch_seq + 1).max().unwrap_or(0);
+    let max_seq = found
+        .iter()
+        .map(|b| b.batch_seq.saturating_add(1))
+        .max()
+        .unwrap_or(0);
+    let reach = next_task.saturating_add(MAX_RANGES_AHEAD.saturating_mul(tasks_per_batch));
     for b in found {
         let owed = pending.contains(&b.first_task) || b.first_task >= next_task;
         let dispatched_before_checkpoint = b.batch_seq < saved.next_batch_seq;
@@ -80,7 +92,7 @@ pub fn plan_resume(
         }
         let fresh_enough =
             b.policy_version <= restored_version && restored_version - b.policy_version <= bound;
-        if !fresh_enough {
+        if !fresh_enough || b.first_task >= reach {
             plan.dropped.push(b);
             continue;
         }
@@ -89,9 +101,9 @@ pub fn plan_resume(
             let mut gap = next_task;
             while gap < b.first_task {
                 pending.insert(gap);
-                gap += tasks_per_batch;
+                gap = gap.saturating_add(tasks_per_batch.max(1));
             }
-            next_task = b.first_task + tasks_per_batch;
+            next_task = b.first_task.saturating_add(tasks_per_batch);
         }
         plan.reuse.push(b);
     }
@@ -231,6 +243,31 @@ mod tests {
         assert_eq!(plan.frontier.pending, vec![0, 32]);
         assert_eq!(plan.frontier.next_task, 64);
         assert_eq!(plan.frontier.next_batch_seq, 3);
+    }
+
+    #[test]
+    fn df5_a_batch_far_beyond_the_frontier_is_dropped_and_nothing_overflows() {
+        let saved = Frontier {
+            next_task: 32,
+            pending: vec![],
+            next_batch_seq: 2,
+        };
+        let far = fb(3, 32 + 16 * MAX_RANGES_AHEAD, 2);
+        let huge = FoundBatch {
+            batch_seq: u64::MAX,
+            ..fb(0, u64::MAX - 3, 2)
+        };
+        let plan = plan_resume(
+            &saved,
+            2,
+            0,
+            16,
+            vec![fb(2, 32, 2), far.clone(), huge.clone()],
+        );
+        assert_eq!(plan.reuse, vec![fb(2, 32, 2)]);
+        assert_eq!(plan.dropped, vec![far, huge]);
+        assert_eq!(plan.frontier.next_task, 48);
+        assert_eq!(plan.frontier.next_batch_seq, u64::MAX);
     }
 
     #[test]

@@ -97,8 +97,20 @@ pub struct GeneratorSetup {
 pub enum Purpose {
     /// A training batch, written to the store.
     Train,
-    /// Held-out evaluation: one sampled episode per task, nothing written, no scaffold.
-    Eval,
+    /// Held-out evaluation (`crate::eval`): nothing written, no scaffold.
+    Eval(Decoding),
+}
+
+/// How an evaluation decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Decoding {
+    /// One greedy episode per task (pass@1).
+    Greedy,
+    /// `samples` episodes per task at the rollout temperature (avg@k).
+    Sampled {
+        /// Episodes per task (k).
+        samples: usize,
+    },
 }
 
 /// What kind of training batch to sample.
@@ -331,9 +343,16 @@ impl Generator {
         };
         let version = self.load_weights(anchors > 0)?;
         let first_task = msg.tasks.first().map(|t| t.task_id).unwrap_or(0);
-        let purpose_tag = if train { 1 } else { 2 };
+        let purpose_tag = match msg.purpose {
+            Purpose::Train => 1,
+            Purpose::Eval(Decoding::Greedy) => 2,
+            Purpose::Eval(Decoding::Sampled { .. }) => 3,
+        };
         let (plans, capture) = match (&msg.work, msg.purpose) {
-            (_, Purpose::Eval) => (group_plans(&msg.tasks, 1, 0), false),
+            (_, Purpose::Eval(Decoding::Greedy)) => (group_plans(&msg.tasks, 1, 0), false),
+            (_, Purpose::Eval(Decoding::Sampled { samples })) => {
+                (group_plans(&msg.tasks, samples.max(1), 0), false)
+            }
             (Work::Groups, Purpose::Train) => {
                 (group_plans(&msg.tasks, setup.group_size, anchors), false)
             }
@@ -363,7 +382,7 @@ impl Generator {
             env_name: setup.env_name.clone(),
             plans,
             temperature: setup.temperature,
-            greedy: false,
+            greedy: msg.purpose == Purpose::Eval(Decoding::Greedy),
             max_turn_tokens: setup.max_turn_tokens,
             context_len: setup.model.config.max_position_embeddings,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
@@ -416,7 +435,7 @@ impl Generator {
         };
         let mut trunk_depth = None;
         let key = match (&msg.work, msg.purpose) {
-            (_, Purpose::Eval) => None,
+            (_, Purpose::Eval(_)) => None,
             (Work::Trunks { key }, Purpose::Train) => {
                 let record = TrunkRecord {
                     format: TRUNK_FORMAT.into(),

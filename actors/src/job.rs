@@ -42,16 +42,16 @@ use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
 use crate::demo_tokens::{render_demonstration, SftSequence};
 use crate::env_shard::EnvFactory;
 use crate::error::ActorError;
+use crate::eval::{self, EvalPlan};
 use crate::events::{EventSink, TrainEvent};
-use crate::frontier::{plan_resume, FoundBatch, Frontier};
-use crate::generator::{Generate, Purpose};
+use crate::frontier::{plan_resume, Frontier};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
 use crate::learner_actor::{LoadReference, ReferenceWeights};
 use crate::metrics::TrainMetrics;
 use crate::remote::{GeneratorHandle, LifeKeys, StoreBoard};
-use crate::rollout::TaskRef;
 use crate::setup::{LocalGenerators, ModelSetup};
+use crate::stored_batches;
 use crate::supervision::RestartBudget;
 use crate::tracking::Trackers;
 use crate::weights::{Board, PublishedReference};
@@ -402,6 +402,9 @@ impl Generators {
 struct RlStart {
     version: u64,
     frontier: Frontier,
+    /// The data position of the checkpoint resumed from (default on a fresh start): which stored
+    /// batches the resume reads (DF-4).
+    resumed_data: DataPosition,
     parent: Option<String>,
     reference: Option<String>,
     method_state: BTreeMap<String, String>,
@@ -592,6 +595,7 @@ async fn restore(
             pending: manifest.data.pending_tasks.clone(),
             next_batch_seq: manifest.data.next_batch_seq,
         },
+        resumed_data: manifest.data.clone(),
         parent: Some(manifest.id.clone()),
         reference,
         method_state: manifest.data.method_state.clone(),
@@ -700,6 +704,7 @@ async fn warm_start(
     Ok(RlStart {
         version: 0,
         frontier: Frontier::default(),
+        resumed_data: DataPosition::default(),
         parent: Some(manifest.id.clone()),
         reference: Some(manifest.id),
         method_state,
@@ -718,7 +723,23 @@ async fn plan_reuse(
     rl: &mut RlStart,
 ) -> Result<(Vec<ReadyBatch>, Vec<u64>, u64), ActorError> {
     let cfg = &job.cfg;
-    let (found, quarantined) = find_batches(&job.store, &job.io, &job.metrics).await?;
+    let (store, data) = (job.store.clone(), rl.resumed_data.clone());
+    let scan = spawn_io(
+        &job.io,
+        async move { stored_batches::scan(&store, &data).await },
+    )
+    .await?;
+    for (key, reason) in &scan.quarantined {
+        job.metrics.store_quarantined.inc_for("batch", 1);
+        eprintln!("warning: {reason}; moved {key} to quarantine/, its tasks are regenerated");
+    }
+    tracing::info!(
+        listed = scan.listed,
+        read = scan.read,
+        "resume: read the stored batches the checkpoint's index names (DF-4)"
+    );
+    let quarantined = scan.quarantined.len() as u64;
+    let found = scan.found;
     let mut plan = plan_resume(
         &rl.frontier,
         rl.version,
@@ -883,51 +904,8 @@ async fn find_start(
     Ok((Some(StartPoint { manifest, files }), Vec::new()))
 }
 
-async fn find_batches(
-    store: &RunStore,
-    io: &tokio::runtime::Handle,
-    metrics: &TrainMetrics,
-) -> Result<(Vec<FoundBatch>, u64), ActorError> {
-    let s = store.clone();
-    let keys = spawn_io(io, async move { s.list_batches().await }).await?;
-    let mut found = Vec::with_capacity(keys.len());
-    let mut quarantined = 0;
-    for key in keys {
-        let s = store.clone();
-        let k = key.clone();
-        let buf = match spawn_io(io, async move { s.get_batch(&k).await }).await {
-            Ok(buf) => buf,
-            Err(ActorError::Store(e @ StoreError::CorruptBatch { .. })) => {
-                let (s, k, reason) = (store.clone(), key.clone(), e.to_string());
-                spawn_io(io, async move { s.quarantine_batch(&k, &reason).await }).await?;
-                metrics.store_quarantined.inc_for("batch", 1);
-                quarantined += 1;
-                eprintln!("warning: {e}; moved it to quarantine/, its tasks are regenerated");
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let b = buf.archived();
-        let first_task = b.trajectories.iter().map(|t| t.task_id.to_native()).min();
-        let oldest = b
-            .trajectories
-            .iter()
-            .flat_map(|t| t.turns.iter())
-            .map(|t| t.policy_version.to_native())
-            .min();
-        if let Some(first_task) = first_task {
-            found.push(FoundBatch {
-                key: key.0.clone(),
-                batch_seq: b.batch_seq.to_native(),
-                first_task,
-                policy_version: oldest.unwrap_or(b.policy_version.to_native()),
-            });
-        }
-    }
-    Ok((found, quarantined))
-}
-
-/// Held-out evaluation: one sampled episode per eval task with the published weights.
+/// Held-out evaluation of the published weights (`crate::eval`, EV-4..6): pass@1 (greedy) and
+/// avg@k (sampled); returns pass@1, the run's eval success.
 async fn evaluate(
     generator: &Arc<dyn GeneratorHandle>,
     cfg: &TrainConfig,
@@ -935,22 +913,19 @@ async fn evaluate(
     phase: &str,
     events: &EventSink,
 ) -> Result<f64, ActorError> {
-    let tasks: Vec<TaskRef> = (0..cfg.rollout.eval_tasks as u64)
-        .map(|i| TaskRef {
-            task_id: i,
-            task_seed: task_seed(Split::Eval, i),
-        })
-        .collect();
-    let msg = Generate::groups(EVAL_BATCH_SEQ + version, tasks, Purpose::Eval);
-    let generated = generator.generate(msg).await?;
-    let success = generated.stats.success_rate();
+    let plan = EvalPlan::of(cfg, EVAL_BATCH_SEQ + 2 * version);
+    let report = eval::evaluate(generator.as_ref(), &plan).await?;
     events(&TrainEvent::Eval {
         phase: phase.into(),
         version,
-        success,
-        episodes: generated.stats.episodes,
+        success: report.pass_at_1(),
+        episodes: report.tasks,
+        decoding: "greedy".into(),
+        avg_at_k: report.avg_at_k(),
+        samples: report.samples,
+        temperature: report.temperature,
     });
-    Ok(success)
+    Ok(report.pass_at_1())
 }
 
 /// PATS (MS-2): a fresh scaffold, or the one named by the checkpoint resumed from.

@@ -147,6 +147,73 @@ struct Outcome {
     invalid_action: bool,
 }
 
+/// EX-6: what `/info` says must be usable: a name, a horizon and a vocabulary of sane sizes
+/// (the tokenizer and every episode's turn budget are built from them).
+fn check_info(info: &Info) -> Result<(), String> {
+    let bad = |what: String| Err(what);
+    if info.name.is_empty() || info.name.len() > 64 || info.name.chars().any(char::is_whitespace) {
+        return bad(format!(
+            "name {:?} must be 1-64 characters without spaces",
+            info.name
+        ));
+    }
+    if info.max_turns == 0 || info.max_turns > MAX_TURNS_LIMIT {
+        return bad(format!(
+            "max_turns {} must be in 1..={MAX_TURNS_LIMIT}",
+            info.max_turns
+        ));
+    }
+    if info.vocabulary.is_empty() || info.vocabulary.len() > MAX_VOCABULARY {
+        return bad(format!(
+            "the vocabulary has {} words; it must have 1..={MAX_VOCABULARY}",
+            info.vocabulary.len()
+        ));
+    }
+    if let Some(w) = info
+        .vocabulary
+        .iter()
+        .find(|w| w.is_empty() || w.len() > 64 || w.chars().any(char::is_whitespace))
+    {
+        return bad(format!(
+            "vocabulary word {w:?} must be 1-64 characters without spaces"
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes one answer of the protocol as the client reads it (`path`: `info`, `reset`, `step`,
+/// `snapshot` or `restore`): `/info` is checked (EX-6) and made into the tokenizer a run builds
+/// from it. The entry of the `env_answer` fuzz target (`keel-integration`'s `fuzz`).
+pub fn decode_answer(path: &str, text: &str) -> Result<(), String> {
+    let bad = |e: serde_json::Error| format!("{path}: bad JSON answer ({e})");
+    match path {
+        "info" => {
+            let info: Info = serde_json::from_str(text).map_err(bad)?;
+            check_info(&info)?;
+            let tokenizer = crate::Tokenizer::from_words(&info.vocabulary);
+            tokenizer
+                .encode(&info.vocabulary.join(" "))
+                .map_err(|e| e.to_string())?;
+        }
+        "reset" => {
+            let a: ResetAnswer = serde_json::from_str(text).map_err(bad)?;
+            fnv1a64(a.view.anchor_state.as_bytes());
+        }
+        "step" => {
+            let a: StepAnswer = serde_json::from_str(text).map_err(bad)?;
+            fnv1a64(a.view.anchor_state.as_bytes());
+        }
+        "snapshot" => {
+            serde_json::from_str::<SnapshotAnswer>(text).map_err(bad)?;
+        }
+        "restore" => {
+            serde_json::from_str::<RestoreAnswer>(text).map_err(bad)?;
+        }
+        other => return Err(format!("the protocol has no answer to {other:?}")),
+    }
+    Ok(())
+}
+
 /// A connection pool to one env server and what its `/info` said (EX-4): cloned into every
 /// episode's [`ExternalEnv`], so episodes share connections and `/info` is asked once.
 #[derive(Clone)]
@@ -188,46 +255,9 @@ impl ExternalClient {
             }),
         };
         let info: Info = client.call("info", None)?;
-        client.check_info(&info)?;
+        check_info(&info).map_err(|what| client.err(format!("info: {what}")))?;
         client.info = Arc::new(info);
         Ok(client)
-    }
-
-    /// EX-6: what `/info` says must be usable: a name, a horizon and a vocabulary of sane sizes
-    /// (the tokenizer and every episode's turn budget are built from them).
-    fn check_info(&self, info: &Info) -> Result<(), EnvError> {
-        let bad = |what: String| Err(self.err(format!("info: {what}")));
-        if info.name.is_empty()
-            || info.name.len() > 64
-            || info.name.chars().any(char::is_whitespace)
-        {
-            return bad(format!(
-                "name {:?} must be 1-64 characters without spaces",
-                info.name
-            ));
-        }
-        if info.max_turns == 0 || info.max_turns > MAX_TURNS_LIMIT {
-            return bad(format!(
-                "max_turns {} must be in 1..={MAX_TURNS_LIMIT}",
-                info.max_turns
-            ));
-        }
-        if info.vocabulary.is_empty() || info.vocabulary.len() > MAX_VOCABULARY {
-            return bad(format!(
-                "the vocabulary has {} words; it must have 1..={MAX_VOCABULARY}",
-                info.vocabulary.len()
-            ));
-        }
-        if let Some(w) = info
-            .vocabulary
-            .iter()
-            .find(|w| w.is_empty() || w.len() > 64 || w.chars().any(char::is_whitespace))
-        {
-            return bad(format!(
-                "vocabulary word {w:?} must be 1-64 characters without spaces"
-            ));
-        }
-        Ok(())
     }
 
     /// A fresh episode on this server (no request until its reset).

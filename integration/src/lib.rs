@@ -5,6 +5,8 @@
 //! - `s3_root()`: a fresh prefix on the SeaweedFS server that scripts/test.sh starts on loopback
 //!   (`KEEL_TEST_S3_ENDPOINT`); tests that need S3 fail with a clear message without it.
 
+pub mod fuzz;
+
 use std::path::PathBuf;
 
 /// Path of the `keel` binary next to this test executable's target profile folder.
@@ -212,12 +214,20 @@ pub fn check_accounting(
         .expect("ancestry");
     let head = &lineage[0];
     let mut trained = BTreeSet::new();
+    let mut skipped = BTreeSet::new();
     let mut seqs = BTreeSet::new();
     for m in &lineage {
         for &t in &m.data.consumed_tasks {
             assert!(
-                trained.insert(t),
+                trained.insert(t) && !skipped.contains(&t),
                 "{context}: task range {t} trained twice (again in {})",
+                m.id
+            );
+        }
+        for &t in &m.data.skipped_tasks {
+            assert!(
+                skipped.insert(t) && !trained.contains(&t),
+                "{context}: task range {t} used twice (skipped in {})",
                 m.id
             );
         }
@@ -231,13 +241,13 @@ pub fn check_accounting(
     }
     let pending: BTreeSet<u64> = head.data.pending_tasks.iter().copied().collect();
     assert!(
-        trained.is_disjoint(&pending),
-        "{context}: ranges both trained and pending"
+        trained.is_disjoint(&pending) && skipped.is_disjoint(&pending),
+        "{context}: ranges both used and pending"
     );
     let owed: BTreeSet<u64> = (0..head.data.next_task_index)
         .step_by(tasks_per_batch as usize)
         .collect();
-    let accounted: BTreeSet<u64> = trained.union(&pending).copied().collect();
+    let accounted: BTreeSet<u64> = trained.union(&pending).chain(&skipped).copied().collect();
     assert_eq!(
         accounted, owed,
         "{context}: task ranges lost or invented below {}",

@@ -29,6 +29,21 @@ fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_jso
     events.iter().filter(|e| e["event"] == kind).collect()
 }
 
+/// The crash harness's books on `branch` after a rewind: along its lineage every task range is
+/// trained at most once, and trained + pending ranges are exactly those handed out (the ranges
+/// trained on the abandoned branch after the healthy checkpoint are owed again, not lost).
+fn assert_accounted(dir: &Path, branch: &str) {
+    let rt = keel_integration::test_rt();
+    let root = dir.join("run");
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8"))
+        .and_then(|s| s.on_branch(branch))
+        .expect("open the run root");
+    keel_integration::check_accounting(&rt, &store, TASKS_PER_BATCH, branch).expect("a checkpoint");
+}
+
+/// `rollout.tasks_per_batch` of `tiny_config`.
+const TASKS_PER_BATCH: u64 = 6;
+
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
@@ -68,6 +83,7 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
         (Some(10), Some("rewind-1")),
         "the run finished on the new branch"
     );
+    assert_accounted(dir.path(), "rewind-1");
     assert!(
         steps
             .iter()
@@ -164,6 +180,8 @@ fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate
     );
     let last = of_kind(&ev, "step").last().map(|s| s["step"].as_u64());
     assert_eq!(last, Some(Some(12)));
+    let last_rewind = rewinds.last().expect("a rewind");
+    assert_accounted(dir.path(), last_rewind["branch"].as_str().expect("branch"));
 }
 
 #[test]

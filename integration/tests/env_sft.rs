@@ -1,6 +1,7 @@
 //! The SFT warm start per environment: the tiny transformer, trained briefly on noised oracle
 //! demonstrations, reaches a nonzero (and usually imperfect) held-out success in every built-in
-//! env. Greedy evaluation through `ModelPolicy` (MP-1..MP-3).
+//! env. Evaluated by the one evaluation function (`keel_actors::eval`, EV-4..6): pass@1 of one
+//! greedy episode per held-out task, through a real generator and env shard.
 //!
 //! Each env is one test so that they run in parallel. `calc` and `solver-verifier` take a few
 //! seconds and run by default; the others take about a minute each on 2 cores and are marked
@@ -8,10 +9,11 @@
 //! `cargo nextest run -p keel-integration --test env_sft --run-ignored all`).
 
 use keel_actors::demo_tokens::render_demonstration;
-use keel_actors::model_policy::ModelPolicy;
-use keel_envs::evaluate::{evaluate, Transcript};
-use keel_envs::{demonstrations, make_env, task_seed, Env, Split, Tokenizer};
-use keel_learner::{Learner, LearnerConfig, ModelSpec, TinyShape, TrainBatch};
+use keel_actors::eval::{evaluate_weights, EvalPlan};
+use keel_actors::weights::PublishedWeights;
+use keel_actors::TrainConfig;
+use keel_envs::{demonstrations, make_env, task_seed, Split, Tokenizer};
+use keel_learner::{Learner, LearnerConfig, TrainBatch};
 
 const CONTEXT: usize = 256;
 
@@ -29,11 +31,15 @@ fn sft_success(
     let seeds: Vec<u64> = (0..demos as u64)
         .map(|i| task_seed(Split::Train, (1 << 32) + i))
         .collect();
-    let codec = || {
-        keel_actors::TrainConfig::default()
-            .chat_codec(&tok)
-            .expect("codec")
-    };
+    // The run config the evaluation's generator samples under: this env, this model shape.
+    let mut cfg = TrainConfig::default();
+    cfg.env.name = name.to_string();
+    cfg.env.difficulty = difficulty;
+    cfg.model.context_len = CONTEXT;
+    cfg.rollout.max_turn_tokens = max_turn_tokens;
+    cfg.run.device = "cpu".into();
+    cfg.run.seed = 3;
+    let codec = || cfg.chat_codec(&tok).expect("codec");
     let data: Vec<(Vec<u32>, Vec<u8>)> = demonstrations(env.as_mut(), &tok, &seeds, 0.15, 7)
         .expect("demos")
         .iter()
@@ -44,18 +50,7 @@ fn sft_success(
         data.len() > demos / 2,
         "{name}: most demonstrations must fit the context"
     );
-    let sp = tok.special();
-    let shape = TinyShape {
-        vocab_size: tok.vocab_size(),
-        context_len: CONTEXT,
-        n_layer: 2,
-        d_model: 64,
-        n_head: 4,
-        bos_token_id: sp.bos,
-        eos_token_id: sp.eot,
-        pad_token_id: sp.pad,
-    };
-    let spec = ModelSpec::tiny(&shape, tch::Device::Cpu, 3, false).expect("spec");
+    let spec = cfg.model_spec(&tok, tch::Device::Cpu).expect("spec");
     let mut learner =
         Learner::new(spec.build().expect("model"), LearnerConfig::default(), 3).expect("learner");
     let batch_size = 32;
@@ -68,18 +63,18 @@ fn sft_success(
         learner.sft_step(&batch, 3e-3).expect("sft step");
     }
     let weights = learner.model().to_safetensors().expect("weights");
-    let mut policy_model = spec.blank().expect("model");
-    policy_model.load_safetensors(&weights).expect("load");
-    let mut policy = ModelPolicy::new(policy_model, codec(), max_turn_tokens).expect("policy");
-    let mut act = |e: &dyn Env, t: &Transcript| policy.act(e, t).expect("act");
-    let report = evaluate(env.as_mut(), 40, &mut act);
-    println!(
-        "{name} d{difficulty}: SFT held-out success {:.3} (CI {:?}), reward {:.3}",
-        report.success_rate(),
-        report.ci95(),
-        report.mean_reward
-    );
-    report.success_rate()
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let store = keel_store::RunStore::open(scratch.path().to_str().expect("utf-8")).expect("store");
+    let plan = EvalPlan {
+        tasks: 40,
+        samples: 0,
+        temperature: 1.0,
+        batch_seq: 1 << 40,
+    };
+    let report = evaluate_weights(&cfg, &store, PublishedWeights::single(0, weights), &plan)
+        .expect("evaluate");
+    println!("{name} d{difficulty}: SFT held-out {}", report.describe());
+    report.pass_at_1()
 }
 
 fn check(name: &str, difficulty: usize, steps: usize, max_turn_tokens: usize) {

@@ -726,7 +726,7 @@ fn eval_has_no_scaffold(
     bank: keel_envs::scaffold::Bank,
 ) {
     use keel_actors::env_shard::{EnvFactory, EnvShard, ShardOptions};
-    use keel_actors::generator::{Generate, Generator, GeneratorSetup, Purpose, Work};
+    use keel_actors::generator::{Decoding, Generate, Generator, GeneratorSetup, Purpose, Work};
     use keel_actors::rollout::TaskRef;
     use keel_actors::supervision::RestartBudget;
     use keel_actors::weights::{PublishedWeights, WeightBoard};
@@ -795,7 +795,10 @@ fn eval_has_no_scaffold(
             scaffold: Some(bank.clone()),
         };
         let eval = generator
-            .send(ask(1 << 40, Purpose::Eval))
+            .send(ask(
+                1 << 40,
+                Purpose::Eval(Decoding::Sampled { samples: 1 }),
+            ))
             .await
             .expect("mailbox")
             .expect("eval");

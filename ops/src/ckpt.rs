@@ -48,7 +48,7 @@ pub fn verify(run_root: &str, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// `keel ckpt gc`: lineage-aware retention (GC-1..5); `dry_run` only prints the plan.
+/// `keel ckpt gc`: lineage-aware retention (GC-1..7); `dry_run` only prints the plan.
 pub fn gc(run_root: &str, keep_last: usize, orphan_min_age_s: u64, dry_run: bool) -> Result<()> {
     let (store, rt) = open(run_root)?;
     let plan = rt.block_on(store.plan_gc(keep_last, Duration::from_secs(orphan_min_age_s)))?;
@@ -67,13 +67,21 @@ pub fn gc(run_root: &str, keep_last: usize, orphan_min_age_s: u64, dry_run: bool
     for key in &plan.stale_state {
         println!("state    {key}");
     }
+    if let (Some(first), Some(last)) = (plan.stale_batches.first(), plan.stale_batches.last()) {
+        // A long run holds thousands: one line, not one per batch.
+        println!(
+            "batches  {} no kept checkpoint can reuse: {first} … {last}",
+            plan.stale_batches.len()
+        );
+    }
     let summary = format!(
-        "{} kept, {} checkpoints to collect, {} orphan objects, {} old head generations, {} unnamed method state objects",
+        "{} kept, {} checkpoints to collect, {} orphan objects, {} old head generations, {} unnamed method state objects, {} used rollout batches",
         plan.keep.len(),
         plan.collect.len(),
         plan.orphans.len(),
         plan.stale_heads.len(),
-        plan.stale_state.len()
+        plan.stale_state.len(),
+        plan.stale_batches.len()
     );
     if dry_run {
         println!("dry run: {summary}; nothing was deleted");

@@ -3,14 +3,15 @@
 
 use std::io::{BufRead, Write};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use keel_actors::config::codec_from_files;
-use keel_actors::model_policy::ModelPolicy;
-use keel_envs::evaluate::{evaluate, oracle_policy, random_policy, Transcript};
+use keel_actors::eval::EvalPlan;
+use keel_actors::job::EVAL_BATCH_SEQ;
+use keel_actors::weights::PublishedWeights;
+use keel_actors::TrainConfig;
+use keel_envs::evaluate::{evaluate, oracle_policy, random_policy};
 use keel_envs::{build_env, task_seed, Env, EnvConfig, ExternalConfig, Split, ENVS};
-use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
 use keel_store::RunStore;
 
 /// `keel env ...`.
@@ -79,9 +80,17 @@ pub struct EvalArgs {
     /// Run root holding the checkpoint.
     #[arg(long, default_value = "runs/quickstart")]
     run_root: String,
-    /// Most tokens per turn for a checkpoint policy.
-    #[arg(long, default_value_t = 8)]
-    max_turn_tokens: usize,
+    /// The run's config for a checkpoint policy (default: the one its trainer recorded in the
+    /// run root); the env and the evaluation settings come from this command.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Checkpoint policy: k of avg@k, sampled episodes per task besides the greedy one (EV-5);
+    /// default: the config's `rollout.eval_samples`.
+    #[arg(long)]
+    samples: Option<usize>,
+    /// Checkpoint policy: most tokens per turn (default: the config's `rollout.max_turn_tokens`).
+    #[arg(long)]
+    max_turn_tokens: Option<usize>,
     /// Seed of the random policy.
     #[arg(long, default_value_t = 0)]
     rng_seed: u64,
@@ -151,83 +160,105 @@ fn play(args: PlayArgs) -> Result<()> {
 }
 
 fn eval(args: EvalArgs) -> Result<()> {
-    let mut env = args.env.build()?;
     let report = match args.policy.as_str() {
-        "oracle" => evaluate(env.as_mut(), args.episodes, &mut oracle_policy()),
-        "random" => evaluate(
-            env.as_mut(),
-            args.episodes,
-            &mut random_policy(args.rng_seed),
-        ),
-        id => {
-            let mut policy = load_checkpoint_policy(&args.run_root, id, args.max_turn_tokens)?;
-            let mut failure = None;
-            let mut act = |e: &dyn Env, t: &Transcript| {
-                policy.act(e, t).unwrap_or_else(|err| {
-                    failure.get_or_insert(err.to_string());
-                    String::new()
-                })
+        "oracle" | "random" => {
+            let mut env = args.env.build()?;
+            let report = if args.policy == "oracle" {
+                evaluate(env.as_mut(), args.episodes, &mut oracle_policy())
+            } else {
+                evaluate(
+                    env.as_mut(),
+                    args.episodes,
+                    &mut random_policy(args.rng_seed),
+                )
             };
-            let report = evaluate(env.as_mut(), args.episodes, &mut act);
-            if let Some(err) = failure {
-                bail!("policy failed: {err}");
-            }
-            report
+            let (lo, hi) = report.ci95();
+            format!(
+                "success {:.3} (95% CI {lo:.3}..{hi:.3}) over {} held-out tasks; mean reward {:.3}; invalid actions {:.1}%",
+                report.success_rate(),
+                report.episodes,
+                report.mean_reward,
+                100.0 * report.invalid_rate
+            )
         }
+        id => eval_checkpoint(&args, id)?,
     };
-    let (lo, hi) = report.ci95();
     println!(
-        "{} difficulty {} policy {}: success {:.3} (95% CI {:.3}..{:.3}) over {} held-out tasks; mean reward {:.3}; invalid actions {:.1}%",
-        env.name(),
-        args.env.difficulty,
-        args.policy,
-        report.success_rate(),
-        lo,
-        hi,
-        report.episodes,
-        report.mean_reward,
-        100.0 * report.invalid_rate
+        "{} difficulty {} policy {}: {report}",
+        args.env.name, args.env.difficulty, args.policy
     );
     Ok(())
 }
 
-fn load_checkpoint_policy(run_root: &str, id: &str, max_turn_tokens: usize) -> Result<ModelPolicy> {
-    let store =
-        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+/// A checkpoint policy through the one evaluation function (`keel_actors::eval`, EV-4..6): the
+/// run's config with this command's env, the checkpoint's weights, pass@1 (greedy) and avg@k.
+fn eval_checkpoint(args: &EvalArgs, id: &str) -> Result<String> {
+    let store = RunStore::open(&args.run_root)
+        .with_context(|| format!("cannot open run root {}", args.run_root))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let manifest = if id == "latest" {
         rt.block_on(store.latest_checkpoint())?
-            .with_context(|| format!("no checkpoint under {run_root}"))?
+            .with_context(|| format!("no checkpoint under {}", args.run_root))?
     } else {
         let all = rt.block_on(store.list_checkpoints())?;
-        all.into_iter().find(|m| m.id == id).with_context(|| format!("no checkpoint {id} under {run_root} (`keel ckpt list`); --policy takes oracle, random or a checkpoint id"))?
+        all.into_iter().find(|m| m.id == id).with_context(|| format!("no checkpoint {id} under {} (`keel ckpt list`); --policy takes oracle, random or a checkpoint id", args.run_root))?
     };
-    let json = rt.block_on(store.read_checkpoint_file(&manifest, "learner.json"))?;
-    let weights = rt.block_on(store.read_checkpoint_file(&manifest, "model.safetensors"))?;
-    let mut tokenizer_files = Vec::new();
-    for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
-        let bytes = rt
-            .block_on(store.read_checkpoint_file(&manifest, name))
-            .with_context(|| format!("checkpoint {} has no {name}", manifest.id))?;
-        tokenizer_files.push((name.to_string(), bytes.to_vec()));
+    let mut cfg = match &args.config {
+        Some(path) => crate::load_config(Some(path))?,
+        None => {
+            let branch = store.on_branch(&manifest.branch)?;
+            let life = rt.block_on(branch.newest_life())?.with_context(|| {
+                format!(
+                    "the run root records no config for branch {}; pass --config with the run's config",
+                    manifest.branch
+                )
+            })?;
+            TrainConfig::from_toml(&life.config_toml)
+                .context("the config the run's trainer recorded")?
+        }
+    };
+    cfg.env.name = args.env.name.clone();
+    cfg.env.difficulty = args.env.difficulty;
+    if let Some(url) = &args.env.url {
+        cfg.env.url = url.clone();
     }
-    let codec = codec_from_files(&tokenizer_files)
-        .with_context(|| format!("the tokenizer of checkpoint {}", manifest.id))?;
-    let mut policy = ModelPolicy::from_checkpoint_files(&json, &weights, codec, max_turn_tokens)?;
-    // Dr. MAS agent models (LA-4): `agent-model-<k>.learner.json` + `.model.safetensors`.
-    for f in manifest
-        .files
-        .iter()
-        .filter(|f| f.name.starts_with("agent-model-") && f.name.ends_with(".learner.json"))
-    {
-        let prefix = f.name.trim_end_matches("learner.json");
-        let json = rt.block_on(store.read_checkpoint_file(&manifest, &f.name))?;
-        let weights = rt.block_on(
-            store.read_checkpoint_file(&manifest, &format!("{prefix}model.safetensors")),
-        )?;
-        policy = policy.with_agent_model(&json, &weights)?;
+    if let Some(n) = args.max_turn_tokens {
+        cfg.rollout.max_turn_tokens = n;
     }
-    Ok(policy)
+    cfg.validate()
+        .context("the run's config with this command's env")?;
+    let mut weights = PublishedWeights::single(
+        manifest.policy_version,
+        rt.block_on(store.read_checkpoint_file(&manifest, "model.safetensors"))?
+            .to_vec(),
+    );
+    // Dr. MAS agent models (LA-4): `agent-model-<k>.model.safetensors`, k = 1, 2, …
+    let mut extra = Vec::new();
+    for k in 1.. {
+        let name = format!("agent-model-{k}.model.safetensors");
+        if !manifest.files.iter().any(|f| f.name == name) {
+            break;
+        }
+        extra.push(
+            rt.block_on(store.read_checkpoint_file(&manifest, &name))?
+                .to_vec(),
+        );
+    }
+    weights.extra_models = std::sync::Arc::new(extra);
+    let plan = EvalPlan {
+        tasks: args.episodes,
+        samples: args.samples.unwrap_or(cfg.rollout.eval_samples),
+        temperature: cfg.rollout.temperature,
+        batch_seq: EVAL_BATCH_SEQ,
+    };
+    let report = keel_actors::eval::evaluate_weights(&cfg, &store, weights, &plan)
+        .with_context(|| format!("evaluating checkpoint {}", manifest.id))?;
+    Ok(format!(
+        "{}; mean reward {:.3}; invalid actions {:.1}% (greedy)",
+        report.describe(),
+        report.greedy.mean_reward,
+        100.0 * report.greedy.invalid_rate
+    ))
 }

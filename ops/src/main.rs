@@ -86,7 +86,8 @@ fn colour_logs(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
+/// The config at `path` (read, parsed, validated), or the built-in defaults.
+pub(crate) fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
     match path {
         None => Ok(TrainConfig::default()),
         Some(p) => {

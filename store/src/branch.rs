@@ -43,7 +43,7 @@ pub(crate) fn head_rel_key(branch: &str, generation: u64) -> String {
 }
 
 /// The generation a head object's file name encodes (`HEAD.<digits>`).
-fn parse_generation(name: &str) -> Option<u64> {
+pub fn parse_generation(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("HEAD.")?;
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -155,7 +155,8 @@ impl RunStore {
     }
 }
 
-fn parse_head(rel: &str, bytes: &[u8]) -> Result<String, StoreError> {
+/// The checkpoint id a head object (`rel`, its bytes) names: UTF-8, one valid key segment.
+pub fn parse_head(rel: &str, bytes: &[u8]) -> Result<String, StoreError> {
     let corrupt = |reason: String| StoreError::CorruptCheckpoint {
         id: rel.to_string(),
         reason,

@@ -103,10 +103,91 @@ pub struct DataPosition {
     /// future found on resume); their ranges were owed again.
     #[serde(default)]
     pub dropped_batches: Vec<u64>,
+    /// First task ids of the ranges whose batch was used up by an update skipped as non-finite
+    /// since the parent checkpoint (GD-1): handed out and not owed again, but never trained on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_tasks: Vec<u64>,
+    /// The resume index: seqs of the batches handed out for `pending_tasks` (being sampled or
+    /// ready to train) when the checkpoint was taken. A resume reads only these and the batches
+    /// at or above `next_batch_seq`; every other batch of the branch is already trained on,
+    /// dropped or superseded. `None` in checkpoints written before keel recorded it (a resume
+    /// from one reads every batch of the branch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_batch_seqs: Option<Vec<u64>>,
     /// Method state a resumed run continues from, by name (RTPO's tree position, the PATS bank
     /// version, ARMOR's reference resets); JSON values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub method_state: BTreeMap<String, String>,
+}
+
+/// The largest task index or batch sequence number a data position may hold (2^40: batch keys
+/// have 10 digits, and evaluation batches are numbered from 2^40 on).
+pub const MAX_DATA_POSITION: u64 = 1 << 40;
+
+impl DataPosition {
+    /// Whether these values are ones keel could have written: every task index and batch seq
+    /// below [`MAX_DATA_POSITION`], and the ranges and batches it names below `next_task_index`
+    /// and `next_batch_seq`. A resume plans from them; a manifest failing this is corrupt.
+    pub fn check(&self) -> Result<(), String> {
+        let tasks = self.next_task_index;
+        let seqs = self.next_batch_seq;
+        if tasks > MAX_DATA_POSITION || seqs > MAX_DATA_POSITION {
+            return Err(format!(
+                "data position next_task_index {tasks} / next_batch_seq {seqs} is beyond {MAX_DATA_POSITION}"
+            ));
+        }
+        let task_lists = [
+            ("pending_tasks", &self.pending_tasks),
+            ("consumed_tasks", &self.consumed_tasks),
+            ("skipped_tasks", &self.skipped_tasks),
+        ];
+        for (name, list) in task_lists {
+            if let Some(t) = list.iter().find(|&&t| t >= tasks) {
+                return Err(format!(
+                    "{name} holds {t}, not below next_task_index {tasks}"
+                ));
+            }
+        }
+        let no_index = Vec::new();
+        let seq_lists = [
+            ("consumed_batches", &self.consumed_batches),
+            ("dropped_batches", &self.dropped_batches),
+            (
+                "pending_batch_seqs",
+                self.pending_batch_seqs.as_ref().unwrap_or(&no_index),
+            ),
+        ];
+        for (name, list) in seq_lists {
+            if let Some(s) = list.iter().find(|&&s| s >= seqs) {
+                return Err(format!("{name} holds {s}, not below next_batch_seq {seqs}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a resume from this position may reuse the stored batch `seq` of its branch (DF-4):
+    /// one handed out for a pending range, or one produced after the checkpoint. Every other
+    /// batch was trained on, dropped or superseded before it; without an index (a checkpoint
+    /// written before keel recorded one) every batch may be.
+    pub fn may_reuse_batch(&self, seq: u64) -> bool {
+        seq >= self.next_batch_seq
+            || self
+                .pending_batch_seqs
+                .as_ref()
+                .is_none_or(|seqs| seqs.contains(&seq))
+    }
+
+    /// The lowest batch seq [`DataPosition::may_reuse_batch`] accepts.
+    pub fn first_reusable_batch(&self) -> u64 {
+        match &self.pending_batch_seqs {
+            Some(seqs) => seqs
+                .iter()
+                .copied()
+                .min()
+                .map_or(self.next_batch_seq, |s| s.min(self.next_batch_seq)),
+            None => 0,
+        }
+    }
 }
 
 /// One blob of a checkpoint, as recorded in its manifest.
@@ -184,6 +265,34 @@ fn corrupt(id: &str, reason: String) -> StoreError {
         id: id.to_string(),
         reason,
     }
+}
+
+/// Parses and checks the `MANIFEST.json` bytes of checkpoint `id`: JSON of this format version
+/// naming `id` itself; anything else is `CorruptCheckpoint`.
+pub fn parse_manifest(id: &str, bytes: &[u8]) -> Result<CheckpointManifest, StoreError> {
+    let manifest: CheckpointManifest = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(id, format!("MANIFEST.json does not parse: {e}")))?;
+    if manifest.format_version != CHECKPOINT_FORMAT_VERSION {
+        return Err(corrupt(
+            id,
+            format!(
+                "manifest format version {} is not {CHECKPOINT_FORMAT_VERSION}; \
+                     read it with the keel version that wrote it",
+                manifest.format_version
+            ),
+        ));
+    }
+    if manifest.id != id {
+        return Err(corrupt(
+            id,
+            format!("its manifest claims id {:?}", manifest.id),
+        ));
+    }
+    manifest
+        .data
+        .check()
+        .map_err(|reason| corrupt(id, format!("MANIFEST.json: {reason}")))?;
+    Ok(manifest)
 }
 
 impl RunStore {
@@ -463,25 +572,7 @@ impl RunStore {
             Err(StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let manifest: CheckpointManifest = serde_json::from_slice(&bytes)
-            .map_err(|e| corrupt(id, format!("MANIFEST.json does not parse: {e}")))?;
-        if manifest.format_version != CHECKPOINT_FORMAT_VERSION {
-            return Err(corrupt(
-                id,
-                format!(
-                    "manifest format version {} is not {CHECKPOINT_FORMAT_VERSION}; \
-                     read it with the keel version that wrote it",
-                    manifest.format_version
-                ),
-            ));
-        }
-        if manifest.id != id {
-            return Err(corrupt(
-                id,
-                format!("its manifest claims id {:?}", manifest.id),
-            ));
-        }
-        Ok(Some(manifest))
+        parse_manifest(id, &bytes).map(Some)
     }
 
     /// Writes one blob: create-only, or as a multipart upload at or above the threshold.
@@ -542,6 +633,8 @@ fn check_new(ckpt: &NewCheckpoint) -> Result<(), StoreError> {
             "metric {name} is {value}; JSON cannot hold non-finite numbers"
         )));
     }
+    // What parse_manifest would refuse is never written.
+    ckpt.data.check().map_err(invalid)?;
     Ok(())
 }
 

@@ -41,16 +41,26 @@ pub const MAX_ARCHIVE_BYTES: u64 = 1 << 30;
 
 /// Validates `batch`, archives it with rkyv, compresses it with zstd at `zstd_level` and frames it.
 pub fn encode_batch(batch: &RolloutBatch, zstd_level: i32) -> Result<Vec<u8>, StoreError> {
+    frame_archive(&archive_batch(batch)?, zstd_level)
+}
+
+/// Validates `batch` and archives it with rkyv (the payload before compression).
+pub fn archive_batch(batch: &RolloutBatch) -> Result<AlignedVec, StoreError> {
     batch.validate()?;
-    let archive = rkyv::to_bytes::<rancor::Error>(batch)
-        .map_err(|e| StoreError::Encode(format!("rkyv serialization failed: {e}")))?;
+    rkyv::to_bytes::<rancor::Error>(batch)
+        .map_err(|e| StoreError::Encode(format!("rkyv serialization failed: {e}")))
+}
+
+/// Compresses archive bytes with zstd at `zstd_level` and frames them (header with the crc32).
+/// The bytes are not checked: [`decode_batch`] validates whatever a frame holds (FR-1).
+pub fn frame_archive(archive: &[u8], zstd_level: i32) -> Result<Vec<u8>, StoreError> {
     if archive.len() as u64 > MAX_ARCHIVE_BYTES {
         return Err(StoreError::Encode(format!(
             "archive is {} bytes, more than the {MAX_ARCHIVE_BYTES}-byte limit; split the batch",
             archive.len()
         )));
     }
-    let payload = zstd::bulk::compress(&archive, zstd_level)
+    let payload = zstd::bulk::compress(archive, zstd_level)
         .map_err(|e| StoreError::Encode(format!("zstd level {zstd_level} failed: {e}")))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&BATCH_MAGIC);

@@ -17,6 +17,12 @@
 //! - GC-6: method state objects (`state/…`, `branches/<b>/state/…`: RTPO trunk records, PATS
 //!   bank versions) are collected when no kept checkpoint's `method_state` names them and they
 //!   are older than `orphan_min_age` (a running job's newest ones are not named yet).
+//! - GC-7: a branch's rollout batches are collected when no kept checkpoint of that branch may
+//!   still reuse them on a resume (`DataPosition::may_reuse_batch`, DF-4: below every kept
+//!   checkpoint's `next_batch_seq` and named by none of their resume indexes). A branch with no
+//!   kept checkpoint, or one whose kept checkpoint predates the index, keeps all its batches;
+//!   batches of a running job are at or above its head's `next_batch_seq`, so none is collected
+//!   from under it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -43,6 +49,8 @@ pub struct GcPlan {
     pub stale_heads: Vec<String>,
     /// Relative keys of method state objects no kept checkpoint names (GC-6).
     pub stale_state: Vec<String>,
+    /// Relative keys of rollout batches no kept checkpoint may reuse (GC-7).
+    pub stale_batches: Vec<String>,
 }
 
 /// Every string inside a JSON text (method_state values name their objects' keys).
@@ -206,7 +214,39 @@ impl RunStore {
             }
         }
         plan.stale_state.sort();
+        plan.stale_batches = self.stale_batches(&plan, &by_id).await?;
         Ok(plan)
+    }
+
+    /// GC-7: per branch, the batches that no kept checkpoint of the branch may reuse.
+    async fn stale_batches(
+        &self,
+        plan: &GcPlan,
+        by_id: &HashMap<&str, &CheckpointManifest>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut kept_by_branch: BTreeMap<&str, Vec<&CheckpointManifest>> = BTreeMap::new();
+        for id in plan.keep.keys() {
+            if let Some(m) = by_id.get(id.as_str()) {
+                kept_by_branch.entry(m.branch.as_str()).or_default().push(m);
+            }
+        }
+        let mut stale = Vec::new();
+        for (branch, kept) in kept_by_branch {
+            if kept.iter().any(|m| m.data.pending_batch_seqs.is_none()) {
+                continue; // a checkpoint without a resume index may reuse any batch
+            }
+            let store = self.on_branch(branch)?;
+            for key in store.list_batches().await? {
+                let Some(seq) = key.batch_seq() else { continue };
+                if kept.iter().any(|m| m.data.may_reuse_batch(seq)) {
+                    continue;
+                }
+                if let Some(rel) = self.rel_key(&key.0) {
+                    stale.push(rel.to_string());
+                }
+            }
+        }
+        Ok(stale)
     }
 
     /// Carries out a plan from [`RunStore::plan_gc`] (GC-2 order: tombstone, manifest, blobs).
@@ -227,6 +267,7 @@ impl RunStore {
             .iter()
             .chain(&plan.stale_heads)
             .chain(&plan.stale_state)
+            .chain(&plan.stale_batches)
         {
             self.delete_full(&self.full_key(rel)).await?;
         }
@@ -326,6 +367,72 @@ mod tests {
                 .await
                 .expect("plan");
             assert!(young.orphans.is_empty());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn gc7_batches_no_kept_checkpoint_may_reuse_are_collected() {
+        each_backend("gc7", |store| async move {
+            use crate::batch::tests::sample_batch;
+            for seq in 0..10 {
+                store.put_batch(&sample_batch(seq)).await.expect("batch");
+            }
+            let side = store.on_branch("side").expect("side");
+            side.put_batch(&sample_batch(0)).await.expect("side batch");
+            // Two checkpoints on main; gc keeps the newest only. The older one (next batch 4)
+            // would need batches from 3 on; the kept one needs 6 (pending) and 8.. .
+            let mut old = new_ckpt(4, None);
+            old.tags = vec![];
+            old.reference = None;
+            old.data.next_batch_seq = 4;
+            old.data.consumed_batches = vec![];
+            old.data.pending_batch_seqs = Some(vec![3]);
+            let old = store.commit_checkpoint(old).await.expect("commit");
+            let mut head = new_ckpt(8, Some(old.id.clone()));
+            head.tags = vec![];
+            head.reference = None;
+            head.data.next_batch_seq = 8;
+            head.data.consumed_batches = vec![];
+            head.data.pending_batch_seqs = Some(vec![6]);
+            store.commit_checkpoint(head).await.expect("commit");
+
+            let plan = store.plan_gc(1, Duration::ZERO).await.expect("plan");
+            let seqs: Vec<u64> = plan
+                .stale_batches
+                .iter()
+                .map(|k| crate::root::BatchKey(k.clone()).batch_seq().expect("seq"))
+                .collect();
+            assert_eq!(seqs, vec![0, 1, 2, 3, 4, 5, 7], "{plan:#?}");
+            assert!(
+                plan.stale_batches.iter().all(|k| k.starts_with("batches/")),
+                "a branch without a checkpoint keeps its batches: {plan:#?}"
+            );
+            let keep_both = store.plan_gc(2, Duration::ZERO).await.expect("plan");
+            assert_eq!(keep_both.stale_batches.len(), 3, "{keep_both:#?}");
+
+            store.apply_gc(&plan).await.expect("apply");
+            let left: Vec<u64> = store
+                .list_batches()
+                .await
+                .expect("list")
+                .iter()
+                .map(|k| k.batch_seq().expect("seq"))
+                .collect();
+            assert_eq!(left, vec![6, 8, 9]);
+            assert_eq!(side.list_batches().await.expect("side").len(), 1);
+
+            // A kept checkpoint written before the resume index keeps every batch.
+            let mut legacy = new_ckpt(
+                10,
+                store.latest_checkpoint().await.expect("head").map(|m| m.id),
+            );
+            legacy.tags = vec![];
+            legacy.reference = None;
+            legacy.data.pending_batch_seqs = None;
+            store.commit_checkpoint(legacy).await.expect("commit");
+            let plan = store.plan_gc(1, Duration::ZERO).await.expect("plan");
+            assert!(plan.stale_batches.is_empty(), "{plan:#?}");
         })
         .await;
     }

@@ -28,6 +28,20 @@ use crate::root::RunStore;
 /// Tag given to tombstones of collected checkpoints in lineage walks.
 pub const COLLECTED_TAG: &str = "collected";
 
+/// The (tag, checkpoint id) a tag object's relative key `tags/<tag>/<id>` names; `None` for any
+/// other key, or one whose parts are not valid names (KY-1).
+pub fn parse_tag_key(rel: &str) -> Option<(&str, &str)> {
+    let mut parts = rel.split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("tags"), Some(tag), Some(id), None)
+            if validate_name(tag).is_ok() && validate_segment(id).is_ok() =>
+        {
+            Some((tag, id))
+        }
+        _ => None,
+    }
+}
+
 impl RunStore {
     /// Adds `tag` to committed checkpoint `id` (LN-1).
     pub async fn tag_checkpoint(&self, id: &str, tag: &str) -> Result<(), StoreError> {
@@ -49,10 +63,7 @@ impl RunStore {
             let Some(rel) = self.rel_key(meta.location.as_ref()) else {
                 continue;
             };
-            let mut parts = rel.split('/');
-            if let (Some("tags"), Some(tag), Some(id), None) =
-                (parts.next(), parts.next(), parts.next(), parts.next())
-            {
+            if let Some((tag, id)) = parse_tag_key(rel) {
                 out.entry(id.to_string())
                     .or_default()
                     .insert(tag.to_string());

@@ -289,13 +289,31 @@ impl RunStore {
 
     /// Every stored batch, sorted by `batch_seq` (ST-3).
     pub async fn list_batches(&self) -> Result<Vec<BatchKey>, StoreError> {
-        let metas = self.list_full(&self.full_key(&self.batch_dir())).await?;
+        self.list_batches_from(0).await
+    }
+
+    /// Every stored batch with `batch_seq >= first_seq`, sorted by `batch_seq` (ST-3). The
+    /// listing starts after the key `…/batches/<first_seq:010>` (S3's `start-after`), so a run
+    /// root with many old batches is not listed whole: the zero-padded names sort like their
+    /// numbers.
+    pub async fn list_batches_from(&self, first_seq: u64) -> Result<Vec<BatchKey>, StoreError> {
+        let dir = self.full_key(&self.batch_dir());
+        let path = to_path(&dir)?;
+        let offset = to_path(&join(&dir, &format!("{first_seq:010}")))?;
+        let metas: Vec<object_store::ObjectMeta> = self
+            .inner
+            .store
+            .list_with_offset(Some(&path), &offset)
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::from_object_store(&dir, e))?;
         let mut keys: Vec<(u64, BatchKey)> = metas
             .into_iter()
             .filter_map(|meta| {
                 let key = BatchKey(meta.location.to_string());
                 match key.batch_seq() {
-                    Some(seq) => Some((seq, key)),
+                    Some(seq) if seq >= first_seq => Some((seq, key)),
+                    Some(_) => None,
                     None => {
                         tracing::debug!(key = %key, "ignoring non-batch object under batches/");
                         None

@@ -39,6 +39,35 @@ async fn st3_st4_put_get_list_batches() {
 }
 
 #[tokio::test]
+async fn st3_listing_from_a_seq_lists_only_the_tail() {
+    each_backend("st3-from", |store| async move {
+        let tagged = store.clone().with_writer("l0000000002").expect("writer");
+        for seq in [0, 1, 9, 10, 11, 250] {
+            store.put_batch(&sample_batch(seq)).await.expect("put");
+        }
+        tagged
+            .put_batch(&sample_batch(10))
+            .await
+            .expect("put tagged");
+        let seqs = |keys: Vec<BatchKey>| -> Vec<u64> {
+            keys.iter().map(|k| k.batch_seq().expect("seq")).collect()
+        };
+        let from_10 = store.list_batches_from(10).await.expect("list");
+        assert_eq!(seqs(from_10), vec![10, 10, 11, 250]);
+        assert_eq!(
+            seqs(store.list_batches_from(12).await.expect("list")),
+            vec![250]
+        );
+        assert_eq!(
+            seqs(store.list_batches_from(251).await.expect("list")),
+            Vec::<u64>::new()
+        );
+        assert_eq!(store.list_batches_from(0).await.expect("list").len(), 7);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn st1_second_put_of_a_seq_is_already_exists() {
     each_backend("st1", |store| async move {
         store.put_batch(&sample_batch(5)).await.expect("first put");

@@ -2,9 +2,9 @@
 //! continue on a new branch from it.
 //!
 //! Steps, in order: refuse if the rewind budget is spent (GD-5); bump the epoch so that every
-//! batch sampled on the abandoned branch is discarded, giving the ready ones' task ranges back
-//! now and the in-flight ones' when they arrive; find `newest_tagged_on_lineage("healthy")` on
-//! the current branch; restore its files into the learner and set the lowered learning rate;
+//! batch sampled on the abandoned branch is discarded (the ready ones now, the in-flight ones
+//! when they arrive); find `newest_tagged_on_lineage("healthy")` on the current branch; restore
+//! its files into the learner and set the lowered learning rate;
 //! publish the restored weights under a new board epoch (WB-3); tag the abandoned head
 //! `rewound-to-rewind-<n>` (GD-6); switch the store handle and the metrics to the new branch
 //! `rewind-<n>`; commit the branch's first checkpoint (parent: the healthy one; tags `rewind`,
@@ -12,6 +12,14 @@
 //! reference is re-published from the restored learner (and the lineage reference is the
 //! target's), the PATS bank becomes the one the target checkpoint names, an RTPO tree in
 //! progress is abandoned and its range sampled again.
+//!
+//! The data goes back too (RW-1): the task cursor becomes the target checkpoint's frontier, so
+//! every range trained (or skipped) on the abandoned branch after the target is owed again and
+//! sampled afresh by the restored policy on the new branch, and what the abandoned branch used
+//! since its last checkpoint is forgotten with it. Along the new branch's lineage each range is
+//! then trained at most once and trained + skipped + pending ranges are exactly those handed out
+//! (the crash harness's accounting, `check_accounting`). Batch sequence numbers keep growing
+//! (DF-3).
 
 use actix::prelude::*;
 use bytes::Bytes;
@@ -25,6 +33,7 @@ use crate::learner_actor::{CurrentWeights, ReferenceWeights, Restore, SetLearnin
 use crate::weights::PublishedReference;
 
 use super::methods;
+use crate::frontier::{Frontier, TaskCursor};
 use crate::weights::PublishedWeights;
 
 /// The prefix of branches started by a rewind.
@@ -34,6 +43,8 @@ pub const REWIND_BRANCH_PREFIX: &str = "rewind-";
 struct Rewound {
     target_id: String,
     target_step: u64,
+    /// The target's data frontier (RW-1): the ranges it had not trained on are owed again.
+    frontier: Frontier,
     version: u64,
     weights: PublishedWeights,
     branch: String,
@@ -57,6 +68,17 @@ pub fn next_rewind_branch<'a>(existing: impl IntoIterator<Item = &'a str>) -> St
 }
 
 impl Controller {
+    /// RW-1: continues the data stream from the rewind target's frontier; what the abandoned
+    /// branch consumed, skipped or dropped since its last checkpoint stays with that branch.
+    fn replay_from(&mut self, target: &Frontier) {
+        let tasks_per_batch = self.s.cfg.rollout.tasks_per_batch as u64;
+        self.cursor = TaskCursor::new(target, tasks_per_batch);
+        self.consumed_since_checkpoint.clear();
+        self.consumed_tasks_since_checkpoint.clear();
+        self.skipped_tasks_since_checkpoint.clear();
+        self.dropped_since_checkpoint.clear();
+    }
+
     /// Rewinds after `anomaly` (CT-4, GD-5).
     pub(super) fn rewind(&mut self, anomaly: Anomaly, ctx: &mut Context<Self>) {
         let rewinds = self.guard.rewinds();
@@ -72,15 +94,12 @@ impl Controller {
         }
         self.rewinding = true;
         self.epoch += 1;
-        if let Some(tree) = self.rtpo.take() {
-            // An RTPO tree is abandoned with its branch; its range is sampled again.
-            self.cursor.give_back(tree.first_task);
-        }
+        // An RTPO tree is abandoned with its branch; RW-1 owes its range again.
+        self.rtpo = None;
         for b in self.ready.drain(..) {
             if b.branch {
                 continue;
             }
-            self.cursor.give_back(b.first_task);
             self.dropped += 1;
             self.s.metrics.batches_dropped_by.inc_for("rewind", 1);
         }
@@ -181,6 +200,11 @@ impl Controller {
                     .map_err(io_err)??;
             }
             Ok(Rewound {
+                frontier: Frontier {
+                    next_task: target.data.next_task_index,
+                    pending: target.data.pending_tasks.clone(),
+                    next_batch_seq: target.data.next_batch_seq,
+                },
                 target_id: target.id,
                 target_step: target.step,
                 version,
@@ -210,6 +234,7 @@ impl Controller {
                 act.head_generation = None; // a fresh branch: its first commit creates the head
                 act.s.version = r.version;
                 act.s.parent_checkpoint = Some(r.target_id.clone());
+                act.replay_from(&r.frontier);
                 act.s.board.rewind(r.weights);
                 if let Some(weights) = r.reference_weights {
                     // MS-3: anchors sample from the restored reference, named as before.

@@ -489,7 +489,11 @@ impl Tracker for MlflowTracker {
             Some("eval") => {
                 let version = ev["version"].as_u64().unwrap_or(0);
                 let success = ev["success"].as_f64().unwrap_or(0.0);
-                self.point(version, vec![("eval/success".into(), success)]);
+                let mut values = vec![("eval/success".to_string(), success)];
+                if let Some(avg) = ev["avg_at_k"].as_f64() {
+                    values.push(("eval/avg_at_k".into(), avg));
+                }
+                self.point(version, values);
             }
             Some("checkpoint") => {
                 let (id, step) = (text_of("id"), ev["step"].as_u64().unwrap_or(0));

@@ -187,7 +187,11 @@ impl Tracker for TensorBoardWriter {
             Some("eval") => {
                 let version = step("version");
                 let success = ev["success"].as_f64().unwrap_or(0.0);
-                let e = scalars(now(), version, &[("eval/success".into(), success)]);
+                let mut values = vec![("eval/success".to_string(), success)];
+                if let Some(avg) = ev["avg_at_k"].as_f64() {
+                    values.push(("eval/avg_at_k".into(), avg));
+                }
+                let e = scalars(now(), version, &values);
                 self.push(version, &e);
             }
             Some("checkpoint") => {

@@ -75,13 +75,15 @@ impl Reviewer for HttpReviewer {
             let head: String = text.chars().take(200).collect();
             return Err(self.fail(format!("HTTP {status}: {head}")));
         }
-        let answer: Answer = serde_json::from_str(&text).map_err(|e| {
-            self.fail(format!(
-                "bad JSON answer ({e}); expected {{\"edits\": [...]}}"
-            ))
-        })?;
-        Ok(answer.edits)
+        parse_review_answer(&text).map_err(|reason| self.fail(reason))
     }
+}
+
+/// The edits of a reviewer's answer `{"edits": [...]}` (HR-1: `Bank::apply` validates them).
+pub fn parse_review_answer(text: &str) -> Result<Vec<Edit>, String> {
+    let answer: Answer = serde_json::from_str(text)
+        .map_err(|e| format!("bad JSON answer ({e}); expected {{\"edits\": [...]}}"))?;
+    Ok(answer.edits)
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub use controller::{ScaffoldController, StepReview, TypeReview};
 pub use edit::{AppliedEdit, ApplyReport, Edit, RejectReason, RejectedEdit};
 pub use error::ScaffoldError;
 pub use evidence::{EpisodeRecord, EvidenceCard, GroupRecord, TurnRecord};
-pub use http_reviewer::HttpReviewer;
+pub use http_reviewer::{parse_review_answer, HttpReviewer};
 pub use mode::{ema_update, pressure, Budget, Mode};
 pub use reviewer::{ReviewRequest, Reviewer, RuleReviewer};
 pub use state::{ModeDecision, ScaffoldState, SCAFFOLD_FORMAT};
