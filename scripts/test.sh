@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the machine and runs every test of the workspace (unit, integration, S3 against a real
-# SeaweedFS server on loopback).
+# SeaweedFS server on loopback), then the fuzz targets (keel-fuzz, 30 s each).
 #   scripts/test.sh --slow   also runs the slow tests marked #[ignore] (the per-env SFT tests of
 #                            integration/tests/env_sft.rs: about 5 more minutes on 2 cores)
 # Other arguments go to cargo nextest (or cargo test).
@@ -21,3 +21,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast "$@" ${slow:+-- --include-ignored}
 fi
+# The parsers of store and network bytes must survive a CI-sized fuzz run (FZ-1): every target
+# for KEEL_FUZZ_SECONDS (default 30) from its seed corpus; a panic or a slow input fails.
+cargo run -q -p keel-integration --bin keel-fuzz -- run --seconds "${KEEL_FUZZ_SECONDS:-30}"

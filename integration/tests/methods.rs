@@ -553,7 +553,8 @@ fn dr_mas_trains_an_agent_model_and_resumes_it() {
     );
     assert!(checkpoint_file(&root, &at6, "agent-model-1.model.safetensors") != w1_at4);
 
-    // `keel env eval --policy latest` plays each agent with its own model (MP-4).
+    // `keel env eval --policy latest` plays each agent with its own model (LA-4), through the
+    // one evaluation function (EV-4): a generator with the checkpoint's agent models.
     let out = std::process::Command::new(keel_integration::keel_bin())
         .args([
             "env",
@@ -573,7 +574,10 @@ fn dr_mas_trains_an_agent_model_and_resumes_it() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("success"), "{text}");
+    assert!(
+        text.contains("pass@1 (greedy)") && text.contains("avg@2 (T=1)"),
+        "{text}"
+    );
 }
 
 /// PATS (§5, MS-2, GN-8, RO-6): reviews after every step grow the bank; training prompts carry

@@ -33,13 +33,28 @@ pub const CURVES: &[(&str, &str)] = &[
 /// Points of one curve, by branch: `(step, value)` in log order.
 pub type Curve = BTreeMap<String, Vec<(u64, f64)>>;
 
+/// One held-out evaluation (EV-5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalRow {
+    /// `before_rl` or `after_rl`.
+    pub phase: String,
+    /// The policy version evaluated.
+    pub version: u64,
+    /// pass@1: one greedy episode per task.
+    pub pass_at_1: f64,
+    /// avg@k: the mean success of k sampled episodes per task.
+    pub avg_at_k: Option<f64>,
+    /// k.
+    pub samples: u64,
+}
+
 /// Everything the report shows.
 #[derive(Debug, Default)]
 pub struct RunLog {
     /// Curves by stem (see `CURVES`).
     pub curves: BTreeMap<String, Curve>,
-    /// `(phase, version, success)` of held-out evaluations.
-    pub evals: Vec<(String, u64, f64)>,
+    /// Held-out evaluations, in log order.
+    pub evals: Vec<EvalRow>,
     /// Rewinds: `(from_step, to_step, branch, reason)`.
     pub rewinds: Vec<(u64, u64, String, String)>,
     /// Non-finite skips.
@@ -152,8 +167,13 @@ pub fn parse_log(text: &str) -> RunLog {
                     .unwrap_or("?")
                     .to_string();
                 let version = v.get("version").and_then(Value::as_u64).unwrap_or(0);
-                log.evals
-                    .push((phase, version, num(&v, &["success"]).unwrap_or(f64::NAN)));
+                log.evals.push(EvalRow {
+                    phase,
+                    version,
+                    pass_at_1: num(&v, &["success"]).unwrap_or(f64::NAN),
+                    avg_at_k: num(&v, &["avg_at_k"]),
+                    samples: v.get("samples").and_then(Value::as_u64).unwrap_or(0),
+                });
             }
             Some("rewind") => log.rewinds.push((
                 v.get("from_step").and_then(Value::as_u64).unwrap_or(0),
@@ -425,10 +445,16 @@ pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
     ));
     if !log.evals.is_empty() {
         md.push_str(
-            "## Held-out evaluation\n\n| phase | policy version | success |\n| --- | --- | --- |\n",
+            "## Held-out evaluation\n\n| phase | policy version | pass@1 (greedy) | avg@k (sampled) |\n| --- | --- | --- | --- |\n",
         );
-        for (phase, version, success) in &log.evals {
-            md.push_str(&format!("| {phase} | {version} | {success:.3} |\n"));
+        for e in &log.evals {
+            let sampled = e
+                .avg_at_k
+                .map_or("-".to_string(), |a| format!("{a:.3} (k = {})", e.samples));
+            md.push_str(&format!(
+                "| {} | {} | {:.3} | {sampled} |\n",
+                e.phase, e.version, e.pass_at_1
+            ));
         }
         md.push('\n');
     }
