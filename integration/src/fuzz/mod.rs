@@ -134,9 +134,8 @@ pub fn fuzz(target: &Target, seeds: Vec<Vec<u8>>, budget: Duration, seed: u64) -
                 if show_outcomes && !seen.contains(&signature) && seen.len() % 5000 < 3 {
                     eprintln!("{}: new outcome {signature:?}", target.name);
                 }
-                if seen.insert(signature) && corpus.len() < MAX_CORPUS {
-                    corpus.push(input.clone());
-                } else if corpus.is_empty() {
+                let new = seen.insert(signature);
+                if (new && corpus.len() < MAX_CORPUS) || corpus.is_empty() {
                     corpus.push(input.clone());
                 }
                 None
