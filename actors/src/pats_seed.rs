@@ -88,7 +88,7 @@ pub fn seed_scaffold(
     let mut types = Vec::with_capacity(demos.len());
     let mut groups = Vec::with_capacity(demos.len());
     for (i, (seed, d, _)) in demos.iter().enumerate() {
-        env.reset(*seed);
+        env.try_reset(*seed)?;
         let task_type = env.task_type();
         groups.push(GroupRecord {
             task_id: i as u64,

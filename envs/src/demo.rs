@@ -82,7 +82,7 @@ fn demonstrate(
     noise: f64,
     rng: &mut ChaCha8Rng,
 ) -> Result<Demonstration, EnvError> {
-    let prompt = env.reset(task_seed);
+    let prompt = env.try_reset(task_seed)?;
     let mut turns = Vec::new();
     // An env honouring EN-3 is done within max_turns; the bound guards against one that isn't.
     for _ in 0..env.max_turns() {
@@ -92,7 +92,7 @@ fn demonstrate(
         } else {
             oracle
         };
-        let out = env.step(&action);
+        let out = env.try_step(&action)?;
         let done = out.done;
         turns.push(DemoTurn {
             action,

@@ -6,11 +6,17 @@
 //! - EV-2 The random policy picks uniformly among `admissible_actions()` with its own seeded
 //!   generator: a pure function of (env, seeds, rng seed).
 //! - EV-3 Episodes are bounded by `max_turns()` even for an env that never says done.
+//! - An env that fails (an external server gone) ends the evaluation with its error
+//!   (`try_reset`/`try_step`), never a panic.
+//!
+//! Model policies are evaluated by `keel_actors::eval` (the generator's engine); this module
+//! runs the oracle and the random policy.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::env::Env;
+use crate::error::EnvError;
 use crate::split::{task_seed, Split};
 
 /// What an acting policy sees: the prompt and every (action, observation) so far.
@@ -78,9 +84,9 @@ pub fn run_episode(
     env: &mut dyn Env,
     seed: u64,
     act: &mut dyn FnMut(&dyn Env, &Transcript) -> String,
-) -> EpisodeResult {
+) -> Result<EpisodeResult, EnvError> {
     let mut transcript = Transcript {
-        prompt: env.reset(seed),
+        prompt: env.try_reset(seed)?,
         turns: Vec::new(),
     };
     let mut result = EpisodeResult {
@@ -91,7 +97,7 @@ pub fn run_episode(
     };
     for _ in 0..env.max_turns() {
         let action = act(&*env, &transcript);
-        let out = env.step(&action);
+        let out = env.try_step(&action)?;
         result.turns += 1;
         result.reward += f64::from(out.reward);
         result.invalid += usize::from(out.invalid_action);
@@ -101,7 +107,7 @@ pub fn run_episode(
         }
     }
     result.success = env.success();
-    result
+    Ok(result)
 }
 
 /// Evaluates `act` on the first `n` held-out tasks (EV-1).
@@ -109,7 +115,7 @@ pub fn evaluate(
     env: &mut dyn Env,
     n: usize,
     act: &mut dyn FnMut(&dyn Env, &Transcript) -> String,
-) -> EvalReport {
+) -> Result<EvalReport, EnvError> {
     let mut report = EvalReport {
         episodes: 0,
         successes: 0,
@@ -118,7 +124,7 @@ pub fn evaluate(
     };
     let (mut turns, mut invalid) = (0usize, 0usize);
     for i in 0..n as u64 {
-        let r = run_episode(env, task_seed(Split::Eval, i), act);
+        let r = run_episode(env, task_seed(Split::Eval, i), act)?;
         report.episodes += 1;
         report.successes += usize::from(r.success);
         report.mean_reward += r.reward;
@@ -127,7 +133,7 @@ pub fn evaluate(
     }
     report.mean_reward /= n.max(1) as f64;
     report.invalid_rate = invalid as f64 / turns.max(1) as f64;
-    report
+    Ok(report)
 }
 
 /// The oracle as a policy.

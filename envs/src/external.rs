@@ -402,6 +402,9 @@ impl Env for ExternalEnv {
         &self.client.info.name
     }
 
+    // keel calls `try_reset` / `try_step` on every env (env shards ES-4, SFT demonstrations,
+    // PATS seeding, `keel env eval|play`); these two exist for the trait's other users and name
+    // the failure if one of them calls them.
     fn reset(&mut self, task_seed: u64) -> String {
         self.try_reset(task_seed).unwrap_or_else(|e| panic!("{e}"))
     }

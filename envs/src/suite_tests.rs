@@ -29,7 +29,7 @@ fn env(cfg: &EnvConfig) -> Box<dyn Env> {
 fn oracle_solves_every_held_out_task() {
     for cfg in all_configs() {
         let mut e = env(&cfg);
-        let r = evaluate(e.as_mut(), 150, &mut oracle_policy());
+        let r = evaluate(e.as_mut(), 150, &mut oracle_policy()).expect("oracle eval");
         assert_eq!(
             r.successes, r.episodes,
             "{} d{}: oracle {:?}",
@@ -50,7 +50,7 @@ fn random_admissible_policy_scores_near_zero() {
     let mut table = String::new();
     for cfg in all_configs() {
         let mut e = env(&cfg);
-        let r = evaluate(e.as_mut(), 200, &mut random_policy(5));
+        let r = evaluate(e.as_mut(), 200, &mut random_policy(5)).expect("random eval");
         table.push_str(&format!(
             "{:<16} d{} random success {:.3}\n",
             cfg.name,

@@ -73,7 +73,7 @@ fn oracle_vocabulary_and_malformed_actions_over_http() {
     assert_eq!(env.name(), "guess");
     assert_eq!(env.max_turns(), 7);
     let tok = Tokenizer::for_env(&env);
-    let report = evaluate(&mut env, 30, &mut oracle_policy());
+    let report = evaluate(&mut env, 30, &mut oracle_policy()).expect("oracle eval");
     assert_eq!(report.successes, 30, "{report:?}");
     let prompt = env.reset(5);
     tok.encode(&prompt).expect("prompt in the vocabulary");
@@ -128,7 +128,7 @@ fn retries_make_a_flaky_server_transparent() {
     // Every third request fails with 503; retries (EX-1) and idempotent steps (EX-2) hide it.
     let server = Server::start(&["--flaky", "3"]);
     let mut env = ExternalEnv::connect(server.config()).expect("connect despite 503s");
-    let report = evaluate(&mut env, 20, &mut oracle_policy());
+    let report = evaluate(&mut env, 20, &mut oracle_policy()).expect("oracle eval");
     assert_eq!(report.successes, 20, "{report:?}");
 }
 
@@ -241,6 +241,58 @@ fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
         "took {:?}",
         t.elapsed()
     );
+}
+
+/// A server that answers `/info` but fails its resets, reached from the SFT warm start's
+/// demonstrations and from `keel env eval --policy oracle`: an error naming the failure, never a
+/// panic (before, both panicked inside `ExternalEnv::reset`).
+#[test]
+fn a_failing_server_in_sft_demonstrations_and_oracle_eval_is_an_error_not_a_panic() {
+    let server = Server::start(&["--fail-resets"]);
+    let toml = keel_integration::MethodRun::new("grpo").toml().replace(
+        "name = \"calc\"",
+        &format!(
+            "name = \"external\"\nurl = \"{}\"\nretries = 1\ntimeout_ms = 2000",
+            server.url
+        ),
+    );
+    assert!(toml.contains("[sft]\nsteps = 120"), "an SFT warm start");
+    let cfg = keel_actors::TrainConfig::from_toml(&toml).expect("config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = keel_store::RunStore::open(dir.path().to_str().expect("utf8")).expect("store");
+    let metrics = keel_actors::TrainMetrics::new("sft-fail").expect("metrics");
+    let err = keel_actors::run_job(
+        cfg,
+        store,
+        metrics,
+        keel_actors::events::no_events(),
+        keel_actors::JobOptions::default(),
+    )
+    .expect_err("the run must end");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("injected failure (--fail-resets)"), "{msg}");
+
+    let out = Command::new(keel_integration::keel_bin())
+        .args([
+            "env",
+            "eval",
+            "external",
+            "--policy",
+            "oracle",
+            "--episodes",
+            "3",
+        ])
+        .args(["--url", &server.url])
+        .output()
+        .expect("keel env eval");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("evaluating the oracle policy") && text.contains("injected failure"),
+        "{text}"
+    );
+    assert!(!text.contains("panicked"), "{text}");
 }
 
 /// Binary search over the shard's answers: the shard hosts many remote episodes at once.

@@ -119,7 +119,7 @@ pub fn run(cmd: EnvCommand) -> Result<()> {
 fn play(args: PlayArgs) -> Result<()> {
     let mut env = args.env.build()?;
     let split = if args.eval { Split::Eval } else { Split::Train };
-    println!("{}", env.reset(task_seed(split, args.seed)));
+    println!("{}", env.try_reset(task_seed(split, args.seed))?);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut total = 0.0f32;
@@ -146,7 +146,7 @@ fn play(args: PlayArgs) -> Result<()> {
             _ => line,
         };
         turn += 1;
-        let out = env.step(&action);
+        let out = env.try_step(&action)?;
         total += out.reward;
         if !out.observation.is_empty() {
             println!("{}", out.observation);
@@ -171,7 +171,8 @@ fn eval(args: EvalArgs) -> Result<()> {
                     args.episodes,
                     &mut random_policy(args.rng_seed),
                 )
-            };
+            }
+            .with_context(|| format!("evaluating the {} policy", args.policy))?;
             let (lo, hi) = report.ci95();
             format!(
                 "success {:.3} (95% CI {lo:.3}..{hi:.3}) over {} held-out tasks; mean reward {:.3}; invalid actions {:.1}%",
