@@ -213,7 +213,8 @@ pub enum CkptCommand {
         run_root: String,
     },
     /// Lineage-aware retention: keep the last N per branch, tagged ones and what they need;
-    /// collect the rest and orphan blobs of failed commits.
+    /// collect the rest, orphan blobs of failed commits, and the rollout batches no kept
+    /// checkpoint can reuse on a resume.
     Gc {
         /// Run root: a local directory or s3://bucket/prefix.
         #[arg(long, default_value = "runs/quickstart")]
