@@ -22,6 +22,9 @@
 //!   previous turn's end (0 for the first turn) and the turn's start — the observation the turn
 //!   answered, or the prompt. Identical environment states in one group share a key (GiGPO).
 //! - BT-8 (RTPO): `trained_turns[i]`, when set, names an existing turn of row i.
+//! - BT-9 (size): a batch whose padded shape `B × T` exceeds [`MAX_PADDED_ELEMENTS`] is refused
+//!   before anything is allocated: many short rows and one very long one (a writer's bug) would
+//!   otherwise ask for more memory than exists and abort the learner.
 
 use std::hash::{Hash, Hasher};
 
@@ -29,6 +32,9 @@ use keel_store::ArchivedRolloutBatch;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::LearnerError;
+
+/// Most elements (`B × T`) a padded batch may have (BT-9): 2^28, 1 GiB per f32 tensor.
+pub const MAX_PADDED_ELEMENTS: usize = 1 << 28;
 
 /// A batch ready for the learner.
 pub struct TrainBatch {
@@ -370,6 +376,11 @@ impl TrainBatch {
             .collect::<Result<Vec<_>, _>>()?;
         let b = rows.len();
         let t = rows.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+        if b.checked_mul(t).is_none_or(|n| n > MAX_PADDED_ELEMENTS) {
+            return Err(LearnerError::input(format!(
+                "{b} trajectories padded to {t} tokens are more than {MAX_PADDED_ELEMENTS} elements; split the batch"
+            )));
+        }
         let mut turn_ids = vec![0i64; b * t];
         for (i, spans) in turns.iter().enumerate() {
             let mut k = 0usize;
@@ -420,6 +431,28 @@ impl TrainBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bt9_a_batch_too_large_once_padded_is_refused_before_allocating() {
+        // 5,000 two-token rows and one of 60,000 tokens: 3·10^8 padded elements.
+        let mut rows: Vec<Row> = (0..5000)
+            .map(|i| Row::new(vec![1, 2], vec![0, 1], vec![0.0, -0.5], 0.0, i))
+            .collect();
+        let n = 60_000;
+        let mut mask = vec![1u8; n];
+        mask[0] = 0;
+        rows.push(Row::new(vec![3; n], mask, vec![-0.1; n], 0.0, 9));
+        match TrainBatch::from_rows(rows, Device::Cpu) {
+            Err(LearnerError::InvalidInput { reason }) => {
+                assert!(
+                    reason.contains("5001 trajectories padded to 60000 tokens"),
+                    "{reason}"
+                )
+            }
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a 3e8-element batch was accepted"),
+        }
+    }
 
     #[test]
     fn pads_right_and_counts_tokens() {
