@@ -202,11 +202,9 @@ fn an_unusable_info_answer_is_refused() {
     }
 }
 
-/// CT-8: a server that answers `/info` but fails every `/reset` ends the run with an error that
-/// names the env and the failure, instead of retrying the batch for ever.
-#[test]
-fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
-    let server = Server::start(&["--fail-resets"]);
+/// Runs the tiny GRPO job on `server` with `sft_steps` of SFT warm start (0: none), which must
+/// fail; returns its error with the cause chain.
+fn failed_job(server: &Server, sft_steps: u64) -> String {
     let toml = keel_integration::MethodRun::new("grpo")
         .toml()
         .replace(
@@ -216,12 +214,12 @@ fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
                 server.url
             ),
         )
-        .replace("[sft]\nsteps = 120", "[sft]\nsteps = 0");
+        .replace("[sft]\nsteps = 120", &format!("[sft]\nsteps = {sft_steps}"));
     let cfg = keel_actors::TrainConfig::from_toml(&toml).expect("config");
+    assert_eq!(cfg.sft.steps, sft_steps, "the SFT warm start as asked");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = keel_store::RunStore::open(dir.path().to_str().expect("utf8")).expect("store");
-    let metrics = keel_actors::TrainMetrics::new("ct8").expect("metrics");
-    let t = std::time::Instant::now();
+    let metrics = keel_actors::TrainMetrics::new("external-fail").expect("metrics");
     let err = keel_actors::run_job(
         cfg,
         store,
@@ -230,7 +228,16 @@ fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
         keel_actors::JobOptions::default(),
     )
     .expect_err("the run must end");
-    let msg = format!("{err:#}");
+    format!("{err:#}")
+}
+
+/// CT-8: a server that answers `/info` but fails every `/reset` ends the run with an error that
+/// names the env and the failure, instead of retrying the batch for ever.
+#[test]
+fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
+    let server = Server::start(&["--fail-resets"]);
+    let t = std::time::Instant::now();
+    let msg = failed_job(&server, 0);
     assert!(
         msg.contains("env `external` failed every episode of 3 training batches in a row")
             && msg.contains("injected failure (--fail-resets)"),
@@ -249,27 +256,7 @@ fn an_env_that_fails_every_reset_ends_the_run_with_its_failure() {
 #[test]
 fn a_failing_server_in_sft_demonstrations_and_oracle_eval_is_an_error_not_a_panic() {
     let server = Server::start(&["--fail-resets"]);
-    let toml = keel_integration::MethodRun::new("grpo").toml().replace(
-        "name = \"calc\"",
-        &format!(
-            "name = \"external\"\nurl = \"{}\"\nretries = 1\ntimeout_ms = 2000",
-            server.url
-        ),
-    );
-    assert!(toml.contains("[sft]\nsteps = 120"), "an SFT warm start");
-    let cfg = keel_actors::TrainConfig::from_toml(&toml).expect("config");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = keel_store::RunStore::open(dir.path().to_str().expect("utf8")).expect("store");
-    let metrics = keel_actors::TrainMetrics::new("sft-fail").expect("metrics");
-    let err = keel_actors::run_job(
-        cfg,
-        store,
-        metrics,
-        keel_actors::events::no_events(),
-        keel_actors::JobOptions::default(),
-    )
-    .expect_err("the run must end");
-    let msg = format!("{err:#}");
+    let msg = failed_job(&server, 120);
     assert!(msg.contains("injected failure (--fail-resets)"), "{msg}");
 
     let out = Command::new(keel_integration::keel_bin())

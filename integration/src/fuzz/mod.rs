@@ -109,8 +109,6 @@ pub fn fuzz(target: &Target, seeds: Vec<Vec<u8>>, budget: Duration, seed: u64) -
     let mut mutator = mutate::Mutator::new(seed);
     let started = Instant::now();
     let mut queue = seeds.into_iter();
-    // KEEL_FUZZ_SHOW_OUTCOMES=1: print a sample of new outcome signatures (to tune them).
-    let show_outcomes = std::env::var_os("KEEL_FUZZ_SHOW_OUTCOMES").is_some();
     loop {
         let input = match queue.next() {
             Some(seed_input) => seed_input,
@@ -131,9 +129,6 @@ pub fn fuzz(target: &Target, seeds: Vec<Vec<u8>>, budget: Duration, seed: u64) -
             Err(panic) => Some(format!("panic: {panic}")),
             Ok(_) if took > SLOW_INPUT => Some(format!("slow: {:.1} s", took.as_secs_f64())),
             Ok(signature) => {
-                if show_outcomes && !seen.contains(&signature) && seen.len() % 5000 < 3 {
-                    eprintln!("{}: new outcome {signature:?}", target.name);
-                }
                 let new = seen.insert(signature);
                 if (new && corpus.len() < MAX_CORPUS) || corpus.is_empty() {
                     corpus.push(input.clone());
