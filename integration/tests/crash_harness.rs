@@ -261,7 +261,9 @@ fn sigkill_during_s3_multipart_commits_loses_and_duplicates_nothing() {
 
 #[test]
 fn sync_run_killed_repeatedly_ends_bit_identical_to_an_uninterrupted_run() {
-    let steps = 150;
+    // Enough steps that up to 8 lives of at most 2.5 s each cannot finish the run on an idle
+    // machine (150 did once: the run ended before its 4th kill).
+    let steps = 300;
     let toml = tiny_config_unguarded(steps, 3, "sync", 1);
     let dir = tempfile::tempdir().expect("tempdir");
     let killed = dir.path().join("killed");
