@@ -329,6 +329,9 @@ pub struct ArmorSection {
     /// Copy the policy into the reference every this many RL steps (0 = never; spec's
     /// `ref_policy_sync_steps`); each reset is a checkpoint tagged `reference-reset`.
     pub reference_reset_every: u64,
+    /// `[armor.loss]`: the loss options of the public code (mixture ratio and partner,
+    /// `replace_old`, ...); the learner reads them through [`TrainConfig::learner_config`].
+    pub loss: keel_learner::algo::armor::ArmorLoss,
 }
 
 impl Default for ArmorSection {
@@ -336,6 +339,7 @@ impl Default for ArmorSection {
         Self {
             anchor_episodes: 2,
             reference_reset_every: 0,
+            loss: Default::default(),
         }
     }
 }
@@ -645,7 +649,7 @@ impl TrainConfig {
                 ));
             }
         }
-        self.learner
+        self.learner_config()
             .validate()
             .map_err(|e| range_err("learner", e.to_string()))?;
         if self.metrics.bind.parse::<std::net::IpAddr>().is_err() {
@@ -794,9 +798,17 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The learner settings of the main model: `[learner]` with ARMOR's `[armor.loss]`.
+    pub fn learner_config(&self) -> LearnerConfig {
+        LearnerConfig {
+            armor: self.armor.loss,
+            ..self.learner.clone()
+        }
+    }
+
     /// The learner settings of a Dr. MAS agent model: `[learner]` with its overrides.
     pub fn agent_learner_config(&self, m: &AgentModelSection) -> LearnerConfig {
-        let mut cfg = self.learner.clone();
+        let mut cfg = self.learner_config();
         if let Some(lr) = m.lr {
             cfg.lr = lr;
         }

@@ -77,12 +77,12 @@ pub const KEYS: &[KeyDoc] = &[
     ),
     k("rollout.inflight_updates", "true | false", "Async mode: a newly published policy version reaches the samplers between decode steps and the episodes in flight continue under it (each turn records the version it was queued under, never newer than its oldest token; the batch's start version is what admission bounds, so no token exceeds run.staleness_bound and nothing is restarted). false: a batch is sampled with the version it started with."),
     k("rollout.batch_invariant", "auto | on | off", "Decode with fixed forward shapes (every slot, the whole context) and prefill each turn alone, so an episode's tokens and log-probs do not depend on which episodes share the sampler or when their observations arrived: streamed runs and crash resumes stay bit-reproducible on CPU. Costs full-width decode steps. auto = on in sync mode, off in async mode (whose batches depend on timing anyway, through the weight version each starts with); GPU kernels are not bit-deterministic across shapes, so off is the throughput choice there."),
-    k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (weight_decay, clip_low, clip_high, dual_clip, loss_agg, kl_coef, ...; policy_loss = ppo | gspo | reinforce picks the loss, rollout_is_threshold the REINFORCE truncation, 2.0 as in verl, 0 for none)."),
+    k("learner.algo", "a preset: keel algo list", "The RL algorithm preset (ppo, grpo, dr_grpo, gspo, dapo, sampo, sao, armor, so_ppo, so_grpo, rtpo, dr_mas, pats); its hyper-parameters are shown by keel algo show NAME and overridden by optional learner keys (weight_decay, clip_low, clip_high, dual_clip, loss_agg, kl_coef, gigpo_similarity (SAMPO: GiGPO step groups by SequenceMatcher ratio >= this, 0.95 in ARL-Arena), ...; policy_loss = ppo | gspo | reinforce picks the loss, rollout_is_threshold the REINFORCE truncation, 2.0 as in verl, 0 for none)."),
     k("learner.lr", "(0, 1]", "AdamW learning rate."),
     k("learner.max_grad_norm", "> 0", "Global gradient-norm clip."),
     k("learner.max_tokens_per_microbatch", ">= 0", "Most padded tokens (rows x length) in one forward/backward of an actor update; gradients accumulate over such micro-batches under the mini-batch's global denominators, then one optimizer step. 0 = the whole mini-batch at once. Not with seq_mask_delta."),
     k("learner.activation_checkpointing", "true | false", "Recompute each decoder layer's activations in the backward pass instead of keeping them: activation memory of one layer plus one residual stream per layer, for about one extra forward pass. Same gradients."),
-    k("learner.lr_warmup_steps", ">= 0", "Learning-rate warm-up in updates: update u < W runs at lr * u / W (0 at the first, as verl and transformers)."),
+    k("learner.lr_warmup_steps", ">= 0", "Learning-rate warm-up in updates: update u < W runs at lr * u / W (0 at the first, as verl and transformers); the preset's default is 0 (armor: 10, as its scripts)."),
     k("learner.lr_schedule", "constant | cosine", "Learning rate after the warm-up: constant, or half a cosine down to lr_min_ratio * lr at run.steps."),
     k("learner.lr_min_ratio", "[0, 1]", "Floor of the cosine schedule as a fraction of learner.lr."),
     k("learner.epochs", ">= 1", "Passes over each batch."),
@@ -115,6 +115,13 @@ pub const KEYS: &[KeyDoc] = &[
     k("distributed.poll_ms", ">= 1", "keel trainer / keel generator: how often (ms) a process looks at the run root for work orders, results and weights."),
     k("armor.anchor_episodes", ">= 1 with algo armor", "ARMOR: episodes per task sampled from the reference policy; the first successful one joins the group (source = anchor) when the policy's episodes are neither all right nor all wrong."),
     k("armor.reference_reset_every", ">= 0", "ARMOR: copy the policy into the reference every this many steps (0 = never); each reset is a checkpoint tagged reference-reset that later checkpoints name as their reference."),
+    k("armor.loss.mix_ratio", "(0, 1]; unset = auto", "ARMOR: weight r of the policy in the token mixture r*pi + (1-r)*q; unset = the batch's share of policy episodes (the reference's auto_mix_ratio: 15/16 for its 15 + 1 groups); 1 turns mixing off."),
+    k("armor.loss.mix_partner", "reference | one | old", "ARMOR: the mixture partner q: the reference policy (shipped scripts), the constant probability 1 (mix_probs_w_const) or pi_old (mix_probs_w_old)."),
+    k("armor.loss.mix_on_anchors_only", "bool", "ARMOR: mix only on anchor (reference-sampled) rows; the policy's rows keep the plain ratio (mix_probs_on_ref_only)."),
+    k("armor.loss.replace_old", "none | reference | mix | avg | max", "ARMOR: replace pi_old before mixing by the reference, the r-mixture of pi_old and the reference, their even mixture, or their maximum (replace_old_probs + replace_method); none in the shipped scripts."),
+    k("armor.loss.replace_on_anchors_only", "bool", "ARMOR: the replacement applies to anchor rows only (replace_on_ref_only; true in the scripts)."),
+    k("armor.loss.renorm_adv", "none | token | seq", "ARMOR: after a replacement, multiply anchor rows' advantages by min(pi_new_old / pi_old, 20) per token or by its mean over the row (renorm_adv)."),
+    k("armor.loss.replace_on_advantage", "bool", "ARMOR: keep pi_old in the ratio and multiply the advantage by pi_old / pi_new_old instead (replace_on_adv)."),
     k("pats.alpha", "(0, 1]", "PATS: weight of a step's success rate in each task type's EMA."),
     k("pats.revise_threshold", "[0, 1]", "PATS: EMA at or above which a task type's scaffold is revised rather than expanded."),
     k("pats.compress_threshold", "[revise, 1]", "PATS: EMA at or above which a task type's scaffold is compressed."),
@@ -164,7 +171,18 @@ pub fn schema_keys() -> Vec<(String, serde_json::Value)> {
         for (section, v) in root {
             match v {
                 serde_json::Value::Object(t) => {
-                    out.extend(t.into_iter().map(|(k, v)| (format!("{section}.{k}"), v)))
+                    for (k, v) in t {
+                        let key = format!("{section}.{k}");
+                        match v {
+                            // A sub-table without a row of its own (`[armor.loss]`): its keys.
+                            serde_json::Value::Object(sub)
+                                if !KEYS.iter().any(|d| d.key == key) =>
+                            {
+                                out.extend(sub.into_iter().map(|(s, v)| (format!("{key}.{s}"), v)))
+                            }
+                            v => out.push((key, v)),
+                        }
+                    }
                 }
                 other => out.push((section, other)),
             }

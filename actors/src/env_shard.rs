@@ -59,6 +59,8 @@ pub struct ResetOutcome {
     pub agent_id: u32,
     /// Anchor key of the first state (EN-8).
     pub anchor_key: u64,
+    /// The canonical text of the first state (EN-8).
+    pub anchor_state: String,
 }
 
 /// What to do with an episode.
@@ -303,6 +305,7 @@ fn serve(
                     task_type: live.env.task_type(),
                     agent_id: live.env.agent_id(),
                     anchor_key: live.env.anchor_key(),
+                    anchor_state: live.env.anchor_state(),
                 })
             }),
             EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),

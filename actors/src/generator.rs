@@ -82,6 +82,8 @@ pub struct GeneratorSetup {
     pub anchor_episodes: usize,
     /// Dynamic sampling (DAPO, SAMPO, ARMOR): re-roll uninformative groups.
     pub dynamic_sampling: Option<DynamicSampling>,
+    /// GiGPO with similarity groups: store each turn's anchor-state text.
+    pub keep_anchor_states: bool,
     /// Dr. MAS: `agent_model[a]` = the model sampling agent `a`'s turns.
     pub agent_model: Vec<usize>,
     /// PATS: words of scaffold rendered before a prompt at most.
@@ -389,6 +391,7 @@ impl Generator {
             first_id: msg.batch_seq * 1_000_000,
             scaffold,
             capture_boundaries: capture,
+            keep_anchor_states: setup.keep_anchor_states,
             batch_invariant: setup.batch_invariant,
             // GN-5: re-rolls join the stream (RO-9).
             reroll: dynamic.map(|d| Reroll {

@@ -536,7 +536,7 @@ async fn start_learner(job: &Job, model: &ModelSetup) -> Result<Addr<LearnerActo
         InitLearner {
             model: model.spec.clone(),
             critic: cfg.critic_spec(job.device)?,
-            cfg: cfg.learner.clone(),
+            cfg: cfg.learner_config(),
             agent_models: cfg
                 .agent_models
                 .iter()

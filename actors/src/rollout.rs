@@ -74,6 +74,9 @@ pub struct BoundaryState {
     pub agent_id: u32,
     /// Anchor key of the state at the boundary.
     pub anchor_key: u64,
+    /// The canonical text of that state.
+    #[serde(default)]
+    pub anchor_state: String,
     /// The task's type.
     pub task_type: String,
 }
@@ -220,6 +223,8 @@ pub struct RolloutSpec {
     pub scaffold: Option<std::sync::Arc<ScaffoldRenderer>>,
     /// RTPO: record the boundary state before every turn (RO-5).
     pub capture_boundaries: bool,
+    /// GiGPO similarity groups: store each turn's anchor-state text in the batch.
+    pub keep_anchor_states: bool,
     /// SA-7: sample with fixed forward shapes, so that a trajectory does not depend on which
     /// episodes it shared the sampler with (RO-3 under streaming).
     pub batch_invariant: bool,

@@ -197,6 +197,7 @@ fn generator_setup(
             0
         },
         dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
+        keep_anchor_states: cfg.learner.resolve().gigpo_similarity().is_some(),
         agent_model: cfg.agent_model_map(),
         scaffold_words: cfg.pats.render_words,
         batch_invariant: cfg.rollout.batch_invariant(cfg.run.mode),

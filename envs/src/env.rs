@@ -51,6 +51,9 @@ pub struct StepOutcome {
     /// Anchor key of the state after this step (EN-8).
     #[serde(default)]
     pub anchor_key: u64,
+    /// The canonical text the key hashes ([`Env::anchor_state`]; GiGPO similarity groups).
+    #[serde(default)]
+    pub anchor_state: String,
 }
 
 /// A multi-turn text environment.
@@ -126,6 +129,7 @@ pub(crate) fn outcome_of(
         invalid_action,
         agent_id: env.agent_id(),
         anchor_key: env.anchor_key(),
+        anchor_state: env.anchor_state(),
     }
 }
 

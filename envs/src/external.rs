@@ -432,6 +432,7 @@ impl Env for ExternalEnv {
                 invalid_action: true,
                 agent_id: self.view.agent_id,
                 anchor_key: self.anchor_key(),
+                anchor_state: self.anchor_state(),
             });
         }
         let turn = self.view.turns + 1;
@@ -447,6 +448,7 @@ impl Env for ExternalEnv {
             invalid_action: a.outcome.invalid_action,
             agent_id: self.view.agent_id,
             anchor_key: fnv1a64(self.view.anchor_state.as_bytes()),
+            anchor_state: self.view.anchor_state.clone(),
         })
     }
 

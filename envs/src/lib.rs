@@ -47,7 +47,7 @@ mod suite_tests;
 
 pub use calc::{CalcConfig, CalcEnv};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
-pub use env::{Env, StepOutcome};
+pub use env::{fnv1a64, Env, StepOutcome};
 pub use error::EnvError;
 pub use external::{ExternalClient, ExternalConfig, ExternalEnv};
 pub use latency::LatencyModel;

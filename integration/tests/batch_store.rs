@@ -34,6 +34,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         invalid_action: false,
                         agent_id: 0,
                         anchor_key: 5,
+                        anchor_state: String::new(),
                     },
                     Turn {
                         start: 15,
@@ -43,6 +44,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         invalid_action: i == 3,
                         agent_id: 1,
                         anchor_key: 6 + i,
+                        anchor_state: String::new(),
                     },
                 ],
                 final_reward: if i % 2 == 0 { 1.0 } else { 0.0 },

@@ -124,6 +124,10 @@ fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
                         "batch {} traj {}: no anchor key",
                         b.batch_seq, t.trajectory_id
                     );
+                    assert!(
+                        turn.anchor_state.is_empty(),
+                        "texts only for similarity groups"
+                    );
                 }
             }
             let first: BTreeSet<u64> = trajs.iter().map(|t| t.turns[0].anchor_key).collect();
@@ -140,6 +144,39 @@ fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
     for s in &steps {
         assert_finite_metrics(s, "sampo");
         assert!(metric(s, "groups_kept") <= metric(s, "groups_total"));
+        assert!(metric(s, "actor_steps") > 0.0);
+    }
+}
+
+/// SAMPO with GiGPO's similarity option (ARL-Arena `enable_similarity`): every stored turn
+/// carries the text of the state it answered (the text its anchor key hashes), and the learner
+/// trains on groups by that text (a run without stored texts is refused: `targets` tests).
+#[test]
+fn sampo_similarity_groups_store_anchor_states_and_train() {
+    let mut run = MethodRun::new("sampo");
+    run.learner = "dynamic_sampling_cold_start = 0\ngigpo_similarity = 0.5\n".into();
+    let (_dir, root, _, events) = train(&run, "sampo-similarity");
+    let batches = stored_batches(&root);
+    assert_eq!(batches.len(), 6);
+    for b in &batches {
+        for t in &b.trajectories {
+            for turn in &t.turns {
+                assert!(
+                    !turn.anchor_state.is_empty(),
+                    "batch {}: no anchor state",
+                    b.batch_seq
+                );
+                assert_eq!(
+                    keel_envs::fnv1a64(turn.anchor_state.as_bytes()),
+                    turn.anchor_key
+                );
+            }
+        }
+    }
+    let steps = step_events(&events);
+    assert_eq!(steps.len(), 6);
+    for s in &steps {
+        assert_finite_metrics(s, "sampo-similarity");
         assert!(metric(s, "actor_steps") > 0.0);
     }
 }
@@ -778,6 +815,7 @@ fn eval_has_no_scaffold(
             max_turn_tokens: 5,
             anchor_episodes: 0,
             dynamic_sampling: None,
+            keep_anchor_states: false,
             agent_model: Vec::new(),
             scaffold_words: 24,
             batch_invariant: true,

@@ -51,6 +51,7 @@ fn spec(
         first_id: 0,
         scaffold: None,
         capture_boundaries: false,
+        keep_anchor_states: false,
         batch_invariant: true,
         reroll,
         follow_weights: false,

@@ -64,6 +64,9 @@ pub struct TrainBatch {
     pub task_ids: Vec<u64>,
     /// RTPO: the index (into `turns[i]`) of the only turn to train, `None` = all (BT-8).
     pub trained_turns: Vec<Option<usize>>,
+    /// Each trajectory's stored anchor-state texts, one per turn, or none when the batch
+    /// was sampled without them (GiGPO similarity groups need them).
+    pub anchor_states: Vec<Vec<String>>,
 }
 
 /// One model turn of a trajectory.
@@ -108,6 +111,8 @@ pub(crate) struct Row {
     pub anchor: bool,
     pub task: u64,
     pub trained_turn: Option<usize>,
+    /// Stored anchor-state texts, one per stored turn, or empty.
+    pub anchor_states: Vec<String>,
 }
 
 impl Row {
@@ -128,6 +133,7 @@ impl Row {
             turns: Vec::new(),
             agent: 0,
             anchor: false,
+            anchor_states: Vec::new(),
             task: group,
             trained_turn: None,
         }
@@ -208,6 +214,13 @@ fn row_turns(i: usize, r: &Row) -> Result<Vec<TurnSpan>, LearnerError> {
         });
         prev_end = end;
     }
+    if !r.anchor_states.is_empty() && r.anchor_states.len() != out.len() {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: {} anchor states for {} turns",
+            r.anchor_states.len(),
+            out.len()
+        )));
+    }
     if let Some(k) = r.trained_turn {
         if k >= out.len() {
             return Err(LearnerError::input(format!(
@@ -258,6 +271,10 @@ impl TrainBatch {
             anchors: rows.iter().map(|&r| self.anchors[r]).collect(),
             task_ids: rows.iter().map(|&r| self.task_ids[r]).collect(),
             trained_turns: rows.iter().map(|&r| self.trained_turns[r]).collect(),
+            anchor_states: rows
+                .iter()
+                .map(|&r| self.anchor_states[r].clone())
+                .collect(),
         })
     }
 
@@ -291,6 +308,11 @@ impl TrainBatch {
                 anchor: matches!(t.source, keel_store::ArchivedSource::Anchor),
                 task: t.task_id.to_native(),
                 trained_turn: t.trained_turn.as_ref().map(|k| k.to_native() as usize),
+                anchor_states: if t.turns.iter().all(|u| u.anchor_state.is_empty()) {
+                    Vec::new()
+                } else {
+                    t.turns.iter().map(|u| u.anchor_state.to_string()).collect()
+                },
             })
             .collect();
         Self::from_rows(rows, device).map_err(|e| match e {
@@ -424,6 +446,7 @@ impl TrainBatch {
             anchors: rows.iter().map(|r| r.anchor).collect(),
             task_ids: rows.iter().map(|r| r.task).collect(),
             trained_turns: rows.iter().map(|r| r.trained_turn).collect(),
+            anchor_states: rows.into_iter().map(|r| r.anchor_states).collect(),
         })
     }
 }
@@ -494,6 +517,7 @@ mod tests {
                 invalid_action: false,
                 agent_id: 0,
                 anchor_key: 0,
+                anchor_state: String::new(),
             }],
             tokens,
             loss_mask: mask,

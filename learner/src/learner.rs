@@ -60,7 +60,7 @@ use tch::{Kind, Tensor};
 use crate::algo::aggregation::{
     agg_loss, masked_mean, masked_mean_value, turn_records, AggDenominators, AggMode,
 };
-use crate::algo::armor::{armor_loss, mixed_log_ratio};
+use crate::algo::armor::{armor_loss, ArmorInputs};
 use crate::algo::dapo::informative_groups;
 use crate::algo::gspo::gspo_loss;
 use crate::algo::kl::{masked_kl, KlController, KlEstimator};
@@ -288,6 +288,15 @@ impl Learner {
         self.critic.as_ref().map(|c| &c.model)
     }
 
+    /// Optimizer steps taken by the policy's AdamW and by the separate critic's own (None
+    /// without one): two counters, as their bias corrections are (CR-1).
+    pub fn optimizer_steps(&self) -> (u64, Option<u64>) {
+        (
+            self.opt.steps(),
+            self.critic.as_ref().map(|c| c.opt.steps()),
+        )
+    }
+
     /// The model whose value head gives the critic's values: the separate critic, the policy
     /// itself for a shared one, None without a critic.
     fn value_source(&self) -> Option<&HfModel> {
@@ -327,7 +336,7 @@ impl Learner {
     pub fn current_lr(&self) -> f64 {
         let plan = LrPlan {
             schedule: self.cfg.lr_schedule,
-            warmup: self.cfg.lr_warmup_steps,
+            warmup: self.preset.lr_warmup_steps,
             min_ratio: self.cfg.lr_min_ratio,
             total: self.lr_horizon,
         };
@@ -436,10 +445,23 @@ impl Learner {
         Ok(())
     }
 
-    /// Dynamic sampling within the batch: rows of informative groups, or None to keep all.
+    /// Dynamic sampling within the batch: rows of informative groups (ARMOR: with an anchor
+    /// row), or None to keep all.
     fn filtered_rows(&self, batch: &TrainBatch) -> (Option<Vec<usize>>, usize, usize) {
         let metric: Vec<f64> = batch.final_rewards.iter().map(|&r| f64::from(r)).collect();
-        let (informative, uniform) = informative_groups(&batch.group_ids, &metric);
+        let (mut informative, mut uniform) = informative_groups(&batch.group_ids, &metric);
+        if matches!(self.preset.policy_loss, PolicyLossKind::Armor(_)) {
+            // ARMOR (spec §4.2): a prompt is kept only with a correct reference rollout, which
+            // the generator adds as the group's one anchor row; without it the group is dropped.
+            let anchored: std::collections::HashSet<u64> = (0..batch.len())
+                .filter(|&i| batch.anchors[i])
+                .map(|i| batch.group_ids[i])
+                .collect();
+            let (kept, dropped): (Vec<u64>, Vec<u64>) =
+                informative.into_iter().partition(|g| anchored.contains(g));
+            informative = kept;
+            uniform.extend(dropped);
+        }
         let total = informative.len() + uniform.len();
         // A filling filter (SAMPO) trains on the uniform groups its generator's last try kept.
         let active = self
@@ -768,27 +790,27 @@ impl Learner {
                 out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
                 l
             }
-            PolicyLossKind::Armor { mix_ratio } => {
+            PolicyLossKind::Armor(opt) => {
                 let r = ref_logp.as_ref().ok_or_else(|| {
                     LearnerError::input("armor needs the reference policy's log-probs")
                 })?;
-                let l = armor_loss(&logp, &old_logp, r, &adv, &mask, mix_ratio, p.clip);
-                out.set_clip(l.stats);
                 let anchor_rows = pick(&tg.anchor_rows)?;
-                let on_anchor = mask.f_mul(&anchor_rows.f_unsqueeze(1)?)?.f_gt(0.0)?;
-                let mixed = mixed_log_ratio(&logp.detach(), &old_logp, r, &mask, mix_ratio);
-                let plain = logp.detach().f_sub(&old_logp)?;
-                let max_on = |x: &Tensor| -> Result<f64, LearnerError> {
-                    let v = x.f_exp()?.f_masked_select(&on_anchor)?;
-                    Ok(if v.numel() == 0 {
-                        0.0
-                    } else {
-                        v.f_max()?.f_double_value(&[])?
-                    })
+                let inputs = ArmorInputs {
+                    logp: &logp,
+                    old_logp: &old_logp,
+                    ref_logp: r,
+                    adv: &adv,
+                    mask: &mask,
+                    anchor_rows: &anchor_rows,
                 };
-                out.anchor_mixed_ratio_max = max_on(&mixed)?;
-                out.anchor_plain_ratio_max = max_on(&plain)?;
-                out.anchor_tokens = f64::try_from(on_anchor.f_sum(Kind::Double)?)?;
+                let ratio = opt.ratio(tg.policy_share);
+                let (l, s) = armor_loss(&inputs, &opt, ratio, p.clip)?;
+                out.set_clip(l.stats);
+                out.armor_mix_ratio = ratio;
+                out.armor_renorm_weight = s.renorm_weight_mean;
+                out.anchor_mixed_ratio_max = s.anchor_mixed_ratio_max;
+                out.anchor_plain_ratio_max = s.anchor_plain_ratio_max;
+                out.anchor_tokens = s.anchor_tokens;
                 l.loss
             }
             PolicyLossKind::Reinforce { is_threshold } => {

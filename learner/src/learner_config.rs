@@ -15,9 +15,11 @@
 //! - LC-3: every key may be omitted in TOML (`serde(default)`), unknown keys are rejected.
 
 use crate::algo::aggregation::AggMode;
+use crate::algo::armor::ArmorLoss;
 use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::presets::{
-    DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig, RatioBase,
+    AdvantageKind, DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig,
+    RatioBase,
 };
 use crate::algo::value::CriticModel;
 use crate::error::LearnerError;
@@ -55,8 +57,9 @@ pub struct LearnerConfig {
     pub weight_decay: Option<f64>,
     /// Global gradient-norm clip, > 0.
     pub max_grad_norm: f64,
-    /// Learning-rate warm-up in updates (LS-1); 0 = none.
-    pub lr_warmup_steps: u64,
+    /// Override: learning-rate warm-up in updates (LS-1); 0 = none (the preset's default is 0,
+    /// ARMOR's 10).
+    pub lr_warmup_steps: Option<u64>,
     /// Learning-rate shape after the warm-up: constant or cosine (LS-1).
     pub lr_schedule: LrSchedule,
     /// Cosine floor as a fraction of `lr`, in [0, 1].
@@ -159,6 +162,15 @@ pub struct LearnerConfig {
     /// Override: updates before dynamic sampling starts (its cold start).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dynamic_sampling_cold_start: Option<u64>,
+    /// Override: GiGPO step groups by anchor-state text similarity (ARL-Arena's
+    /// `enable_similarity`): turns join a group when difflib's SequenceMatcher ratio to its
+    /// first observation is at least this, in (0, 1) (the reference's 0.95); GiGPO presets only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gigpo_similarity: Option<f64>,
+    /// ARMOR's loss options; not a `[learner]` key: the run config sets them from
+    /// `[armor.loss]` (one place for ARMOR's settings).
+    #[serde(skip)]
+    pub armor: ArmorLoss,
 }
 
 impl Default for LearnerConfig {
@@ -168,7 +180,7 @@ impl Default for LearnerConfig {
             lr: 1e-3,
             weight_decay: None,
             max_grad_norm: 1.0,
-            lr_warmup_steps: 0,
+            lr_warmup_steps: None,
             lr_schedule: LrSchedule::Constant,
             lr_min_ratio: 0.0,
             max_tokens_per_microbatch: 0,
@@ -202,6 +214,8 @@ impl Default for LearnerConfig {
             invalid_action_penalty: None,
             dynamic_sampling_tries: None,
             dynamic_sampling_cold_start: None,
+            gigpo_similarity: None,
+            armor: ArmorLoss::default(),
         }
     }
 }
@@ -249,6 +263,17 @@ impl LearnerConfig {
         let mut p = self.algo.config();
         if let Some(v) = self.weight_decay {
             p.weight_decay = v;
+        }
+        if let Some(v) = self.lr_warmup_steps {
+            p.lr_warmup_steps = v;
+        }
+        if let PolicyLossKind::Armor(a) = &mut p.policy_loss {
+            *a = self.armor;
+        }
+        if let (AdvantageKind::Gigpo { similarity, .. }, Some(v)) =
+            (&mut p.advantage, self.gigpo_similarity)
+        {
+            *similarity = Some(v);
         }
         if let Some(v) = self.clip_low {
             p.clip.low = v;
@@ -486,15 +511,20 @@ impl LearnerConfig {
                 in_range("learner.value_clip", v, 0.0, true, inf, true)?;
             }
         }
-        if let PolicyLossKind::Armor { mix_ratio } = p.policy_loss {
-            in_range(
-                "learner.algo (armor mix ratio)",
-                mix_ratio,
-                0.0,
-                true,
-                1.0,
-                false,
-            )?;
+        if let PolicyLossKind::Armor(a) = p.policy_loss {
+            a.validate()?;
+        }
+        if let Some(v) = self.gigpo_similarity {
+            if !matches!(p.advantage, AdvantageKind::Gigpo { .. }) {
+                return Err(LearnerError::config(
+                    "learner.gigpo_similarity",
+                    format!(
+                        "needs GiGPO advantages (sampo), but {:?} has none",
+                        self.algo.name()
+                    ),
+                ));
+            }
+            in_range("learner.gigpo_similarity", v, 0.0, true, 1.0, true)?;
         }
         Ok(())
     }

@@ -414,6 +414,15 @@ fn cr1_sao_trains_a_separate_critic_with_its_own_optimizer() {
         policy_before,
         "the warm-up leaves the policy alone"
     );
+    // Separate optimizer state: the critic's steps do not advance the policy's AdamW.
+    assert_eq!(l.optimizer_steps(), (0, Some(2)));
+    for (n, t) in l.model().named_parameters() {
+        let g = t.grad();
+        assert!(
+            !g.defined() || g.abs().sum(tch::Kind::Double).double_value(&[]) == 0.0,
+            "value steps reached the policy's {n}"
+        );
+    }
     // VM-1 then K = 2 steps on everything: the critic's trunk has left the policy's.
     let critic = snapshot(l.critic_model().expect("critic"));
     assert!(critic.iter().all(|(n, _)| n != "lm_head.weight"));
@@ -427,6 +436,7 @@ fn cr1_sao_trains_a_separate_critic_with_its_own_optimizer() {
     let m = l.train_step(&batch).expect("actor step");
     assert_eq!((m.actor_steps, m.critic_steps), (1.0, 2.0));
     assert_ne!(snapshot(l.model()), policy_before);
+    assert_eq!(l.optimizer_steps(), (1, Some(4)));
     // VM-3 + LR-4: the critic and its optimizer are checkpointed and resume bit-identically.
     let files = l.state_files().expect("files");
     for f in ["critic.safetensors", "critic_optimizer.safetensors"] {
@@ -574,6 +584,26 @@ fn lr4_reference_policy_is_taken_once_and_checkpointed() {
         l.train_step(&batch).expect("3");
     }
     assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
+}
+
+/// ARMOR keeps a prompt only when its reference produced a correct response (the group's anchor
+/// row): an informative group without one is dropped like a uniform group.
+#[test]
+fn armor_drops_informative_groups_without_an_anchor() {
+    tch::set_num_threads(1);
+    let mut l = preset_learner(crate::Preset::Armor, 26);
+    let mut batch = rl_batch(l.model());
+    batch.final_rewards[2] = 1.0; // group 8 becomes informative too
+    batch.anchors[1] = true; // group 7's reward-0 row came from the reference
+    let m = l.train_step(&batch).expect("armor");
+    assert_eq!(
+        (m.groups_total, m.groups_kept),
+        (2.0, 1.0),
+        "group 8 has no anchor"
+    );
+    assert!(m.anchor_tokens > 0.0);
+    // The automatic mixture ratio is the policy rows' share of the trained rows: 1 of 2.
+    assert_eq!(m.armor_mix_ratio, 0.5);
 }
 
 #[test]
@@ -804,7 +834,7 @@ fn md5_ppo_ratio_is_one_on_policy_at_any_temperature() {
 fn ls1_warmup_starts_at_zero_and_reaches_the_base_rate() {
     tch::set_num_threads(1);
     let c = LearnerConfig {
-        lr_warmup_steps: 2,
+        lr_warmup_steps: Some(2),
         ..cfg(Algo::Grpo)
     };
     let mut l = Learner::new(tiny(false, 43), c, 43).expect("learner");

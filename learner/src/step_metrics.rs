@@ -80,6 +80,10 @@ pub struct StepMetrics {
     pub anchor_plain_ratio_max: f64,
     /// ARMOR: model tokens of anchor trajectories in the batch.
     pub anchor_tokens: f64,
+    /// ARMOR: the mixture ratio r in force (`armor.loss.mix_ratio`, or the batch's policy share).
+    pub armor_mix_ratio: f64,
+    /// ARMOR: mean advantage weight of `armor.loss.renorm_adv` over model tokens (1 without).
+    pub armor_renorm_weight: f64,
     /// Actor optimizer steps taken in this call.
     pub actor_steps: f64,
     /// Value-only optimizer steps taken in this call.
@@ -96,7 +100,7 @@ pub struct StepMetrics {
 
 impl StepMetrics {
     /// The fields averaged over minibatches.
-    pub(crate) fn averaged(&mut self) -> [&mut f64; 22] {
+    pub(crate) fn averaged(&mut self) -> [&mut f64; 24] {
         [
             &mut self.loss,
             &mut self.pg_loss,
@@ -118,6 +122,8 @@ impl StepMetrics {
             &mut self.ctn_trigger_frac,
             &mut self.explained_var,
             &mut self.vf_clipfrac,
+            &mut self.armor_mix_ratio,
+            &mut self.armor_renorm_weight,
             &mut self.actor_steps,
             &mut self.critic_steps,
         ]

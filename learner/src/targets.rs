@@ -23,7 +23,7 @@ use tch::{Device, Kind, Tensor};
 use crate::algo::dapo::{invalid_action_penalty, overlong_penalty};
 use crate::algo::drmas::drmas_advantages;
 use crate::algo::gae::{masked_whiten, try_gae};
-use crate::algo::gigpo::{gigpo_advantages, StepRecord};
+use crate::algo::gigpo::{gigpo_advantages, similarity_groups, StepRecord};
 use crate::algo::grpo::{group_advantages, GRPO_EPS};
 use crate::algo::kl::kl_in_reward;
 use crate::algo::presets::{AdvantageKind, PresetConfig, RatioBase};
@@ -47,6 +47,8 @@ pub(crate) struct Targets {
     pub max_turns: i64,
     /// `[B]` f32: 1 for trajectories sampled by the anchor (reference) policy.
     pub anchor_rows: Tensor,
+    /// Share of rows sampled by the policy (not anchors): ARMOR's automatic mixture ratio.
+    pub policy_share: f64,
     /// Critic presets: (aligned old values, returns).
     pub critic: Option<(Tensor, Tensor)>,
     /// Token-mean KL(old ‖ ref) used by KL in reward, when on.
@@ -90,12 +92,26 @@ fn scores(batch: &TrainBatch, p: &PresetConfig) -> Vec<f64> {
         .collect()
 }
 
-fn gigpo_records(batch: &TrainBatch, p: &PresetConfig) -> Vec<StepRecord> {
+/// GiGPO's turn records; with `similarity`, step groups by text similarity of the stored
+/// anchor states (`algo::gigpo::similarity_groups`) instead of the exact anchor keys.
+fn gigpo_records(
+    batch: &TrainBatch,
+    p: &PresetConfig,
+    similarity: Option<f64>,
+) -> Result<Vec<StepRecord>, LearnerError> {
     let mut out = Vec::new();
+    let mut texts: Vec<&str> = Vec::new();
     for i in 0..batch.len() {
         let r = f64::from(batch.final_rewards[i]);
         let spans = &batch.turns[i];
         let turn_total: f64 = spans.iter().map(|t| f64::from(t.reward)).sum();
+        if similarity.is_some() && batch.anchor_states[i].len() != spans.len() {
+            return Err(LearnerError::input(format!(
+                "trajectory {i} has no stored anchor states, which GiGPO similarity groups \
+                 (learner.gigpo_similarity) need: it was sampled without them"
+            )));
+        }
+        texts.extend(batch.anchor_states[i].iter().map(String::as_str));
         for (k, t) in spans.iter().enumerate() {
             let pen = invalid_action_penalty(t.invalid, p.invalid_action_penalty);
             let residual = if k + 1 == spans.len() {
@@ -112,7 +128,16 @@ fn gigpo_records(batch: &TrainBatch, p: &PresetConfig) -> Vec<StepRecord> {
             });
         }
     }
-    out
+    if let Some(threshold) = similarity {
+        let uids: Vec<u64> = out.iter().map(|r| r.uid).collect();
+        for (r, g) in out
+            .iter_mut()
+            .zip(similarity_groups(&uids, &texts, threshold))
+        {
+            r.anchor = g;
+        }
+    }
+    Ok(out)
 }
 
 /// Per-trajectory values broadcast over `mask`.
@@ -229,8 +254,9 @@ pub(crate) fn compute(
             omega,
             step_gamma,
             norm,
+            similarity,
         } => {
-            let recs = gigpo_records(batch, p);
+            let recs = gigpo_records(batch, p, similarity)?;
             per_turn(
                 batch,
                 &gigpo_advantages(&recs, step_gamma, omega, norm, GRPO_EPS),
@@ -294,6 +320,11 @@ pub(crate) fn compute(
                 .collect::<Vec<_>>(),
         )?
         .f_to_device(dev)?,
+        policy_share: if batch.anchors.is_empty() {
+            1.0
+        } else {
+            batch.anchors.iter().filter(|&&a| !a).count() as f64 / batch.anchors.len() as f64
+        },
         critic,
         kl_reward_mean,
     })
@@ -341,6 +372,42 @@ mod tests {
 
     fn row(t: &Tensor, i: i64) -> Vec<f32> {
         Vec::<f32>::try_from(&t.get(i)).expect("row")
+    }
+
+    #[test]
+    fn gigpo_similarity_groups_by_the_stored_texts_and_needs_them() {
+        let mut b = two_agent_batch(None);
+        let p = Preset::Sampo.config();
+        // Exact keys: every row's turn k answered the same state (keys 2 and 5).
+        let exact = gigpo_records(&b, &p, None).expect("records");
+        assert_eq!(
+            exact.iter().map(|r| r.anchor).collect::<Vec<_>>(),
+            [2, 5, 2, 5, 2, 5]
+        );
+        let err = gigpo_records(&b, &p, Some(0.9)).expect_err("no texts stored");
+        assert!(
+            err.to_string().contains("learner.gigpo_similarity"),
+            "{err}"
+        );
+        b.anchor_states = [
+            ["at fridge 1", "x"],
+            ["at fridge 2", "y"],
+            ["at sink 9", "z"],
+        ]
+        .iter()
+        .map(|t| t.iter().map(|s| s.to_string()).collect())
+        .collect();
+        // difflib ratios: fridge 1 ~ fridge 2 0.909, sink vs fridge 0.5, letters 0.
+        let at = |th: f64| -> Vec<u64> {
+            gigpo_records(&b, &p, Some(th))
+                .expect("records")
+                .iter()
+                .map(|r| r.anchor)
+                .collect()
+        };
+        assert_eq!(at(0.9), [0, 1, 0, 3, 4, 5]);
+        assert_eq!(at(0.5), [0, 1, 0, 3, 0, 5]);
+        assert_eq!(at(0.95), [0, 1, 2, 3, 4, 5]);
     }
 
     #[test]

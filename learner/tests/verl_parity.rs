@@ -40,110 +40,15 @@ use keel_learner::algo::reinforce::reinforce_loss;
 use keel_learner::algo::value::{value_clip_frac, value_loss};
 use keel_learner::{token_entropy, token_logprobs};
 use serde_json::Value;
-use tch::{Kind, Tensor};
+use support::{matrix, num, values, Diffs};
+use tch::Tensor;
 
-const REL: f64 = 1e-7;
+mod support;
 
 fn vectors() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/verl_core_algos.json");
     let text = std::fs::read_to_string(&path).expect("the committed verl vectors");
     serde_json::from_str(&text).expect("json")
-}
-
-fn matrix(v: &Value) -> Tensor {
-    let rows: Vec<Vec<f64>> = serde_json::from_value(v.clone()).expect("a [B, T] matrix");
-    let (b, t) = (rows.len() as i64, rows[0].len() as i64);
-    let flat: Vec<f64> = rows.into_iter().flatten().collect();
-    Tensor::from_slice(&flat).view([b, t])
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(&t.detach().to_kind(Kind::Double).reshape([-1])).expect("values")
-}
-
-fn num(v: &Value) -> f64 {
-    v.as_f64().expect("a number")
-}
-
-/// Largest difference seen per reference function, for the report at the end of each test.
-#[derive(Default)]
-struct Diffs(Vec<(String, f64)>);
-
-impl Diffs {
-    fn scalar(&mut self, what: &str, keel: f64, verl: f64) {
-        let d = (keel - verl).abs();
-        assert!(
-            d <= REL * verl.abs().max(1.0),
-            "{what}: keel {keel} vs verl {verl} (diff {d:e})"
-        );
-        self.note(what, d);
-    }
-
-    /// Compares `keel` with `verl` where `mask` (if any) is 1.
-    fn tensor(&mut self, what: &str, keel: &Tensor, verl: &Value, mask: Option<&Tensor>) {
-        self.tensors(what, keel, &matrix(verl), mask);
-    }
-
-    /// [`Diffs::tensor`] with verl's values already a tensor.
-    fn tensors(&mut self, what: &str, keel: &Tensor, verl: &Tensor, mask: Option<&Tensor>) {
-        let (k, v) = (values(keel), values(verl));
-        assert_eq!(k.len(), v.len(), "{what}: shapes");
-        let m = mask.map(values);
-        let mut worst: f64 = 0.0;
-        for i in 0..k.len() {
-            if m.as_ref().is_some_and(|m| m[i] == 0.0) {
-                continue;
-            }
-            let d = (k[i] - v[i]).abs();
-            assert!(
-                d <= REL * v[i].abs().max(1.0),
-                "{what}[{i}]: keel {} vs verl {} (diff {d:e})",
-                k[i],
-                v[i]
-            );
-            worst = worst.max(d);
-        }
-        self.note(what, worst);
-    }
-
-    /// Compares the scalar `loss` with `verl_loss` and its gradient with respect to `wrt` with
-    /// `verl_grad`, as `<what>` and `<what> gradient`.
-    fn loss_and_grad(
-        &mut self,
-        what: &str,
-        name: &str,
-        loss: &Tensor,
-        wrt: &Tensor,
-        verl_loss: &Value,
-        verl_grad: &Value,
-    ) {
-        self.scalar(
-            &format!("{what}:{name}"),
-            loss.double_value(&[]),
-            num(verl_loss),
-        );
-        let grad = Tensor::run_backward(&[loss], &[wrt], false, false);
-        self.tensor(
-            &format!("{what} gradient:{name}"),
-            &grad[0],
-            verl_grad,
-            None,
-        );
-    }
-
-    fn note(&mut self, what: &str, d: f64) {
-        let key = what.split(':').next().unwrap_or(what).to_string();
-        match self.0.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, w)) => *w = w.max(d),
-            None => self.0.push((key, d)),
-        }
-    }
-
-    fn report(&self) {
-        for (k, d) in &self.0 {
-            println!("verl parity: {k:<40} max |diff| {d:.3e}");
-        }
-    }
 }
 
 fn mode(v: &Value) -> AggMode {
@@ -157,7 +62,7 @@ fn scale(v: &Value) -> Option<f64> {
 #[test]
 fn agg_loss_matches_verl_in_every_mode_and_over_micro_batches() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["agg_loss"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let (loss, mask) = (matrix(&case["loss"]), matrix(&case["mask"]));
@@ -190,7 +95,7 @@ fn agg_loss_matches_verl_in_every_mode_and_over_micro_batches() {
 #[test]
 fn policy_losses_and_their_gradients_match_verl() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["policy_loss"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let kind = case["kind"].as_str().expect("kind");
@@ -242,7 +147,7 @@ fn policy_losses_and_their_gradients_match_verl() {
 #[test]
 fn kl_estimators_match_verl_with_their_clamps_and_straight_through_gradients() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["kl"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let est: KlEstimator =
@@ -273,7 +178,7 @@ fn kl_estimators_match_verl_with_their_clamps_and_straight_through_gradients() {
 #[test]
 fn gae_matches_verl_on_model_tokens_and_is_zero_on_observations() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["gae"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let (r, v, mask) = (
@@ -312,7 +217,7 @@ fn gae_matches_verl_on_model_tokens_and_is_zero_on_observations() {
 #[test]
 fn grpo_and_dr_grpo_advantages_match_verl_with_singletons_and_flat_groups() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["grpo"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let scores: Vec<f64> = serde_json::from_value(case["scores"].clone()).expect("scores");
@@ -335,7 +240,7 @@ fn grpo_and_dr_grpo_advantages_match_verl_with_singletons_and_flat_groups() {
 #[test]
 fn value_loss_and_vf_clipfrac_match_verl() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["value_loss"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let vp = matrix(&case["vpreds"]).set_requires_grad(true);
@@ -369,7 +274,7 @@ fn value_loss_and_vf_clipfrac_match_verl() {
 #[test]
 fn entropy_and_log_probs_match_verl_on_uniform_and_near_one_hot_logits() {
     let all = vectors();
-    let mut diffs = Diffs::default();
+    let mut diffs = Diffs::new("verl");
     for case in all["logits"].as_array().expect("cases") {
         let name = case["name"].as_str().expect("name");
         let rows: Vec<Vec<Vec<f64>>> =

@@ -211,6 +211,7 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                     invalid_action: false,
                     agent_id: 0,
                     anchor_key: k as u64,
+                    anchor_state: String::new(),
                 })
                 .collect();
             let mut loss_mask = vec![0u8; len as usize];

@@ -91,6 +91,9 @@ pub struct Turn {
     pub agent_id: u32,
     /// The environment's anchor key of the state the turn answered (EN-8; GiGPO step groups).
     pub anchor_key: u64,
+    /// The canonical text of that state (EN-8), kept only when GiGPO groups turns by text
+    /// similarity (`learner.gigpo_similarity`); empty otherwise.
+    pub anchor_state: String,
 }
 
 /// Where a trajectory came from.
@@ -308,6 +311,7 @@ pub(crate) mod tests {
                         invalid_action: false,
                         agent_id: 0,
                         anchor_key: 11,
+                        anchor_state: "at door 1".into(),
                     },
                     Turn {
                         start: 7,
@@ -317,6 +321,7 @@ pub(crate) mod tests {
                         invalid_action: true,
                         agent_id: 1,
                         anchor_key: 12,
+                        anchor_state: String::new(),
                     },
                 ],
                 final_reward: 1.0 + id as f32,

@@ -265,7 +265,7 @@ mod tests {
         );
         let e = StoreError::UnsupportedVersion { found: 7 };
         assert!(e.to_string().contains("version 7"), "{e}");
-        assert!(e.to_string().contains("reads version 2"), "{e}");
+        assert!(e.to_string().contains("reads version 3"), "{e}");
         let e = StoreError::ChecksumMismatch {
             expected: 1,
             found: 0xdead_beef,

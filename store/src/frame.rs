@@ -33,7 +33,7 @@ use crate::error::StoreError;
 /// The first 8 bytes of every rollout-batch object.
 pub const BATCH_MAGIC: [u8; 8] = *b"KEELRB\0\0";
 /// The frame format version this build writes and reads.
-pub const BATCH_FORMAT_VERSION: u32 = 2;
+pub const BATCH_FORMAT_VERSION: u32 = 3;
 /// Header size in bytes: magic, version, payload length, crc32.
 pub const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 /// Upper bound on the decompressed archive size (FR-3).

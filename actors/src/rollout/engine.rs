@@ -45,6 +45,7 @@ struct Episode {
     success: bool,
     agent: u32,
     anchor: u64,
+    anchor_state: String,
     task_type: String,
     boundaries: Vec<BoundaryState>,
     /// Where the turn being sampled or stepped starts.
@@ -169,6 +170,7 @@ impl<'a> Engine<'a> {
             success: false,
             agent: 0,
             anchor: 0,
+            anchor_state: String::new(),
             task_type: String::new(),
             boundaries: Vec::new(),
             turn_start: 0,
@@ -277,6 +279,7 @@ impl<'a> Engine<'a> {
                         push_context(&mut ep.traj, &b.tokens);
                         ep.agent = b.agent_id;
                         ep.anchor = b.anchor_key;
+                        ep.anchor_state = b.anchor_state.clone();
                         ep.task_type = b.task_type.clone();
                     }
                     None => {
@@ -316,6 +319,7 @@ impl<'a> Engine<'a> {
         push_context(&mut ep.traj, &ids);
         ep.agent = start.agent_id;
         ep.anchor = start.anchor_key;
+        ep.anchor_state = start.anchor_state;
         ep.task_type = start.task_type;
         Ok(())
     }
@@ -334,9 +338,15 @@ impl<'a> Engine<'a> {
             invalid_action: outcome.invalid_action,
             agent_id: ep.agent,
             anchor_key: ep.anchor,
+            anchor_state: if self.spec.keep_anchor_states {
+                std::mem::take(&mut ep.anchor_state)
+            } else {
+                String::new()
+            },
         });
         ep.agent = outcome.agent_id;
         ep.anchor = outcome.anchor_key;
+        ep.anchor_state = outcome.anchor_state;
         if outcome.done {
             ep.env_ended = true;
             ep.traj.final_reward = outcome.reward;
@@ -369,6 +379,7 @@ impl<'a> Engine<'a> {
                 snapshot,
                 agent_id: ep.agent,
                 anchor_key: ep.anchor,
+                anchor_state: ep.anchor_state.clone(),
                 task_type: ep.task_type.clone(),
             });
         }

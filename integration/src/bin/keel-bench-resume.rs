@@ -90,6 +90,7 @@ fn turn(start: u32, end: u32, policy_version: u64) -> Turn {
         invalid_action: false,
         agent_id: 0,
         anchor_key: 0,
+        anchor_state: String::new(),
     }
 }
 

@@ -272,6 +272,7 @@ pub fn seed_batches() -> Vec<RolloutBatch> {
                     invalid_action: k == 1,
                     agent_id: (k % 2) as u32,
                     anchor_key: 77 + k as u64,
+                    anchor_state: String::new(),
                 })
                 .collect(),
             final_reward: (id % 2) as f32,

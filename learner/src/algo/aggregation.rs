@@ -10,6 +10,10 @@
 //! seq-mean-token-mean     : Σ_{i: n_i>0} (S_i / n_i) / N_seq
 //! seq-mean-token-sum-norm : Σ_i S_i / (N_seq · H)           H = constant, or the padded length T
 //! ```
+//! `seq-mean-token-sum-norm` follows verl as it is now (0.9.1, checked by
+//! `learner/tests/verl_parity.rs`): the sequence mean, then `/ H`. The spec's §1.2 and older verl
+//! (e.g. the fork in Hesse73/ARMOR: `sum(S_i) / H`) have no `1/N_seq`; where they disagree the
+//! current reference code wins.
 //!
 //! Invariants:
 //! - AG-1 (micro-batch independence): the denominators are fixed by [`AggDenominators::of`] on

@@ -1,62 +1,278 @@
 //! ARMOR's mixed-probability ratio (spec §4.2): PPO on a token-level mixture of the current
-//! (or old) policy and the reference ("anchor") policy.
+//! (or old) policy and the reference ("anchor") policy, with every option of the public code's
+//! actor update (Hesse73/ARMOR `dp_actor.py`).
 //!
 //! ```text
-//! q_θ,t   = log( r·exp(logp_t)     + (1 − r)·exp(logp_ref_t) )
-//! q_old,t = log( r·exp(logp_old_t) + (1 − r)·exp(logp_ref_t) )
+//! q_θ,t   = log( r·exp(logp_t)     + (1 − r)·exp(logp_q,t) )
+//! q_old,t = log( r·exp(logp_old_t) + (1 − r)·exp(logp_q,t) )
 //! ρ̃_t     = exp(q_θ,t − q_old,t)
 //! loss    = vanilla PPO (§1.1) on the log-ratio q_θ − q_old: ε 0.2 / 0.28, dual-clip c = 10,
-//!           token-mean; r = 0.9375 (15/16; 0.875 for the 8B recipe)
+//!           token-mean; r = the batch's share of policy rows (the reference's auto_mix_ratio,
+//!           15/16 for its 15 + 1 groups) unless set
 //! ```
+//! The partner `q` is the reference (shipped), the constant probability 1 (`one`, the code's
+//! `mix_probs_w_const`) or π_old (`old`, `mix_probs_w_old`). With `mix_on_anchors_only` the
+//! policy's own rows keep the plain ratio. Before mixing, `replace_old` may replace π_old
+//! (on anchor rows only by default) by the reference, the r-mixture or the average of π_old and
+//! the reference, or their maximum; `renorm_adv` then multiplies anchor rows' advantages by
+//! `min(π_new_old/π_old, 20)` per token or its per-row mean, and `replace_on_advantage` keeps
+//! π_old in the ratio and multiplies the advantage by `π_old/π_new_old` instead.
 //! Gradient: `∇ρ̃ = r·π_θ·∇logπ_θ / π̃_old`, bounded because `π̃_old ≥ (1 − r)·π_ref`.
 //!
 //! Invariants:
-//! - AR-1: with `r = 1` the mixed ratio equals the plain ratio.
-//! - AR-2: `q` is computed with `logaddexp`, so it is finite whenever either input is.
+//! - AR-1: with `r = 1` (and no replacement) the loss is vanilla PPO on the plain ratio.
+//! - AR-2: mixtures are computed with `logaddexp`, so they are finite whenever an input is.
+//! - AR-3: options only change anchor rows' terms where the public code does: with
+//!   `mix_on_anchors_only` and `replace_on_anchors_only`, policy rows see plain PPO.
+//! - AR-4: a fully masked row contributes nothing, also to `renorm_adv = "seq"` (the public
+//!   code divides 0 by 0 there and turns the whole loss into NaN).
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use crate::algo::ppo::{clip_surrogate, select, ClipBounds, TokenLoss};
+use crate::error::LearnerError;
+
+/// The distribution π_θ and π_old are mixed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixPartner {
+    /// The reference policy (the shipped scripts).
+    #[default]
+    Reference,
+    /// The constant probability 1 (`mix_probs_w_const`).
+    One,
+    /// π_old (`mix_probs_w_old`).
+    Old,
+}
+
+/// What replaces π_old before mixing (`replace_old_probs` + `replace_method`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplaceOld {
+    /// No replacement (the shipped scripts).
+    #[default]
+    None,
+    /// The reference's log-probs (`ref`).
+    Reference,
+    /// The r-mixture of π_old and the reference (`mix`).
+    Mix,
+    /// Their even mixture (`avg`).
+    Avg,
+    /// Their elementwise maximum (`max`).
+    Max,
+}
+
+/// How anchor rows' advantages are reweighted after a replacement (`renorm_adv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RenormAdv {
+    /// Not at all (the shipped scripts).
+    #[default]
+    None,
+    /// By `min(π_new_old/π_old, 20)` per token.
+    Token,
+    /// By that weight's mean over the row's response tokens.
+    Seq,
+}
+
+/// ARMOR's loss options (`[armor.loss]`); the defaults are the shipped scripts'.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArmorLoss {
+    /// Mixture weight r of the policy, in (0, 1]; unset = the batch's share of policy rows
+    /// (`auto_mix_ratio`). 1 turns mixing off.
+    pub mix_ratio: Option<f64>,
+    /// Mix only on anchor rows (`mix_probs_on_ref_only`).
+    pub mix_on_anchors_only: bool,
+    /// The mixture partner.
+    pub mix_partner: MixPartner,
+    /// Replace π_old before mixing.
+    pub replace_old: ReplaceOld,
+    /// The replacement applies to anchor rows only (`replace_on_ref_only`, true in the scripts).
+    pub replace_on_anchors_only: bool,
+    /// Advantage reweighting of anchor rows after a replacement.
+    pub renorm_adv: RenormAdv,
+    /// Keep π_old in the ratio and reweight the advantage by π_old/π_new_old instead.
+    pub replace_on_advantage: bool,
+}
+
+impl Default for ArmorLoss {
+    fn default() -> Self {
+        ArmorLoss {
+            mix_ratio: None,
+            mix_on_anchors_only: false,
+            mix_partner: MixPartner::Reference,
+            replace_old: ReplaceOld::None,
+            replace_on_anchors_only: true,
+            renorm_adv: RenormAdv::None,
+            replace_on_advantage: false,
+        }
+    }
+}
+
+impl ArmorLoss {
+    /// `mix_ratio`, or the auto ratio `policy_share` when unset.
+    pub fn ratio(&self, policy_share: f64) -> f64 {
+        self.mix_ratio.unwrap_or(policy_share)
+    }
+
+    /// Range checks, naming the key.
+    pub fn validate(&self) -> Result<(), LearnerError> {
+        if let Some(r) = self.mix_ratio {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(LearnerError::config(
+                    "armor.loss.mix_ratio",
+                    format!("must be in (0, 1], got {r}"),
+                ));
+            }
+        }
+        if self.replace_old == ReplaceOld::None
+            && (self.renorm_adv != RenormAdv::None || self.replace_on_advantage)
+        {
+            return Err(LearnerError::config(
+                "armor.loss.renorm_adv",
+                "renorm_adv and replace_on_advantage act on a replacement: set replace_old too",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The tensors of one ARMOR loss, `[B, T]` unless said.
+pub struct ArmorInputs<'a> {
+    /// Current log-probs (with gradient).
+    pub logp: &'a Tensor,
+    /// π_old's log-probs.
+    pub old_logp: &'a Tensor,
+    /// The reference's log-probs.
+    pub ref_logp: &'a Tensor,
+    /// Advantages.
+    pub adv: &'a Tensor,
+    /// Loss mask.
+    pub mask: &'a Tensor,
+    /// `[B]`, 1 for anchor rows.
+    pub anchor_rows: &'a Tensor,
+}
+
+/// What the loss reports besides the clip statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ArmorStats {
+    /// Largest mixed ratio on anchor tokens.
+    pub anchor_mixed_ratio_max: f64,
+    /// Largest plain ratio π_θ/π_old on anchor tokens (what the mixture bounds).
+    pub anchor_plain_ratio_max: f64,
+    /// Anchor tokens in the loss.
+    pub anchor_tokens: f64,
+    /// Mean advantage weight of `renorm_adv` over response tokens (1 without it).
+    pub renorm_weight_mean: f64,
+}
 
 /// `log(r·exp(a) + (1 − r)·exp(b))`, elementwise (AR-2); `r` in (0, 1].
-pub fn mixed_logp(logp: &Tensor, logp_ref: &Tensor, r: f64) -> Tensor {
+pub fn mixed_logp(logp: &Tensor, partner: &Tensor, r: f64) -> Tensor {
     if r >= 1.0 {
         return logp.shallow_clone();
     }
-    (logp + r.ln()).logaddexp(&(logp_ref.to_kind(logp.kind()) + (1.0 - r).ln()))
+    (logp + r.ln()).logaddexp(&(partner.to_kind(logp.kind()) + (1.0 - r).ln()))
 }
 
-/// The mixed log-ratio `q_θ − q_old` (module doc).
-pub fn mixed_log_ratio(
-    logp: &Tensor,
-    old_logp: &Tensor,
-    logp_ref: &Tensor,
-    mask: &Tensor,
-    r: f64,
-) -> Tensor {
-    let lp = select(logp, mask);
-    let old = select(&old_logp.to_kind(logp.kind()), mask);
-    let rf = select(&logp_ref.to_kind(logp.kind()), mask).detach();
-    mixed_logp(&lp, &rf, r) - mixed_logp(&old, &rf, r)
+/// `[B, T]` bool: true on the rows the option restricts to (anchors) or everywhere.
+fn rows_where(anchors_only: bool, inp: &ArmorInputs) -> Tensor {
+    let all = inp.mask.ones_like().gt(0.0);
+    if anchors_only {
+        all.logical_and(&inp.anchor_rows.gt(0.0).unsqueeze(1))
+    } else {
+        all
+    }
 }
 
-/// ARMOR's policy loss: vanilla PPO (with dual-clip when `clip.dual` is set) on the mixed ratio.
+/// π_old after `replace_old`, and the advantages after `renorm_adv` / `replace_on_advantage`.
+fn replaced_old(inp: &ArmorInputs, opt: &ArmorLoss, r: f64) -> (Tensor, Tensor, f64) {
+    let old = inp.old_logp.to_kind(inp.logp.kind()).detach();
+    let rf = inp.ref_logp.to_kind(old.kind()).detach();
+    let adv = inp.adv.to_kind(old.kind());
+    let new_old = match opt.replace_old {
+        ReplaceOld::None => return (old, adv, 1.0),
+        ReplaceOld::Reference => rf.shallow_clone(),
+        ReplaceOld::Mix => mixed_logp(&old, &rf, r),
+        ReplaceOld::Avg => mixed_logp(&old, &rf, 0.5),
+        ReplaceOld::Max => old.maximum(&rf),
+    };
+    let new_old = new_old.where_self(&rows_where(opt.replace_on_anchors_only, inp), &old);
+    let anchors = inp.anchor_rows.gt(0.0).unsqueeze(1).expand_as(inp.mask);
+    let mut adv = adv;
+    let mut renorm_mean = 1.0;
+    if opt.renorm_adv != RenormAdv::None {
+        let w = (&new_old - &old).exp().clamp_max(20.0);
+        let w = match opt.renorm_adv {
+            RenormAdv::Seq => {
+                let m = inp.mask.to_kind(w.kind());
+                let n = m.sum_dim_intlist(1, true, w.kind());
+                // AR-4: an empty row's weight is 1, not 0/0.
+                let mean = (select(&w, inp.mask) * &m).sum_dim_intlist(1, true, w.kind())
+                    / n.clamp_min(1.0);
+                mean.where_self(&n.gt(0.0), &mean.ones_like()).expand_as(&w)
+            }
+            _ => w,
+        };
+        let w = w.where_self(&anchors, &w.ones_like());
+        renorm_mean = crate::algo::aggregation::masked_mean_value(&w, inp.mask);
+        adv = adv * &w;
+    }
+    if opt.replace_on_advantage {
+        let back = (&old - &new_old).clamp(-20.0, 20.0).exp();
+        (old, adv * back, renorm_mean)
+    } else {
+        (new_old, adv, renorm_mean)
+    }
+}
+
+/// The mixed log-ratio `q_θ − q_old` (module doc) over an already-replaced π_old.
+fn mixed_log_ratio(inp: &ArmorInputs, old: &Tensor, opt: &ArmorLoss, r: f64) -> Tensor {
+    let lp = select(inp.logp, inp.mask);
+    let old = select(old, inp.mask);
+    if r >= 1.0 {
+        return lp - old;
+    }
+    let partner = match opt.mix_partner {
+        MixPartner::Reference => select(&inp.ref_logp.to_kind(lp.kind()), inp.mask).detach(),
+        MixPartner::One => lp.zeros_like(),
+        MixPartner::Old => old.shallow_clone(),
+    };
+    let mixed = mixed_logp(&lp, &partner, r) - mixed_logp(&old, &partner, r);
+    mixed.where_self(&rows_where(opt.mix_on_anchors_only, inp), &(lp - old))
+}
+
+/// ARMOR's policy loss: vanilla PPO (with dual-clip when `clip.dual` is set) on the mixed ratio,
+/// with `r` already resolved ([`ArmorLoss::ratio`]).
 pub fn armor_loss(
-    logp: &Tensor,
-    old_logp: &Tensor,
-    logp_ref: &Tensor,
-    adv: &Tensor,
-    mask: &Tensor,
+    inp: &ArmorInputs,
+    opt: &ArmorLoss,
     r: f64,
     clip: ClipBounds,
-) -> TokenLoss {
-    clip_surrogate(
-        &mixed_log_ratio(logp, old_logp, logp_ref, mask, r),
-        adv,
-        mask,
-        clip,
-        None,
-    )
+) -> Result<(TokenLoss, ArmorStats), LearnerError> {
+    let (old, adv, renorm_weight_mean) = replaced_old(inp, opt, r);
+    let x = mixed_log_ratio(inp, &old, opt, r);
+    let loss = clip_surrogate(&x, &adv, inp.mask, clip, None);
+    let on_anchor = inp
+        .mask
+        .f_mul(&inp.anchor_rows.f_unsqueeze(1)?)?
+        .f_gt(0.0)?;
+    let max_on = |x: &Tensor| -> Result<f64, LearnerError> {
+        let v = x.detach().f_exp()?.f_masked_select(&on_anchor)?;
+        Ok(if v.numel() == 0 {
+            0.0
+        } else {
+            v.f_max()?.f_double_value(&[])?
+        })
+    };
+    let plain = inp.logp.f_sub(&inp.old_logp.to_kind(inp.logp.kind()))?;
+    let stats = ArmorStats {
+        anchor_mixed_ratio_max: max_on(&x)?,
+        anchor_plain_ratio_max: max_on(&plain)?,
+        anchor_tokens: f64::try_from(on_anchor.f_sum(Kind::Double)?)?,
+        renorm_weight_mean,
+    };
+    Ok((loss, stats))
 }
 
 #[cfg(test)]
@@ -65,17 +281,90 @@ mod tests {
     use crate::algo::aggregation::masked_mean;
     use crate::algo::ppo::tests::{check_grad, row, values};
 
+    fn one_row<'a>(
+        lp: &'a Tensor,
+        old: &'a Tensor,
+        rf: &'a Tensor,
+        adv: &'a Tensor,
+        mask: &'a Tensor,
+        anchor: &'a Tensor,
+    ) -> ArmorInputs<'a> {
+        ArmorInputs {
+            logp: lp,
+            old_logp: old,
+            ref_logp: rf,
+            adv,
+            mask,
+            anchor_rows: anchor,
+        }
+    }
+
     #[test]
     fn spec_vectors() {
+        let (one, anchor) = (row(&[1.0]), Tensor::from_slice(&[0.0f64]));
         for ((lp, old, rf), plain, mixed) in [
             ((-1.0, -1.2, -0.5), 1.221403, 1.171939),
             ((-5.0, -6.0, -0.3), std::f64::consts::E, 1.039324),
         ] {
-            let x = mixed_log_ratio(&row(&[lp]), &row(&[old]), &row(&[rf]), &row(&[1.0]), 0.875);
+            let (lp, old, rf) = (row(&[lp]), row(&[old]), row(&[rf]));
+            let inp = one_row(&lp, &old, &rf, &one, &one, &anchor);
+            let opt = ArmorLoss::default();
+            let x = mixed_log_ratio(&inp, &old, &opt, 0.875);
             assert!((values(&x.exp())[0] - mixed).abs() < 1e-6);
-            let p = mixed_log_ratio(&row(&[lp]), &row(&[old]), &row(&[rf]), &row(&[1.0]), 1.0);
+            let p = mixed_log_ratio(&inp, &old, &opt, 1.0);
             assert!((values(&p.exp())[0] - plain).abs() < 1e-6, "AR-1");
         }
+    }
+
+    #[test]
+    fn ar3_anchor_only_options_leave_policy_rows_plain() {
+        let lp = Tensor::from_slice(&[-1.0f64, -0.5, -2.0, -0.7]).view([2, 2]);
+        let old = Tensor::from_slice(&[-1.2f64, -0.4, -2.5, -0.9]).view([2, 2]);
+        let rf = Tensor::from_slice(&[-0.3f64, -3.0, -0.2, -1.5]).view([2, 2]);
+        let (adv, mask) = (lp.ones_like(), lp.ones_like());
+        let anchor = Tensor::from_slice(&[0.0f64, 1.0]);
+        let inp = one_row(&lp, &old, &rf, &adv, &mask, &anchor);
+        let opt = ArmorLoss {
+            mix_on_anchors_only: true,
+            replace_old: ReplaceOld::Max,
+            renorm_adv: RenormAdv::Token,
+            ..ArmorLoss::default()
+        };
+        let (new_old, new_adv, _) = replaced_old(&inp, &opt, 0.9);
+        let x = values(&mixed_log_ratio(&inp, &new_old, &opt, 0.9));
+        let plain = values(&(&lp - &old));
+        assert_eq!(&x[..2], &plain[..2], "policy row: plain ratio");
+        assert_ne!(&x[2..], &plain[2..], "anchor row: mixed, replaced");
+        assert_eq!(&values(&new_adv)[..2], &[1.0, 1.0]);
+    }
+
+    #[test]
+    fn ar4_an_empty_row_keeps_seq_renorm_finite() {
+        let lp = Tensor::from_slice(&[-1.0f64, -0.5, -2.0, -0.7]).view([2, 2]);
+        let old = lp.shallow_clone();
+        let rf = lp.f_sub_scalar(1.0).expect("ref");
+        let adv = lp.ones_like();
+        let mask = Tensor::from_slice(&[1.0f64, 1.0, 0.0, 0.0]).view([2, 2]);
+        let anchor = Tensor::from_slice(&[1.0f64, 1.0]);
+        let inp = one_row(&lp, &old, &rf, &adv, &mask, &anchor);
+        let opt = ArmorLoss {
+            replace_old: ReplaceOld::Reference,
+            renorm_adv: RenormAdv::Seq,
+            ..ArmorLoss::default()
+        };
+        let (l, s) = armor_loss(
+            &inp,
+            &opt,
+            0.9,
+            ClipBounds {
+                low: 0.2,
+                high: 0.28,
+                dual: Some(10.0),
+            },
+        )
+        .expect("loss");
+        assert!(values(&l.loss).iter().all(|v| v.is_finite()));
+        assert!((s.renorm_weight_mean - (-1.0f64).exp()).abs() < 1e-12);
     }
 
     #[test]
@@ -84,13 +373,31 @@ mod tests {
         let rf = row(&[-0.5, -0.3, -3.0, -1.0]);
         let adv = row(&[1.0, -1.0, 0.5, 2.0]);
         let mask = row(&[1.0, 1.0, 1.0, 0.0]);
+        let anchor = Tensor::from_slice(&[1.0f64]);
         let c = ClipBounds {
             low: 0.2,
             high: 0.28,
             dual: Some(10.0),
         };
-        check_grad(&[-1.0, -5.0, -0.65, -1.0], |x| {
-            masked_mean(&armor_loss(x, &old, &rf, &adv, &mask, 0.875, c).loss, &mask)
-        });
+        for opt in [
+            ArmorLoss::default(),
+            ArmorLoss {
+                mix_partner: MixPartner::One,
+                ..ArmorLoss::default()
+            },
+            ArmorLoss {
+                replace_old: ReplaceOld::Mix,
+                renorm_adv: RenormAdv::Seq,
+                ..ArmorLoss::default()
+            },
+        ] {
+            check_grad(&[-1.0, -5.0, -0.65, -1.0], |x| {
+                let inp = one_row(x, &old, &rf, &adv, &mask, &anchor);
+                masked_mean(
+                    &armor_loss(&inp, &opt, 0.875, c).expect("loss").0.loss,
+                    &mask,
+                )
+            });
+        }
     }
 }

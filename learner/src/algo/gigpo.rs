@@ -7,7 +7,11 @@
 //!                A_ep = (score − mean_P)/(std_P + ε)   [mean_std_norm]   or  score − mean_P  [mean_norm]
 //!                (|P| = 1 → mean 0, std 1)
 //! step returns : G_{j,k} = r_{j,k} + γ·G_{j,k+1}          (γ = 0.95, backwards over the episode)
-//! step groups  : turns of one uid whose anchor state (observation) is identical
+//! step groups  : turns of one uid whose anchor state (observation) is identical, or with
+//!                the similarity option (ARL-Arena `enable_similarity`, threshold τ = 0.95):
+//!                in record order, a turn joins the first cluster of its uid whose first
+//!                observation `rep` has SequenceMatcher(None, obs, rep).ratio() ≥ τ, else it
+//!                starts a cluster ([`similarity_groups`])
 //!                A_step = (G − mean_g)/(std_g + ε)  or  G − mean_g   (singleton → A_step = 0)
 //! A_{j,k}      = A_ep + ω·A_step                           (ω = 1)
 //! ```
@@ -17,10 +21,12 @@
 //! Invariants:
 //! - GG-1: a singleton step group contributes 0 (its mean is its own value).
 //! - GG-2: with one turn per episode and every anchor distinct, GiGPO equals GRPO over episodes.
+//! - GG-3: similarity groups never span two uids, and identical observations always share one.
 
 use std::collections::HashMap;
 
 use crate::algo::grpo::{group_advantages, group_stats};
+use crate::algo::sequence_ratio::sequence_ratio;
 
 /// How GiGPO normalises both parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -45,6 +51,32 @@ pub struct StepRecord {
     pub score: f64,
     /// Step reward of this turn (minus its penalty).
     pub step_reward: f64,
+}
+
+/// ARL-Arena's default similarity threshold (`similarity_thresh`).
+pub const SIMILARITY_THRESHOLD: f64 = 0.95;
+
+/// Step-group keys by similarity (module doc, GG-3): record `i` gets the index of the first
+/// record of its cluster. `uids[i]` and `texts[i]` are record `i`'s group and observation.
+pub fn similarity_groups(uids: &[u64], texts: &[&str], threshold: f64) -> Vec<u64> {
+    // Per uid, the clusters' first records, in creation order.
+    let mut clusters: HashMap<u64, Vec<usize>> = HashMap::new();
+    let mut out = Vec::with_capacity(uids.len());
+    for (i, (&uid, &text)) in uids.iter().zip(texts).enumerate() {
+        let reps = clusters.entry(uid).or_default();
+        let found = reps
+            .iter()
+            .copied()
+            .find(|&r| sequence_ratio(text, texts[r]) >= threshold);
+        out.push(match found {
+            Some(r) => r as u64,
+            None => {
+                reps.push(i);
+                i as u64
+            }
+        });
+    }
+    out
 }
 
 /// `G_k = r_k + γ·G_{k+1}` over one episode's step rewards.

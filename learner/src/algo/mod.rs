@@ -10,13 +10,14 @@
 //! | [`gspo`] | sequence / segment ratio with stop-gradient routing | §1.6 |
 //! | [`sorl`] | turn-level ratio and clipping-triggered normalisation | §6 |
 //! | [`sao`] | DIS mask vs behaviour log-probs, length-adaptive λ | §3 |
-//! | [`armor`] | mixed policy/reference ratio | §4 |
+//! | [`armor`] | mixed policy/reference ratio and the public code's options (partner, replace_old, renorm_adv) | §4 |
 //! | [`seq_mask`] | ARLArena's sequence mask | §2.2 |
 //! | [`reinforce`] | REINFORCE with truncated IS (bypass mode) | §1.10 |
 //! | [`kl`] | k1/abs/k2/k3 and "+" forms, KL loss, KL in reward, controllers | §1.8 |
 //! | [`gae`] | skip-observation GAE, whitening | §1.3 |
 //! | [`grpo`] | GRPO / Dr. GRPO over any grouping key | §1.4–1.5 |
-//! | [`gigpo`] | GiGPO episode + anchor-state step groups | §2.2 |
+//! | [`gigpo`] | GiGPO episode + anchor-state step groups (exact or by similarity) | §2.2 |
+//! | [`sequence_ratio`] | difflib's SequenceMatcher ratio (GiGPO similarity) | §2.2 |
 //! | [`drmas`] | Dr. MAS agent-wise grouping | §8 |
 //! | [`rtpo`] | RTPO sibling advantages, branched-turn mask | §7 |
 //! | [`value`] | value loss, explained variance, critic schedule | §1.3, §3.2 |
@@ -40,6 +41,7 @@ pub mod reinforce;
 pub mod rtpo;
 pub mod sao;
 pub mod seq_mask;
+pub mod sequence_ratio;
 pub mod sorl;
 pub mod value;
 

@@ -16,14 +16,14 @@
 //! | dapo | PPO clip 0.2/0.28, dual c=3 | GRPO (std) | token-mean | group filter, overlong shaping, weight decay 0.1 |
 //! | sampo | GSPO ratio per turn, ε 3e-3/4e-3 | GiGPO ω=1 γ=0.95 | seq-mean-token-mean | k3 KL 0.01, entropy 0.001, invalid −0.1, filter (3 tries, cold start 15) |
 //! | sao | DIS band (0.7, 6.0) vs behaviour | skip-obs GAE, λ=1−1/(1.5L) | seq-mean-token-mean | separate critic K=2, warm-up 10, lr ×5 |
-//! | armor | PPO on mixed ratio r=0.9375, 0.2/0.28, c=10, π_old recomputed | GRPO (std) | token-mean | reference policy, anchor rollouts, dynamic sampling (10 passes) |
+//! | armor | PPO on mixed ratio r = policy share (15/16 in the paper), 0.2/0.28, c=10, π_old recomputed | GRPO (std) | token-mean | reference policy, anchor rollouts, dynamic sampling (10 passes), weight decay 0.1, 10 warm-up updates |
 //! | so_ppo | turn-level ratio ε=0.2 + CTN δ=5 | GAE, whitened | token-mean | shared critic (joint) |
 //! | so_grpo | turn-level ratio ε=0.2 + CTN δ=5 | GRPO (std) | token-mean | — |
 //! | rtpo | PPO clip 0.2/0.2 on the branched turn | sibling GRPO | token-mean | — |
 //! | dr_mas | PPO clip 0.2/0.2, dual c=3 | GRPO per (group, agent) | token-mean | invalid −0.1 |
 //! | pats | PPO clip 0.2/0.2, dual c=3 | GRPO (std) | token-mean | scaffold (runtime, not in the learner) |
 //!
-//! Every preset's AdamW weight decay is verl's 0.01 unless its row says otherwise.
+//! Every preset's AdamW weight decay is verl's 0.01 and its warm-up 0 unless its row says otherwise.
 //!
 //! Invariants:
 //! - PR-1: every preset's name round-trips through serde and [`Preset::from_name`]; `ALL` lists
@@ -31,6 +31,7 @@
 //! - PR-2: `config()` is a pure function of the preset; overrides never mutate the registry.
 
 use crate::algo::aggregation::AggMode;
+use crate::algo::armor::ArmorLoss;
 use crate::algo::gigpo::GigpoNorm;
 use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::ppo::ClipBounds;
@@ -83,11 +84,8 @@ pub enum PolicyLossKind {
     },
     /// SAO's DIS mask (`algo::sao`); the band is `(1 − clip.low, 1 + clip.high)`.
     Dis,
-    /// ARMOR's mixed ratio (`algo::armor`).
-    Armor {
-        /// Mixture weight `r` of the current policy.
-        mix_ratio: f64,
-    },
+    /// ARMOR's mixed ratio (`algo::armor`) with its options (`[armor.loss]`).
+    Armor(ArmorLoss),
     /// REINFORCE with truncated IS weights (`algo::reinforce`).
     Reinforce {
         /// Truncation τ, or None.
@@ -116,6 +114,10 @@ pub enum AdvantageKind {
         step_gamma: f64,
         /// Normalisation of both parts.
         norm: GigpoNorm,
+        /// Step groups by text similarity at this SequenceMatcher-ratio threshold (ARL-Arena's
+        /// `enable_similarity`, 0.95 when on); None = identical anchor states (its default).
+        #[serde(default)]
+        similarity: Option<f64>,
     },
     /// Dr. MAS agent-wise GRPO (`algo::drmas`).
     DrMas,
@@ -217,6 +219,9 @@ pub struct PresetConfig {
     pub invalid_action_penalty: f64,
     /// AdamW decoupled weight decay (verl's actor and critic default 0.01; DAPO's recipes 0.1).
     pub weight_decay: f64,
+    /// Learning-rate warm-up in updates (0 = none; ARMOR's scripts 10).
+    #[serde(default)]
+    pub lr_warmup_steps: u64,
     /// Layout P (spec §0.1): every turn is a record, so "seq" aggregation averages over turns.
     #[serde(default)]
     pub turn_records: bool,
@@ -237,11 +242,19 @@ impl PresetConfig {
             .is_some_and(|c| c.model == CriticModel::Shared)
     }
 
+    /// GiGPO's similarity threshold, when its step groups are by text similarity.
+    pub fn gigpo_similarity(&self) -> Option<f64> {
+        match self.advantage {
+            AdvantageKind::Gigpo { similarity, .. } => similarity,
+            _ => None,
+        }
+    }
+
     /// Whether the learner must keep a reference policy.
     pub fn needs_reference(&self) -> bool {
         self.kl_loss.is_some()
             || self.kl_reward.is_some()
-            || matches!(self.policy_loss, PolicyLossKind::Armor { .. })
+            || matches!(self.policy_loss, PolicyLossKind::Armor(_))
     }
 }
 
@@ -290,6 +303,7 @@ fn base() -> PresetConfig {
         overlong: None,
         invalid_action_penalty: 0.0,
         weight_decay: 0.01,
+        lr_warmup_steps: 0,
         turn_records: false,
         runtime_notes: String::new(),
     }
@@ -364,7 +378,7 @@ impl Preset {
                 policy_loss: PolicyLossKind::TurnLevel { ctn_delta: None },
                 clip: GSPO_CLIP,
                 agg: AggMode::SeqMeanTokenMean,
-                advantage: AdvantageKind::Gigpo { omega: 1.0, step_gamma: 0.95, norm: GigpoNorm::MeanStdNorm },
+                advantage: AdvantageKind::Gigpo { omega: 1.0, step_gamma: 0.95, norm: GigpoNorm::MeanStdNorm, similarity: None },
                 kl_loss: Some(KlLoss { estimator: KlEstimator::K3, coef: 0.01 }),
                 entropy_coef: 0.001,
                 invalid_action_penalty: 0.1,
@@ -393,9 +407,12 @@ impl Preset {
                 ..base()
             },
             Preset::Armor => PresetConfig {
-                policy_loss: PolicyLossKind::Armor { mix_ratio: 0.9375 },
+                policy_loss: PolicyLossKind::Armor(ArmorLoss::default()),
                 clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
                 ratio_base: RatioBase::Recompute,
+                // AdamW as the shipped scripts: 10 warm-up updates, weight decay 0.1 (spec §4.3).
+                weight_decay: 0.1,
+                lr_warmup_steps: 10,
                 dynamic_sampling: Some(DynamicSampling { max_tries: 10, cold_start_updates: 0, fill_with_uniform: false }),
                 runtime_notes: "reference = the weights at the first RL update (or --reference); generators sample rollout.anchor_episodes per task from it, the first correct one joins the group with source = anchor; learner.reference_reset_every copies the policy into the reference and records it in the lineage".into(),
                 ..base()
@@ -492,7 +509,7 @@ mod tests {
         let armor = Preset::Armor.config();
         assert_eq!(
             armor.policy_loss,
-            PolicyLossKind::Armor { mix_ratio: 0.9375 }
+            PolicyLossKind::Armor(ArmorLoss::default())
         );
         assert!(armor.needs_reference() && !armor.needs_critic());
         let sampo = Preset::Sampo.config();
@@ -514,9 +531,21 @@ mod tests {
     #[test]
     fn weight_decay_is_per_preset_and_overridable() {
         for p in Preset::ALL {
-            let want = if p == Preset::Dapo { 0.1 } else { 0.01 };
+            let want = if matches!(p, Preset::Dapo | Preset::Armor) {
+                0.1
+            } else {
+                0.01
+            };
             assert_eq!(p.config().weight_decay, want, "{p:?}");
+            // ARMOR's scripts warm the learning rate up over 10 updates; nobody else does.
+            let warmup = if p == Preset::Armor { 10 } else { 0 };
+            assert_eq!(p.config().lr_warmup_steps, warmup, "{p:?}");
         }
+        let cfg = crate::LearnerConfig {
+            lr_warmup_steps: Some(0),
+            ..crate::LearnerConfig::for_preset(Preset::Armor)
+        };
+        assert_eq!(cfg.resolve().lr_warmup_steps, 0);
         let cfg = crate::LearnerConfig {
             weight_decay: Some(0.0),
             ..crate::LearnerConfig::for_preset(Preset::Dapo)

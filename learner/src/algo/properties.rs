@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tch::{Kind, Tensor};
 
 use crate::algo::aggregation::{agg_loss, AggDenominators, AggMode};
-use crate::algo::armor::armor_loss;
+use crate::algo::armor::{armor_loss, ArmorInputs, ArmorLoss, RenormAdv, ReplaceOld};
 use crate::algo::gspo::gspo_loss;
 use crate::algo::kl::{masked_kl, KlEstimator};
 use crate::algo::ppo::{vanilla_ppo, ClipBounds};
@@ -35,6 +35,21 @@ fn losses(
         high: 0.28,
         dual: Some(3.0),
     };
+    let anchor_rows = mask.ones_like().select(1, 0);
+    let armor = |opt: &ArmorLoss| {
+        let inputs = ArmorInputs {
+            logp,
+            old_logp: old,
+            ref_logp: rf,
+            adv,
+            mask,
+            anchor_rows: &anchor_rows,
+        };
+        armor_loss(&inputs, opt, 0.875, clip)
+            .expect("armor loss")
+            .0
+            .loss
+    };
     let per_token = [
         vanilla_ppo(logp, old, adv, mask, clip).loss,
         gspo_loss(logp, old, adv, mask, clip).loss,
@@ -42,7 +57,13 @@ fn losses(
             .0
             .loss,
         dis_loss(logp, old, adv, mask, 0.3, 5.0).0,
-        armor_loss(logp, old, rf, adv, mask, 0.875, clip).loss,
+        armor(&ArmorLoss::default()),
+        armor(&ArmorLoss {
+            replace_old: ReplaceOld::Mix,
+            renorm_adv: RenormAdv::Seq,
+            replace_on_anchors_only: false,
+            ..ArmorLoss::default()
+        }),
         reinforce_loss(logp, old, adv, mask, Some(2.0)),
         masked_kl(logp, rf, mask, KlEstimator::K3),
         masked_kl(logp, rf, mask, KlEstimator::K1Plus),

@@ -11,11 +11,15 @@ script: learner/tests/agentic_parity.rs reads the committed OUT.json
 
 Records are layout P (one row per turn / agent invocation). GiGPO's step returns come from the
 reference's own `compute_step_discounted_returns` (float32, as in the reference), its groups from
-`build_step_group` (exact anchors; the similarity option is not in keel yet).
+`build_step_group`, with exact anchors and with its similarity option (`enable_similarity`:
+`difflib.SequenceMatcher(None, a, b).ratio() >= similarity_thresh` against each cluster's first
+observation, within one prompt group); `are_similar`'s ratios are recorded for string pairs that
+include ones past difflib's 200-element autojunk threshold.
 """
 import importlib.util
 import json
 import sys
+from difflib import SequenceMatcher
 from types import SimpleNamespace
 
 import numpy as np
@@ -100,6 +104,83 @@ def gigpo_cases(arl):
     return out
 
 
+def similarity_records():
+    """Anchor observations that differ by a few characters, one uid sharing text with another
+    (never merged across uids), and a long observation past difflib's autojunk length."""
+    long_a = "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, " \
+        "a countertop 1, a drawer 2, a fridge 1, a garbagecan 1, a microwave 1, a shelf 3, " \
+        "a sinkbasin 1, a stoveburner 4, and a toaster 1. Your task is to: put a clean apple in fridge."
+    long_b = long_a.replace("drawer 2", "drawer 3").replace("shelf 3", "shelf 1")
+    rows = [
+        # uid, traj, anchor observation, episode reward R_j, step reward, invalid
+        (0, 0, "at fridge 1, holding apple 1", 1.0, 0.0, False),
+        (0, 0, "fridge 1 is open", 1.0, 1.0, False),
+        (0, 1, "at fridge 1, holding apple 2", 0.0, 0.0, True),
+        (0, 1, "fridge 1 is closed", 0.0, 0.0, False),
+        (0, 2, "at sink 1, holding apple 1", 1.0, 1.0, False),
+        (1, 3, long_a, 0.0, 0.0, False),
+        (1, 3, "at fridge 1, holding apple 1", 0.0, 0.0, False),
+        (1, 4, long_b, 1.0, 0.0, False),
+        (1, 4, "at fridge 1, holding apple 9", 1.0, 1.0, False),
+        (1, 5, "nothing happens", 0.0, 0.0, True),
+    ]
+    return rows
+
+
+def similarity_cases(arl):
+    penalty = 0.1
+    rows = similarity_records()
+    n, length = len(rows), 3
+    scores = [r[3] - (penalty if r[5] else 0.0) for r in rows]
+    step_rewards = [r[4] - (penalty if r[5] else 0.0) for r in rows]
+    batch = SimpleNamespace(
+        non_tensor_batch={
+            "rewards": np.array(step_rewards, dtype=np.float64),
+            "traj_uid": np.array([f"t{r[1]}" for r in rows], dtype=object),
+            "active_masks": np.ones(n, dtype=bool),
+        },
+        batch={"input_ids": torch.zeros(n, 1)},
+    )
+    returns = arl.compute_step_discounted_returns(batch, 0.95)
+    obs = np.array([r[2] for r in rows], dtype=object)
+    index = np.array([f"u{r[0]}" for r in rows], dtype=object)
+    out = []
+    for thresh in [0.5, 0.9, 0.95, 0.99]:
+        groups = arl.build_step_group(obs, index, True, thresh)
+        first = {}
+        labels = [first.setdefault(g, i) for i, g in enumerate(groups)]
+        for mode in ["mean_norm", "mean_std_norm"]:
+            tlr = torch.zeros(n, length)
+            tlr[:, -1] = torch.tensor(scores)
+            adv, _ = arl.compute_gigpo_outcome_advantage(
+                tlr, returns, torch.ones(n, length), obs, index,
+                np.array([f"t{r[1]}" for r in rows], dtype=object),
+                epsilon=1e-6, step_advantage_w=1.0, mode=mode,
+                enable_similarity=True, similarity_thresh=thresh,
+            )
+            out.append({
+                "name": f"similarity{thresh}-{mode}",
+                "mode": mode,
+                "gamma": 0.95,
+                "similarity_thresh": thresh,
+                "uid": [r[0] for r in rows],
+                "traj": [r[1] for r in rows],
+                "text": [r[2] for r in rows],
+                "step_group_first": labels,
+                "score": scores,
+                "step_reward": step_rewards,
+                "returns": returns.tolist(),
+                "advantages": adv[:, 0].tolist(),
+            })
+    texts = sorted({r[2] for r in rows})
+    pairs = [
+        {"a": a, "b": b, "ratio": SequenceMatcher(None, a, b).ratio(),
+         "similar_095": bool(arl.are_similar(a, b, 0.95))}
+        for a in texts for b in texts
+    ]
+    return out, pairs
+
+
 def drmas_cases(drmas):
     # Two prompt groups, two agents (0 solver, 1 verifier), episodes with several invocations.
     rows = [
@@ -151,6 +232,7 @@ def main():
         "gigpo": gigpo_cases(arl),
         "drmas": drmas_cases(drmas),
     }
+    out["gigpo_similarity"], out["sequence_matcher"] = similarity_cases(arl)
     with open(sys.argv[3], "w") as f:
         json.dump(out, f, indent=0)
         f.write("\n")
