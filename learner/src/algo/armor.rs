@@ -216,7 +216,7 @@ fn replaced_old(inp: &ArmorInputs, opt: &ArmorLoss, r: f64) -> (Tensor, Tensor, 
         };
         let w = w.where_self(&anchors, &w.ones_like());
         renorm_mean = crate::algo::aggregation::masked_mean_value(&w, inp.mask);
-        adv = adv * &w;
+        adv *= &w;
     }
     if opt.replace_on_advantage {
         let back = (&old - &new_old).clamp(-20.0, 20.0).exp();

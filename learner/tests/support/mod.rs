@@ -26,7 +26,8 @@ pub fn num(v: &Value) -> f64 {
     v.as_f64().expect("a number")
 }
 
-/// Largest difference seen per reference function, for the report at the end of each test.
+/// Largest difference seen per reference function, relative as the tolerance
+/// (`|keel − ref| / max(1, |ref|)`), for the report at the end of each test.
 pub struct Diffs {
     reference: &'static str,
     worst: Vec<(String, f64)>,
@@ -49,7 +50,7 @@ impl Diffs {
             "{what}: keel {keel} vs {} {verl} (diff {d:e})",
             self.reference
         );
-        self.note(what, d);
+        self.note(what, d / verl.abs().max(1.0));
     }
 
     /// Compares `keel` with `verl` where `mask` (if any) is 1.
@@ -75,7 +76,7 @@ impl Diffs {
                 self.reference,
                 v[i]
             );
-            worst = worst.max(d);
+            worst = worst.max(d / v[i].abs().max(1.0));
         }
         self.note(what, worst);
     }
@@ -105,7 +106,7 @@ impl Diffs {
         );
     }
 
-    /// Records `d` as a difference of `what` (up to its first `:`).
+    /// Records `d` (relative) as a difference of `what` (up to its first `:`).
     pub fn note(&mut self, what: &str, d: f64) {
         let key = what.split(':').next().unwrap_or(what).to_string();
         match self.worst.iter_mut().find(|(k, _)| *k == key) {
@@ -117,7 +118,7 @@ impl Diffs {
     /// Prints the largest difference per function.
     pub fn report(&self) {
         for (k, d) in &self.worst {
-            println!("{} parity: {k:<40} max |diff| {d:.3e}", self.reference);
+            println!("{} parity: {k:<40} max |diff|/max(1, |ref|) {d:.3e}", self.reference);
         }
     }
 }
