@@ -216,7 +216,8 @@ fn replaced_old(inp: &ArmorInputs, opt: &ArmorLoss, r: f64) -> (Tensor, Tensor, 
         };
         let w = w.where_self(&anchors, &w.ones_like());
         renorm_mean = crate::algo::aggregation::masked_mean_value(&w, inp.mask);
-        adv *= &w;
+        // Not `*=`: `to_kind` to the same kind aliases the caller's tensor.
+        adv = &adv * &w;
     }
     if opt.replace_on_advantage {
         let back = (&old - &new_old).clamp(-20.0, 20.0).exp();
@@ -365,6 +366,39 @@ mod tests {
         .expect("loss");
         assert!(values(&l.loss).iter().all(|v| v.is_finite()));
         assert!((s.renorm_weight_mean - (-1.0f64).exp()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_inputs_are_never_modified() {
+        let lp = row(&[-1.0, -0.5]);
+        let (old, rf) = (row(&[-1.2, -0.4]), row(&[-0.3, -3.0]));
+        let (adv, mask, anchor) = (
+            row(&[1.0, -1.0]),
+            row(&[1.0, 1.0]),
+            Tensor::from_slice(&[1.0f64]),
+        );
+        let inp = one_row(&lp, &old, &rf, &adv, &mask, &anchor);
+        let opt = ArmorLoss {
+            replace_old: ReplaceOld::Reference,
+            renorm_adv: RenormAdv::Token,
+            replace_on_advantage: true,
+            ..ArmorLoss::default()
+        };
+        for _ in 0..2 {
+            armor_loss(
+                &inp,
+                &opt,
+                0.9,
+                ClipBounds {
+                    low: 0.2,
+                    high: 0.28,
+                    dual: Some(10.0),
+                },
+            )
+            .expect("loss");
+        }
+        assert_eq!(values(&adv), [1.0, -1.0]);
+        assert_eq!(values(&old), [-1.2, -0.4]);
     }
 
     #[test]

@@ -118,7 +118,10 @@ impl Diffs {
     /// Prints the largest difference per function.
     pub fn report(&self) {
         for (k, d) in &self.worst {
-            println!("{} parity: {k:<40} max |diff|/max(1, |ref|) {d:.3e}", self.reference);
+            println!(
+                "{} parity: {k:<40} max |diff|/max(1, |ref|) {d:.3e}",
+                self.reference
+            );
         }
     }
 }
