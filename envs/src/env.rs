@@ -122,14 +122,15 @@ pub(crate) fn outcome_of(
     done: bool,
     invalid_action: bool,
 ) -> StepOutcome {
+    let anchor_state = env.anchor_state();
     StepOutcome {
         observation,
         reward,
         done,
         invalid_action,
         agent_id: env.agent_id(),
-        anchor_key: env.anchor_key(),
-        anchor_state: env.anchor_state(),
+        anchor_key: fnv1a64(anchor_state.as_bytes()),
+        anchor_state,
     }
 }
 

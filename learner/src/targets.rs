@@ -111,7 +111,9 @@ fn gigpo_records(
                  (learner.gigpo_similarity) need: it was sampled without them"
             )));
         }
-        texts.extend(batch.anchor_states[i].iter().map(String::as_str));
+        if similarity.is_some() {
+            texts.extend(batch.anchor_states[i].iter().map(String::as_str));
+        }
         for (k, t) in spans.iter().enumerate() {
             let pen = invalid_action_penalty(t.invalid, p.invalid_action_penalty);
             let residual = if k + 1 == spans.len() {

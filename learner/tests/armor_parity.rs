@@ -17,8 +17,7 @@
 
 use std::path::Path;
 
-use keel_learner::algo::armor::{armor_loss, ArmorInputs, ArmorLoss};
-use keel_learner::algo::ppo::ClipBounds;
+use keel_learner::algo::armor::{armor_loss, ArmorInputs, ArmorLoss, ARMOR_CLIP};
 use keel_learner::masked_mean;
 use serde_json::Value;
 use support::{matrix, num, Diffs};
@@ -44,12 +43,7 @@ fn armor_loss_matches_the_armor_actor_update_under_every_option() {
     );
     let anchors: Vec<f64> = serde_json::from_value(inp["anchor"].clone()).expect("anchor flags");
     let anchor_rows = Tensor::from_slice(&anchors);
-    // ARMOR's shipped clip: 0.2 / 0.28, dual-clip c = 10 (the preset's).
-    let clip = ClipBounds {
-        low: 0.2,
-        high: 0.28,
-        dual: Some(10.0),
-    };
+    let clip = ARMOR_CLIP;
     let mut diffs = Diffs::new("ARMOR");
     let cases = all["cases"].as_array().expect("cases");
     assert!(cases.len() >= 100, "every option combination");

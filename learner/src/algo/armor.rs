@@ -32,6 +32,13 @@ use tch::{Kind, Tensor};
 use crate::algo::ppo::{clip_surrogate, select, ClipBounds, TokenLoss};
 use crate::error::LearnerError;
 
+/// ARMOR's shipped clip: ε 0.2 / 0.28, dual-clip c = 10 (its scripts; the preset's).
+pub const ARMOR_CLIP: ClipBounds = ClipBounds {
+    low: 0.2,
+    high: 0.28,
+    dual: Some(10.0),
+};
+
 /// The distribution π_θ and π_old are mixed with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -353,17 +360,7 @@ mod tests {
             renorm_adv: RenormAdv::Seq,
             ..ArmorLoss::default()
         };
-        let (l, s) = armor_loss(
-            &inp,
-            &opt,
-            0.9,
-            ClipBounds {
-                low: 0.2,
-                high: 0.28,
-                dual: Some(10.0),
-            },
-        )
-        .expect("loss");
+        let (l, s) = armor_loss(&inp, &opt, 0.9, ARMOR_CLIP).expect("loss");
         assert!(values(&l.loss).iter().all(|v| v.is_finite()));
         assert!((s.renorm_weight_mean - (-1.0f64).exp()).abs() < 1e-12);
     }
@@ -385,17 +382,7 @@ mod tests {
             ..ArmorLoss::default()
         };
         for _ in 0..2 {
-            armor_loss(
-                &inp,
-                &opt,
-                0.9,
-                ClipBounds {
-                    low: 0.2,
-                    high: 0.28,
-                    dual: Some(10.0),
-                },
-            )
-            .expect("loss");
+            armor_loss(&inp, &opt, 0.9, ARMOR_CLIP).expect("loss");
         }
         assert_eq!(values(&adv), [1.0, -1.0]);
         assert_eq!(values(&old), [-1.2, -0.4]);
@@ -408,11 +395,7 @@ mod tests {
         let adv = row(&[1.0, -1.0, 0.5, 2.0]);
         let mask = row(&[1.0, 1.0, 1.0, 0.0]);
         let anchor = Tensor::from_slice(&[1.0f64]);
-        let c = ClipBounds {
-            low: 0.2,
-            high: 0.28,
-            dual: Some(10.0),
-        };
+        let c = ARMOR_CLIP;
         for opt in [
             ArmorLoss::default(),
             ArmorLoss {

@@ -31,7 +31,7 @@
 //! - PR-2: `config()` is a pure function of the preset; overrides never mutate the registry.
 
 use crate::algo::aggregation::AggMode;
-use crate::algo::armor::ArmorLoss;
+use crate::algo::armor::{ArmorLoss, ARMOR_CLIP};
 use crate::algo::gigpo::GigpoNorm;
 use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::ppo::ClipBounds;
@@ -408,7 +408,7 @@ impl Preset {
             },
             Preset::Armor => PresetConfig {
                 policy_loss: PolicyLossKind::Armor(ArmorLoss::default()),
-                clip: ClipBounds { low: 0.2, high: 0.28, dual: Some(10.0) },
+                clip: ARMOR_CLIP,
                 ratio_base: RatioBase::Recompute,
                 // AdamW as the shipped scripts: 10 warm-up updates, weight decay 0.1 (spec §4.3).
                 weight_decay: 0.1,

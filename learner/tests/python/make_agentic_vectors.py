@@ -56,12 +56,16 @@ def gigpo_records():
     return rows
 
 
-def gigpo_cases(arl):
-    penalty = 0.1
-    rows = gigpo_records()
-    n, length = len(rows), 4
+def penalised(rows, penalty):
+    """Per record: the episode score and the step reward, each minus the invalid-action penalty."""
     scores = [r[3] - (penalty if r[5] else 0.0) for r in rows]
     step_rewards = [r[4] - (penalty if r[5] else 0.0) for r in rows]
+    return scores, step_rewards
+
+
+def step_returns(arl, rows, step_rewards, gamma):
+    """The reference's own step returns (float32) over the records' step rewards."""
+    n = len(rows)
     batch = SimpleNamespace(
         non_tensor_batch={
             "rewards": np.array(step_rewards, dtype=np.float64),
@@ -70,9 +74,17 @@ def gigpo_cases(arl):
         },
         batch={"input_ids": torch.zeros(n, 1)},
     )
+    return arl.compute_step_discounted_returns(batch, gamma)
+
+
+def gigpo_cases(arl):
+    penalty = 0.1
+    rows = gigpo_records()
+    n, length = len(rows), 4
+    scores, step_rewards = penalised(rows, penalty)
     out = []
     for gamma in [0.95, 1.0]:
-        returns = arl.compute_step_discounted_returns(batch, gamma)
+        returns = step_returns(arl, rows, step_rewards, gamma)
         for mode in ["mean_norm", "mean_std_norm"]:
             tlr = torch.zeros(n, length)
             tlr[:, -1] = torch.tensor(scores)
@@ -131,17 +143,8 @@ def similarity_cases(arl):
     penalty = 0.1
     rows = similarity_records()
     n, length = len(rows), 3
-    scores = [r[3] - (penalty if r[5] else 0.0) for r in rows]
-    step_rewards = [r[4] - (penalty if r[5] else 0.0) for r in rows]
-    batch = SimpleNamespace(
-        non_tensor_batch={
-            "rewards": np.array(step_rewards, dtype=np.float64),
-            "traj_uid": np.array([f"t{r[1]}" for r in rows], dtype=object),
-            "active_masks": np.ones(n, dtype=bool),
-        },
-        batch={"input_ids": torch.zeros(n, 1)},
-    )
-    returns = arl.compute_step_discounted_returns(batch, 0.95)
+    scores, step_rewards = penalised(rows, penalty)
+    returns = step_returns(arl, rows, step_rewards, 0.95)
     obs = np.array([r[2] for r in rows], dtype=object)
     index = np.array([f"u{r[0]}" for r in rows], dtype=object)
     out = []
