@@ -11,7 +11,10 @@
 //! - DF-2 (resume): a batch found in the store is reused only if it covers a range still owed,
 //!   no other found batch already covers it, and its policy version is within the staleness bound
 //!   of the restored version (sync mode: equal). Every other found batch that covers an owed range
-//!   is dropped and counted; its range is regenerated. No range is trained on twice.
+//!   is dropped and counted; its range is regenerated. No range is trained on twice. Every turn
+//!   counts, not only the batch's start: with in-flight weight updates (RO-10) a batch that started
+//!   under an old version may hold turns of a version published after the checkpoint, by a policy
+//!   the resumed run never had (its update was lost with the crash); such a batch is dropped.
 //! - DF-3: batch sequence numbers after a resume are above every sequence number in the store, so
 //!   no batch object is ever overwritten (ST-1).
 //! - DF-5: a found batch whose first task lies more than [`MAX_RANGES_AHEAD`] ranges beyond the
@@ -47,7 +50,9 @@ pub struct FoundBatch {
     /// Its first task id.
     pub first_task: u64,
     /// The oldest policy version of its turns.
-    pub policy_version: u64,
+    pub oldest_version: u64,
+    /// The newest policy version of its turns.
+    pub newest_version: u64,
 }
 
 /// What a resumed run does with the store's batches.
@@ -90,8 +95,9 @@ pub fn plan_resume(
         if claimed.contains(&b.first_task) {
             continue; // an earlier batch already covers this range (superseded duplicate)
         }
-        let fresh_enough =
-            b.policy_version <= restored_version && restored_version - b.policy_version <= bound;
+        let fresh_enough = b.newest_version <= restored_version
+            && b.oldest_version <= b.newest_version
+            && restored_version - b.oldest_version <= bound;
         if !fresh_enough || b.first_task >= reach {
             plan.dropped.push(b);
             continue;
@@ -190,7 +196,8 @@ mod tests {
             key: format!("batches/{seq}"),
             batch_seq: seq,
             first_task: first,
-            policy_version: v,
+            oldest_version: v,
+            newest_version: v,
         }
     }
 
@@ -214,6 +221,30 @@ mod tests {
                 next_batch_seq: 4
             }
         );
+    }
+
+    #[test]
+    fn df2_a_batch_with_a_turn_newer_than_the_checkpoint_is_dropped() {
+        // Async, bound 2, checkpoint at version 78. Batch 93 started under 77, and in-flight
+        // updates (RO-10) gave its last turns version 79: weights published just before the
+        // crash, by an update the checkpoint does not hold. Batch 94 ends at 78: reusable.
+        let saved = Frontier {
+            next_task: 96,
+            pending: vec![84, 90],
+            next_batch_seq: 95,
+        };
+        let mixed = FoundBatch {
+            newest_version: 79,
+            ..fb(93, 84, 77)
+        };
+        let ok = FoundBatch {
+            newest_version: 78,
+            ..fb(94, 90, 77)
+        };
+        let plan = plan_resume(&saved, 78, 2, 6, vec![mixed.clone(), ok.clone()]);
+        assert_eq!(plan.reuse, vec![ok]);
+        assert_eq!(plan.dropped, vec![mixed]);
+        assert_eq!(plan.frontier.pending, vec![84], "its range is owed again");
     }
 
     #[test]

@@ -775,8 +775,8 @@ async fn plan_reuse(
             )
         } else {
             format!(
-                "sampled by version {} which the restored version {version} cannot use",
-                d.policy_version
+                "sampled by versions {}..={} which the restored version {version} cannot use",
+                d.oldest_version, d.newest_version
             )
         };
         (job.events)(&TrainEvent::Dropped {

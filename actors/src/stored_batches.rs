@@ -58,18 +58,20 @@ pub async fn scan(store: &RunStore, data: &DataPosition) -> Result<Scan, StoreEr
         };
         let b = buf.archived();
         let first_task = b.trajectories.iter().map(|t| t.task_id.to_native()).min();
-        let oldest = b
-            .trajectories
-            .iter()
-            .flat_map(|t| t.turns.iter())
-            .map(|t| t.policy_version.to_native())
-            .min();
+        let versions = || {
+            b.trajectories
+                .iter()
+                .flat_map(|t| t.turns.iter())
+                .map(|t| t.policy_version.to_native())
+        };
+        let start = b.policy_version.to_native();
         if let Some(first_task) = first_task {
             scan.found.push(FoundBatch {
                 key: key.0.clone(),
                 batch_seq: b.batch_seq.to_native(),
                 first_task,
-                policy_version: oldest.unwrap_or(b.policy_version.to_native()),
+                oldest_version: versions().min().unwrap_or(start),
+                newest_version: versions().max().unwrap_or(start),
             });
         }
     }

@@ -131,7 +131,8 @@ fn manifest(bytes: &[u8]) -> String {
             key: format!("batches/{seq:010}.krb"),
             batch_seq: seq,
             first_task,
-            policy_version: m.policy_version,
+            oldest_version: m.policy_version,
+            newest_version: m.policy_version,
         })
         .collect();
     let plan = plan_resume(&saved, m.policy_version, 2, 6, found);
