@@ -87,6 +87,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("learner.lr_min_ratio", "[0, 1]", "Floor of the cosine schedule as a fraction of learner.lr."),
     k("learner.epochs", ">= 1", "Passes over each batch."),
     k("learner.minibatches", ">= 1", "Optimizer steps per pass."),
+    k("learner.reference_kl", "true | false", "Keep a frozen reference policy (the weights at the first update) and report kl_ref (k3 KL to it) for presets without one; one extra forward pass per micro-batch, the loss is unchanged. keel arena sets it so every method's drift is comparable."),
     k("tracking.tensorboard", "true | false", "Write TensorBoard event files under <run root>/tensorboard/<branch>/ (local or S3): every step metric, eval success, checkpoint ids and the config as text; `tensorboard --logdir <run root>/tensorboard` shows one run per branch."),
     k("tracking.mlflow_url", "an http:// URL, or empty", "Log to this MLflow tracking server: one MLflow run per keel run and branch (params = the flattened config; per-step metrics; checkpoint ids, preset and env as tags). A server that is down never slows training: points wait in a bounded queue and what cannot be delivered is counted in keel_tracking_events_dropped_total."),
     k("tracking.mlflow_experiment", "a name, or empty", "MLflow experiment of the runs (created when missing); empty = keel."),

@@ -428,7 +428,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     board.publish(ask(&learner, CurrentWeights).await??);
     if let (Some(id), true) = (
         &job.options.reference,
-        cfg.learner.resolve().needs_reference(),
+        cfg.learner.keeps_reference(),
     ) {
         // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
         let (s, id) = (job.store.clone(), id.clone());

@@ -488,7 +488,7 @@ impl Learner {
             None => None,
         };
         let train = filtered.as_ref().unwrap_or(batch);
-        if self.preset.needs_reference() && self.reference.is_none() {
+        if (self.preset.needs_reference() || self.cfg.reference_kl) && self.reference.is_none() {
             self.reference = Some(self.model.try_clone()?);
         }
         if self.separate_critic() && self.critic.is_none() {

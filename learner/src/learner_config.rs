@@ -167,6 +167,10 @@ pub struct LearnerConfig {
     /// first observation is at least this, in (0, 1) (the reference's 0.95); GiGPO presets only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gigpo_similarity: Option<f64>,
+    /// Keep a frozen reference policy (the weights at the first update) and report `kl_ref`
+    /// even when the preset has no KL term and no reference: one extra forward pass per
+    /// micro-batch, no change to the loss. Presets with a reference always report it.
+    pub reference_kl: bool,
     /// ARMOR's loss options; not a `[learner]` key: the run config sets them from
     /// `[armor.loss]` (one place for ARMOR's settings).
     #[serde(skip)]
@@ -215,6 +219,7 @@ impl Default for LearnerConfig {
             dynamic_sampling_tries: None,
             dynamic_sampling_cold_start: None,
             gigpo_similarity: None,
+            reference_kl: false,
             armor: ArmorLoss::default(),
         }
     }
@@ -256,6 +261,11 @@ impl LearnerConfig {
             algo,
             ..LearnerConfig::default()
         }
+    }
+
+    /// Whether the learner keeps a reference policy: the preset needs one, or `reference_kl`.
+    pub fn keeps_reference(&self) -> bool {
+        self.reference_kl || self.resolve().needs_reference()
     }
 
     /// The preset's components and hyper-parameters with the overrides applied (LC-2).

@@ -586,6 +586,36 @@ fn lr4_reference_policy_is_taken_once_and_checkpointed() {
     assert!(a.weights_safetensors().expect("a") == b.weights_safetensors().expect("b"));
 }
 
+/// `reference_kl` gives a preset without a reference (GRPO) a frozen one for `kl_ref` only: the
+/// updates are bit-identical to the same learner without it.
+#[test]
+fn reference_kl_reports_the_drift_without_changing_the_update() {
+    tch::set_num_threads(1);
+    let mk = |reference_kl| {
+        let model = tiny(false, 27);
+        Learner::new(
+            model,
+            LearnerConfig {
+                reference_kl,
+                ..cfg(Algo::Grpo)
+            },
+            5,
+        )
+        .expect("learner")
+    };
+    let (mut plain, mut tracked) = (mk(false), mk(true));
+    let batch = rl_batch(plain.model());
+    for step in 0..3 {
+        let a = plain.train_step(&batch).expect("plain");
+        let b = tracked.train_step(&batch).expect("tracked");
+        assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "step {step}");
+        assert_eq!(a.kl_ref, 0.0, "no reference without the key");
+        assert!(step == 0 || b.kl_ref > 0.0, "step {step}: {}", b.kl_ref);
+    }
+    assert!(plain.reference().is_none() && tracked.reference().is_some());
+    assert!(plain.weights_safetensors().expect("a") == tracked.weights_safetensors().expect("b"));
+}
+
 /// ARMOR keeps a prompt only when its reference produced a correct response (the group's anchor
 /// row): an informative group without one is dropped like a uniform group.
 #[test]

@@ -50,6 +50,10 @@ pub enum Command {
     },
     /// Plot a run's curves (PNG + SVG, one line per branch) and write a markdown summary.
     Report(ReportArgs),
+    /// Run a grid of methods × envs × seeds × (control, stress) as separate runs and write the
+    /// comparison: table.md / table.csv with intervals over seeds, verdicts against each
+    /// method's baseline, and plots. Finished cells are skipped, unfinished ones resumed.
+    Arena(crate::arena::ArenaArgs),
     /// Algorithm presets: list them, show one.
     Algo {
         /// What to show.

@@ -2,6 +2,7 @@
 //! `keel-store` run root: parse arguments and config, wire logs, progress and metrics, run.
 
 mod algo_cmd;
+mod arena;
 mod ckpt;
 mod ckpt_export;
 mod cli;
@@ -144,6 +145,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
         } => ckpt::gc(&run_root, keep_last, orphan_min_age_s, dry_run),
         Command::Report(args) => run_report(args),
+        Command::Arena(args) => arena::run(args),
         Command::Env { command } => env_cmd::run(command),
         Command::Algo { command } => algo_cmd::run(command),
         Command::Launch { command } => launch::run(command),

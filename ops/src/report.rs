@@ -28,6 +28,7 @@ pub const CURVES: &[(&str, &str)] = &[
     ("clip_frac", "PPO clip fraction"),
     ("entropy", "token entropy"),
     ("staleness", "max policy-version lag"),
+    ("kl_ref", "KL to the reference (k3)"),
 ];
 
 /// Points of one curve, by branch: `(step, value)` in log order.
@@ -53,6 +54,12 @@ pub struct EvalRow {
 pub struct RunLog {
     /// Curves by stem (see `CURVES`).
     pub curves: BTreeMap<String, Curve>,
+    /// Branches in the order their first step was logged (a rewind's branch after the one it
+    /// left).
+    pub branches: Vec<String>,
+    /// Wall-clock seconds of the logged history: the sum over trainer lives of each life's
+    /// last `elapsed_s` (JL-3).
+    pub wall_seconds: f64,
     /// Held-out evaluations, in log order.
     pub evals: Vec<EvalRow>,
     /// Rewinds: `(from_step, to_step, branch, reason)`.
@@ -122,11 +129,19 @@ fn num(v: &Value, path: &[&str]) -> Option<f64> {
 /// Parses the metrics log as JSONL text (RP-1, RP-3).
 pub fn parse_log(text: &str) -> RunLog {
     let mut log = RunLog::default();
+    let mut life_elapsed = 0.0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             log.bad_lines += 1;
             continue;
         };
+        if let Some(t) = num(&v, &["elapsed_s"]) {
+            // A life's clock starts at 0: a smaller value than the last one is a new life.
+            if t < life_elapsed {
+                log.wall_seconds += life_elapsed;
+            }
+            life_elapsed = t;
+        }
         match v.get("event").and_then(Value::as_str) {
             Some("step") => {
                 let Some(step) = v.get("step").and_then(Value::as_u64) else {
@@ -148,7 +163,11 @@ pub fn parse_log(text: &str) -> RunLog {
                     ("clip_frac", num(&v, &["metrics", "clip_frac"])),
                     ("entropy", num(&v, &["metrics", "entropy"])),
                     ("staleness", num(&v, &["max_lag"])),
+                    ("kl_ref", num(&v, &["metrics", "kl_ref"])),
                 ];
+                if !log.branches.contains(&branch) {
+                    log.branches.push(branch.clone());
+                }
                 for (stem, value) in values {
                     if let Some(x) = value.filter(|x| x.is_finite()) {
                         log.curves
@@ -203,7 +222,22 @@ pub fn parse_log(text: &str) -> RunLog {
             _ => {}
         }
     }
+    log.wall_seconds += life_elapsed;
     log
+}
+
+/// One curve along the history that survived: the branches' points in branch order, a later
+/// branch's step replacing an earlier one's (a rewind retrains the steps it went back over).
+pub fn head_series(log: &RunLog, stem: &str) -> Vec<(u64, f64)> {
+    let mut by_step = BTreeMap::new();
+    if let Some(curve) = log.curves.get(stem) {
+        for branch in &log.branches {
+            for &(step, v) in curve.get(branch).into_iter().flatten() {
+                by_step.insert(step, v);
+            }
+        }
+    }
+    by_step.into_iter().collect()
 }
 
 /// Registers a system font for plot text (RP-2); true when one was found.
@@ -233,7 +267,8 @@ pub fn load_font() -> bool {
     false
 }
 
-const PALETTE: [RGBColor; 6] = [
+/// Line colours of every plot keel draws.
+pub const PALETTE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),

@@ -1,0 +1,148 @@
+//! The arena's figures: per env and setting, training success (moving mean) vs step and
+//! log10 gradient norm vs step, one line per method (mean over its finished seeds) with a band
+//! from the lowest to the highest seed. PNG and SVG, text as `keel report` draws it (RP-2).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::grid::Grid;
+use super::table::{seeds_of, Finished};
+use crate::report::PALETTE;
+
+/// One method's line: `(step, mean, low, high)` over seeds.
+type Band = Vec<(u64, f64, f64, f64)>;
+
+fn band(series: &[&[(u64, f64)]]) -> Band {
+    let mut by_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for s in series {
+        for &(step, v) in *s {
+            if v.is_finite() {
+                by_step.entry(step).or_default().push(v);
+            }
+        }
+    }
+    by_step
+        .into_iter()
+        .map(|(step, v)| {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (step, mean, lo, hi)
+        })
+        .collect()
+}
+
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    lines: &[(String, Band)],
+    text: bool,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
+    root.fill(&WHITE).map_err(e)?;
+    let pts = lines.iter().flat_map(|(_, b)| b.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (u64::MAX, 0u64, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, _, lo, hi) in pts {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(lo), y1.max(hi));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0, 1, 0.0, 1.0);
+    }
+    x1 = x1.max(x0 + 1);
+    let pad = ((y1 - y0) * 0.05).max(1e-9);
+    let mut builder = ChartBuilder::on(root);
+    builder.margin(12);
+    if text {
+        builder
+            .caption(title, ("sans-serif", 20))
+            .x_label_area_size(30)
+            .y_label_area_size(50);
+    }
+    let mut chart = builder
+        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+        .map_err(e)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("step");
+    }
+    mesh.draw().map_err(e)?;
+    for (i, (name, b)) in lines.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let outline: Vec<(u64, f64)> = b
+            .iter()
+            .map(|p| (p.0, p.3))
+            .chain(b.iter().rev().map(|p| (p.0, p.2)))
+            .collect();
+        chart
+            .draw_series(std::iter::once(Polygon::new(outline, color.mix(0.18).filled())))
+            .map_err(e)?;
+        let series = chart
+            .draw_series(LineSeries::new(
+                b.iter().map(|p| (p.0, p.1)),
+                color.stroke_width(2),
+            ))
+            .map_err(e)?;
+        if text {
+            series.label(name.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        }
+    }
+    if text && !lines.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(e)?;
+    }
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+fn write(dir: &Path, stem: &str, title: &str, lines: &[(String, Band)], text: bool) -> Result<()> {
+    let png = dir.join(format!("{stem}.png"));
+    draw(&BitMapBackend::new(&png, (900, 500)).into_drawing_area(), title, lines, text)
+        .with_context(|| format!("cannot draw {}", png.display()))?;
+    let svg = dir.join(format!("{stem}.svg"));
+    draw(&SVGBackend::new(&svg, (900, 500)).into_drawing_area(), title, lines, text)
+        .with_context(|| format!("cannot draw {}", svg.display()))?;
+    Ok(())
+}
+
+/// Writes `<env>.<setting>.success` and `<env>.<setting>.grad_norm` (PNG + SVG) into `dir`.
+pub fn write_all(grid: &Grid, done: &Finished, dir: &Path, text: bool) -> Result<usize> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut figures = 0;
+    for env in &grid.envs {
+        for &setting in &grid.settings {
+            let (mut success, mut grad) = (Vec::new(), Vec::new());
+            for m in grid.methods.iter().filter(|m| m.envs.contains(env)) {
+                let seeds = seeds_of(grid, done, m.name(), env, setting);
+                if seeds.is_empty() {
+                    continue;
+                }
+                let s: Vec<&[(u64, f64)]> = seeds.iter().map(|c| c.success.as_slice()).collect();
+                success.push((m.name().to_string(), band(&s)));
+                let logs: Vec<Vec<(u64, f64)>> = seeds
+                    .iter()
+                    .map(|c| c.grad_norm.iter().map(|&(k, g)| (k, g.max(1e-12).log10())).collect())
+                    .collect();
+                let g: Vec<&[(u64, f64)]> = logs.iter().map(Vec::as_slice).collect();
+                grad.push((m.name().to_string(), band(&g)));
+            }
+            let key = format!("{env}.{}", setting.name());
+            write(dir, &format!("{key}.success"), &format!("{env} ({}): training success, moving mean", setting.name()), &success, text)?;
+            write(dir, &format!("{key}.grad_norm"), &format!("{env} ({}): log10 gradient norm", setting.name()), &grad, text)?;
+            figures += 2;
+        }
+    }
+    Ok(figures)
+}
