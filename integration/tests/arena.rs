@@ -44,6 +44,17 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Whether `checkpoints/` holds a committed checkpoint of `step` (ids are `<step:08>-<hash>`).
+fn has_checkpoint_at_step(dir: &Path, step: u64) -> bool {
+    let prefix = format!("{step:08}-");
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name().to_string_lossy().starts_with(&prefix)
+                && e.path().join("MANIFEST.json").is_file()
+        })
+    })
+}
+
 #[test]
 fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -66,15 +77,17 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
         cells.join(format!("{}.json", CELLS[0])).is_file()
     });
     let second_log = cells.join(format!("{}.log", CELLS[1]));
+    let second_checkpoints = out.join(CELLS[1]).join("checkpoints");
     wait_for("the second cell's first RL checkpoint", Duration::from_secs(300), || {
-        read(&second_log).contains("step=2")
+        has_checkpoint_at_step(&second_checkpoints, 2)
     });
     first.kill().expect("SIGKILL the arena");
     first.wait().expect("reap");
     let finished_before = read(&cells.join(format!("{}.json", CELLS[0])));
     // AR-3: the orphaned cell was told to stop (PR_SET_PDEATHSIG) and checkpoints on its way out.
     wait_for("the orphaned cell to stop", Duration::from_secs(60), || {
-        read(&second_log).contains("stopped")
+        read(&second_log).contains("stopped on request")
+            && cells.join(format!("{}.json.part", CELLS[1])).is_file()
     });
     assert!(!cells.join(format!("{}.json", CELLS[1])).exists());
 

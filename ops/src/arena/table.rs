@@ -28,6 +28,15 @@ pub fn seeds_of<'a>(
         .collect()
 }
 
+/// The finite held-out successes of one method, env and setting, one per finished seed.
+fn held_out(grid: &Grid, done: &Finished, method: &str, env: &str, setting: Setting) -> Vec<f64> {
+    seeds_of(grid, done, method, env, setting)
+        .iter()
+        .map(|s| s.after)
+        .filter(|x| x.is_finite())
+        .collect()
+}
+
 fn fmt(x: f64, digits: usize) -> String {
     if x.is_finite() {
         format!("{x:.digits$}")
@@ -140,13 +149,7 @@ pub fn markdown(grid: &Grid, done: &Finished, command: &str) -> String {
             if !pairs.is_empty() {
                 md.push_str("\n| method | baseline | Δ held-out success (95% CI) | verdict |\n|---|---|---|---|\n");
                 for (m, b) in pairs {
-                    let after = |name: &str| -> Vec<f64> {
-                        seeds_of(grid, done, name, env, setting)
-                            .iter()
-                            .map(|s| s.after)
-                            .filter(|x| x.is_finite())
-                            .collect()
-                    };
+                    let after = |name| held_out(grid, done, name, env, setting);
                     let (cell, verdict) = match compare(&after(m), &after(b)) {
                         Some((d, h, v)) => (format!("{d:+.3} ± {h:.3}"), v.word().to_string()),
                         None => ("—".into(), "— (needs 2 seeds on each side)".into()),
@@ -181,13 +184,7 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
             for m in grid.methods.iter().filter(|m| m.envs.contains(env)) {
                 let seeds = seeds_of(grid, done, m.name(), env, setting);
                 let r = row(&seeds);
-                let after = |name: &str| -> Vec<f64> {
-                    seeds_of(grid, done, name, env, setting)
-                        .iter()
-                        .map(|s| s.after)
-                        .filter(|x| x.is_finite())
-                        .collect()
-                };
+                let after = |name| held_out(grid, done, name, env, setting);
                 let cmp = m
                     .baseline
                     .as_deref()
