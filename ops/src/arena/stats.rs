@@ -209,10 +209,12 @@ mod tests {
         assert!((h - 4.302653 / 3f64.sqrt()).abs() < 1e-5, "{h}");
         assert!(mean_ci(&[0.4]).1.is_nan());
         // Welch: equal variances and sizes give df = 4, t = 2.776445.
-        let (d, h, v) = compare(&[3.0, 4.0, 5.0], &[1.0, 2.0, 3.0]).expect("two sides");
-        assert_eq!(d, 2.0);
+        let (d, h, v) = compare(&[5.0, 6.0, 7.0], &[1.0, 2.0, 3.0]).expect("two sides");
+        assert_eq!(d, 4.0);
         assert!((h - 2.776445 * (2.0f64 / 3.0).sqrt()).abs() < 1e-5, "{h}");
         assert_eq!(v, Verdict::Better);
+        // d = 2 < half-width 2.267: the interval holds 0.
+        assert_eq!(compare(&[3.0, 4.0, 5.0], &[1.0, 2.0, 3.0]).map(|c| c.2), Some(Verdict::Same));
         assert_eq!(compare(&[1.0, 2.0, 3.0], &[3.0, 1.0, 2.0]).map(|c| c.2), Some(Verdict::Same));
         assert_eq!(compare(&[0.0, 0.0], &[1.0, 1.0]).map(|c| c.2), Some(Verdict::Worse));
         assert!(compare(&[1.0], &[1.0, 2.0]).is_none());
