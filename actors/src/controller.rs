@@ -164,7 +164,8 @@ pub struct Controller {
     cursor: TaskCursor,
     next_batch_seq: u64,
     gen_busy: Vec<Option<u64>>,
-    generating: BTreeMap<u64, u64>,
+    /// Batch sequence number → (first task, epoch) of every generation order not yet answered.
+    generating: BTreeMap<u64, (u64, u64)>,
     ready: VecDeque<ReadyBatch>,
     training: Option<ReadyBatch>,
     checkpointing: bool,
@@ -438,7 +439,7 @@ impl Controller {
         self.gen_busy[g] = Some(seq);
         self.gen_util
             .set_busy(self.gen_busy.iter().filter(|b| b.is_some()).count());
-        self.generating.insert(seq, first);
+        self.generating.insert(seq, (first, epoch));
         let n = self.s.cfg.rollout.tasks_per_batch as u64;
         let tasks = (first..first + n)
             .map(|id| TaskRef {
@@ -918,17 +919,17 @@ impl Controller {
             tags.push(HEALTHY_TAG.to_string());
         }
         let version = self.s.version;
-        let in_flight: Vec<u64> = self
-            .generating
-            .values()
-            .copied()
+        // Orders of an epoch a rewind abandoned are not this branch's: the rewind owes their
+        // ranges again from its target's frontier (RW-1), and their batches are discarded.
+        let current = self.generating.iter().filter(|(_, (_, epoch))| *epoch == self.epoch);
+        let in_flight: Vec<u64> = current
+            .clone()
+            .map(|(_, (first, _))| *first)
             .chain(self.ready.iter().map(|b| b.first_task))
             .collect();
         // The resume index: where the batches of the pending ranges are (or will be) stored.
-        let pending_batch_seqs: Vec<u64> = self
-            .generating
-            .keys()
-            .copied()
+        let pending_batch_seqs: Vec<u64> = current
+            .map(|(seq, _)| *seq)
             .chain(self.ready.iter().map(|b| b.batch_seq))
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()

@@ -149,6 +149,35 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
     );
 }
 
+/// An async rewind with generation orders still out (RW-1): those orders belong to the abandoned
+/// branch, so the new branch's first checkpoint must not count their ranges as pending (it
+/// would hold ranges at or past its own frontier, and the commit would be refused as corrupt:
+/// the arena's SAMPO stress cells hit it).
+#[test]
+fn gd2_an_async_rewind_with_orders_in_flight_continues_on_the_new_branch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = keel_integration::MethodRun {
+        steps: 10,
+        checkpoint_every: 2,
+        mode: "async",
+        bound: 4,
+        guard: true,
+        latency_ms: 2.0,
+        ..keel_integration::MethodRun::new("grpo")
+    }
+    .toml()
+        + "\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n";
+    let out = train(dir.path(), &cfg);
+    assert!(out.status.success(), "{}", text(&out));
+    let ev = events(dir.path());
+    let rewinds = of_kind(&ev, "rewind");
+    assert_eq!(rewinds.len(), 1, "{rewinds:?}");
+    assert_eq!(rewinds[0]["branch"], "rewind-1");
+    let last = of_kind(&ev, "step").last().map(|s| (s["step"].as_u64(), s["branch"].clone()));
+    assert_eq!(last, Some((Some(10), serde_json::json!("rewind-1"))));
+    assert_accounted(dir.path(), "rewind-1");
+}
+
 #[test]
 fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -185,13 +214,13 @@ fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate
 }
 
 #[test]
-fn gd5_with_no_rewinds_left_the_run_fails_naming_the_anomaly() {
+fn gd5_with_no_rewinds_left_the_run_exits_3_naming_the_anomaly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = tiny_config(8, 2, "sync", 1)
         + "\n[guard]\nmax_rewinds = 0\nmax_consecutive_skips = 2\n\n[faults]\nnan_loss_at_step = 3\nnan_loss_count = 2\n";
     let out = train(dir.path(), &cfg);
     let t = text(&out);
-    assert!(!out.status.success(), "{t}");
+    assert_eq!(out.status.code(), Some(3), "a collapse exits 3, other errors 1: {t}");
     assert!(
         t.contains("training collapsed: 2 consecutive steps with a non-finite loss"),
         "{t}"

@@ -16,7 +16,9 @@
 //! The data goes back too (RW-1): the task cursor becomes the target checkpoint's frontier, so
 //! every range trained (or skipped) on the abandoned branch after the target is owed again and
 //! sampled afresh by the restored policy on the new branch, and what the abandoned branch used
-//! since its last checkpoint is forgotten with it. Along the new branch's lineage each range is
+//! since its last checkpoint is forgotten with it. Generation orders still out at the rewind
+//! belong to the abandoned branch: their results are discarded when they arrive and the new
+//! branch's checkpoints never count their ranges as pending. Along the new branch's lineage each range is
 //! then trained at most once and trained + skipped + pending ranges are exactly those handed out
 //! (the crash harness's accounting, `check_accounting`). Batch sequence numbers keep growing
 //! (DF-3).
