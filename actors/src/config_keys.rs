@@ -104,7 +104,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("guard.grad_norm_floor", ">= 0", "Grad norms at or below this are never spikes."),
     k("guard.kl_spike_ratio", "0 (off) or > 1", "Rewind when the KL to the behaviour policy exceeds this many times its recent median."),
     k("guard.kl_floor", ">= 0", "KL values at or below this are never spikes."),
-    k("guard.max_rewinds", ">= 0", "Rewinds allowed before the run gives up with an error."),
+    k("guard.max_rewinds", ">= 0", "Rewinds allowed before the run gives up with an error (keel train then exits 3)."),
     k("guard.rewind_lr_factor", "(0, 1]", "Learning rate multiplier applied at every rewind (1 keeps it)."),
     k("faults.nan_loss_at_step", ">= 0 (0 = off)", "TESTING AID: poison the update producing this policy version with NaN log-probs."),
     k("faults.nan_loss_count", ">= 1", "TESTING AID: attempts at that update poisoned in a row."),

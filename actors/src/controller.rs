@@ -921,7 +921,10 @@ impl Controller {
         let version = self.s.version;
         // Orders of an epoch a rewind abandoned are not this branch's: the rewind owes their
         // ranges again from its target's frontier (RW-1), and their batches are discarded.
-        let current = self.generating.iter().filter(|(_, (_, epoch))| *epoch == self.epoch);
+        let current = self
+            .generating
+            .iter()
+            .filter(|(_, (_, epoch))| *epoch == self.epoch);
         let in_flight: Vec<u64> = current
             .clone()
             .map(|(_, (first, _))| *first)

@@ -426,10 +426,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         None => warm_start(&job, &model, &learner, &board, &handles).await?,
     };
     board.publish(ask(&learner, CurrentWeights).await??);
-    if let (Some(id), true) = (
-        &job.options.reference,
-        cfg.learner.keeps_reference(),
-    ) {
+    if let (Some(id), true) = (&job.options.reference, cfg.learner.keeps_reference()) {
         // JB-8: `--reference CKPT` makes that checkpoint's policy the reference (KL, ARMOR).
         let (s, id) = (job.store.clone(), id.clone());
         let weights = spawn_io(&job.io, async move {

@@ -78,9 +78,11 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
     });
     let second_log = cells.join(format!("{}.log", CELLS[1]));
     let second_checkpoints = out.join(CELLS[1]).join("checkpoints");
-    wait_for("the second cell's first RL checkpoint", Duration::from_secs(300), || {
-        has_checkpoint_at_step(&second_checkpoints, 2)
-    });
+    wait_for(
+        "the second cell's first RL checkpoint",
+        Duration::from_secs(300),
+        || has_checkpoint_at_step(&second_checkpoints, 2),
+    );
     first.kill().expect("SIGKILL the arena");
     first.wait().expect("reap");
     let finished_before = read(&cells.join(format!("{}.json", CELLS[0])));
@@ -107,7 +109,11 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
         outcome["resumed_from"].is_string(),
         "the interrupted cell resumed its run root: {outcome}"
     );
-    assert_eq!(read(&second_log).matches("run root:").count(), 2, "two lives");
+    assert_eq!(
+        read(&second_log).matches("run root:").count(),
+        2,
+        "two lives"
+    );
 
     let table = read(&out.join("table.md"));
     assert!(table.contains("4 of 4 cells finished"), "{table}");
@@ -144,15 +150,25 @@ fn changed_cells_are_refused_and_table_only_runs_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("g");
     let only = arena(&smoke_grid(), &out, &["--table-only"]);
-    assert!(only.status.success(), "{}", String::from_utf8_lossy(&only.stderr));
+    assert!(
+        only.status.success(),
+        "{}",
+        String::from_utf8_lossy(&only.stderr)
+    );
     let table = read(&out.join("table.md"));
-    assert!(table.contains("0 of 4 cells finished") && table.contains("| grpo | 0/1 | — |"), "{table}");
+    assert!(
+        table.contains("0 of 4 cells finished") && table.contains("| grpo | 0/1 | — |"),
+        "{table}"
+    );
     assert!(!out.join(CELLS[0]).exists(), "--table-only trains nothing");
 
     // A cell config left by an earlier run of another version of the grid.
     std::fs::create_dir_all(out.join("cells")).expect("mkdir");
-    std::fs::write(out.join("cells").join(format!("{}.toml", CELLS[2])), "[run]\nsteps = 99\n")
-        .expect("write");
+    std::fs::write(
+        out.join("cells").join(format!("{}.toml", CELLS[2])),
+        "[run]\nsteps = 99\n",
+    )
+    .expect("write");
     let refused = arena(&smoke_grid(), &out, &[]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
@@ -170,5 +186,8 @@ fn changed_cells_are_refused_and_table_only_runs_nothing() {
     .expect("write");
     let refused = arena(&bad, &dir.path().join("bad"), &[]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && stderr.contains("\"gpro\""), "{stderr}");
+    assert!(
+        !refused.status.success() && stderr.contains("\"gpro\""),
+        "{stderr}"
+    );
 }

@@ -173,7 +173,9 @@ fn gd2_an_async_rewind_with_orders_in_flight_continues_on_the_new_branch() {
     let rewinds = of_kind(&ev, "rewind");
     assert_eq!(rewinds.len(), 1, "{rewinds:?}");
     assert_eq!(rewinds[0]["branch"], "rewind-1");
-    let last = of_kind(&ev, "step").last().map(|s| (s["step"].as_u64(), s["branch"].clone()));
+    let last = of_kind(&ev, "step")
+        .last()
+        .map(|s| (s["step"].as_u64(), s["branch"].clone()));
     assert_eq!(last, Some((Some(10), serde_json::json!("rewind-1"))));
     assert_accounted(dir.path(), "rewind-1");
 }
@@ -220,7 +222,11 @@ fn gd5_with_no_rewinds_left_the_run_exits_3_naming_the_anomaly() {
         + "\n[guard]\nmax_rewinds = 0\nmax_consecutive_skips = 2\n\n[faults]\nnan_loss_at_step = 3\nnan_loss_count = 2\n";
     let out = train(dir.path(), &cfg);
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(3), "a collapse exits 3, other errors 1: {t}");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "a collapse exits 3, other errors 1: {t}"
+    );
     assert!(
         t.contains("training collapsed: 2 consecutive steps with a non-finite loss"),
         "{t}"

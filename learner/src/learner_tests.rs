@@ -749,6 +749,35 @@ fn so1_ctn_fires_exactly_on_the_samples_whose_clipping_bias_exceeds_delta() {
     assert_eq!(m.ctn_trigger_frac, 0.0, "but its bias is below delta");
 }
 
+/// SAO's double-sided IS band (0.7, 6) against the behaviour log-probs, on a whole update: a
+/// row whose ratio is e^3 or e^-3 is masked token for token (exactly its share of the model
+/// tokens), one at e^0.25, which PPO's 0.2 clip would clip, is kept.
+#[test]
+fn sa1_sao_masks_exactly_the_rows_outside_its_band_on_both_sides() {
+    tch::set_num_threads(1);
+    let share = |batch: &TrainBatch| {
+        batch.loss_mask.get(0).sum(Kind::Double).double_value(&[])
+            / batch.loss_mask.sum(Kind::Double).double_value(&[])
+    };
+    for (shift, masked) in [(3.0, true), (-3.0, true), (0.25, false)] {
+        let c = LearnerConfig {
+            lr: 3e-3,
+            minibatches: 1,
+            critic_warmup: Some(0),
+            ..LearnerConfig::for_preset(crate::Preset::Sao)
+        };
+        let mut s = Learner::new(tiny(true, 27), c, 27).expect("sao");
+        let batch = off_policy_first_row(s.model(), shift);
+        let m = s.train_step(&batch).expect("sao");
+        let want = if masked { share(&batch) } else { 0.0 };
+        assert!(
+            (m.dis_masked_frac - want).abs() < 1e-12,
+            "ratio e^{shift}: masked {} want {want}",
+            m.dis_masked_frac
+        );
+    }
+}
+
 #[test]
 fn lr1_recompute_ratio_base_ignores_stale_behaviour_logprobs() {
     tch::set_num_threads(1);

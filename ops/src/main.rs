@@ -35,7 +35,26 @@ fn main() {
     init_tracing(&cli);
     if let Err(e) = run(cli) {
         eprintln!("error: {}", error_chain(&e));
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
+    }
+}
+
+/// `keel train` / `keel trainer` exit with this when the collapse guard gave up (its rewinds
+/// spent, GD-5), so a driver (`keel arena`, a batch script) can tell a collapsed run from a
+/// broken one; every other error exits 1.
+pub const COLLAPSED_EXIT: i32 = 3;
+
+fn exit_code(e: &anyhow::Error) -> i32 {
+    let collapsed = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<keel_actors::ActorError>(),
+            Some(keel_actors::ActorError::Collapse { .. })
+        )
+    });
+    if collapsed {
+        COLLAPSED_EXIT
+    } else {
+        1
     }
 }
 

@@ -290,7 +290,10 @@ fn check_methods(file: &GridFile) -> Result<()> {
     for m in &file.methods {
         let Some(b) = &m.baseline else { continue };
         let Some(base) = file.methods.iter().find(|x| x.name() == b) else {
-            bail!("method {:?} has baseline {b:?}, which is no method of the grid", m.name());
+            bail!(
+                "method {:?} has baseline {b:?}, which is no method of the grid",
+                m.name()
+            );
         };
         if let Some(env) = m.envs.iter().find(|e| !base.envs.contains(e)) {
             bail!(
@@ -460,20 +463,45 @@ config = { learner = { epochs = 2 } }
             .expect("control");
         let base = TrainConfig::from_toml(&control.config_text).expect("valid");
         assert_eq!(cfg.learner.lr, base.learner.lr * 3.0);
-        assert_eq!(base.staleness_bound(), 0, "the control is the default sync mode");
+        assert_eq!(
+            base.staleness_bound(),
+            0,
+            "the control is the default sync mode"
+        );
         assert_eq!(g.baseline_of("so_grpo"), Some("grpo"));
     }
 
     #[test]
     fn ag1_bad_grids_are_refused_naming_the_entry() {
         let cases = [
-            (GRID.replace("baseline = \"grpo\"", "baseline = \"ppo\""), "no method"),
-            (GRID.replace("envs = [\"calc\"]\nbaseline", "envs = [\"shop\"]\nbaseline"), "[envs.shop]"),
-            (GRID.replace("run = { threads = 1 }", "run = { seed = 3 }"), "run.seed"),
+            (
+                GRID.replace("baseline = \"grpo\"", "baseline = \"ppo\""),
+                "no method",
+            ),
+            (
+                GRID.replace("envs = [\"calc\"]\nbaseline", "envs = [\"shop\"]\nbaseline"),
+                "[envs.shop]",
+            ),
+            (
+                GRID.replace("run = { threads = 1 }", "run = { seed = 3 }"),
+                "run.seed",
+            ),
             (GRID.replace("seeds = [1, 2]", "seeds = [1, 1]"), "twice"),
-            (GRID.replace("preset = \"so_grpo\"", "preset = \"grpo\""), "two methods"),
-            (GRID.replace("epochs = 2", "epochs = 0"), "cell so_grpo.calc.control.s1"),
-            (GRID.replace("[[methods]]\npreset = \"grpo\"", "[[methods]]\nname = \"a.b\"\npreset = \"grpo\""), "a.b"),
+            (
+                GRID.replace("preset = \"so_grpo\"", "preset = \"grpo\""),
+                "two methods",
+            ),
+            (
+                GRID.replace("epochs = 2", "epochs = 0"),
+                "cell so_grpo.calc.control.s1",
+            ),
+            (
+                GRID.replace(
+                    "[[methods]]\npreset = \"grpo\"",
+                    "[[methods]]\nname = \"a.b\"\npreset = \"grpo\"",
+                ),
+                "a.b",
+            ),
         ];
         for (text, want) in cases {
             let err = format!("{:#}", grid(&text).expect_err(want));

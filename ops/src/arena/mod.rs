@@ -75,18 +75,30 @@ pub fn run(args: ArenaArgs) -> Result<()> {
         let flag = stop.clone();
         crate::term_signals::spawn("keel-arena-signals", move |mut signals| async move {
             let sig = signals.next().await;
-            eprintln!("{}: stopping the running cells (they checkpoint and exit)", sig.name());
+            eprintln!(
+                "{}: stopping the running cells (they checkpoint and exit)",
+                sig.name()
+            );
             flag.store(true, Ordering::SeqCst);
         })?;
         let total = pending.len();
         let mut ended = 0;
-        let summary = runner::run(&grid, &layout, &pending, args.jobs, &stop, |cell, secs, why| {
-            ended += 1;
-            match why {
-                None => eprintln!("[{ended}/{total}] {cell}: finished in {secs:.0} s"),
-                Some(why) => eprintln!("[{ended}/{total}] {cell}: not finished after {secs:.0} s: {why}"),
-            }
-        })?;
+        let summary = runner::run(
+            &grid,
+            &layout,
+            &pending,
+            args.jobs,
+            &stop,
+            |cell, secs, why| {
+                ended += 1;
+                match why {
+                    None => eprintln!("[{ended}/{total}] {cell}: finished in {secs:.0} s"),
+                    Some(why) => {
+                        eprintln!("[{ended}/{total}] {cell}: not finished after {secs:.0} s: {why}")
+                    }
+                }
+            },
+        )?;
         failed = summary.failed;
         stopped = !summary.stopped.is_empty();
     }
@@ -111,10 +123,17 @@ pub fn run(args: ArenaArgs) -> Result<()> {
         done.len(),
         grid.cells.len(),
         layout.dir.display(),
-        if text { "" } else { " (no font found: plots without text)" }
+        if text {
+            ""
+        } else {
+            " (no font found: plots without text)"
+        }
     );
     if !failed.is_empty() {
-        let list: Vec<String> = failed.iter().map(|(c, why)| format!("{c} ({why})")).collect();
+        let list: Vec<String> = failed
+            .iter()
+            .map(|(c, why)| format!("{c} ({why})"))
+            .collect();
         bail!(
             "{} cell(s) failed: {}; their output is in {}/cells/<cell>.log, and a rerun resumes them",
             failed.len(),
@@ -143,7 +162,13 @@ fn read_finished(grid: &grid::Grid, layout: &Layout) -> Result<Finished> {
             .block_on(keel_actors::jsonl::read_log(&store))
             .with_context(|| format!("cannot read cell {}'s metrics log", c.name))?;
         let log = crate::report::parse_log(&text);
-        done.insert(c.name.clone(), stats::cell_stats(&log, &grid.arena));
+        let outcome = std::fs::read_to_string(layout.outcome(&c.name))
+            .with_context(|| format!("cannot read cell {}'s outcome", c.name))?;
+        let outcome: serde_json::Value = serde_json::from_str(&outcome)
+            .with_context(|| format!("cell {}: unreadable outcome", c.name))?;
+        let mut s = stats::cell_stats(&log, &grid.arena);
+        s.collapsed = outcome.get("collapsed").is_some();
+        done.insert(c.name.clone(), s);
     }
     Ok(done)
 }

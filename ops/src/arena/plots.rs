@@ -81,7 +81,10 @@ where
             .chain(b.iter().rev().map(|p| (p.0, p.2)))
             .collect();
         chart
-            .draw_series(std::iter::once(Polygon::new(outline, color.mix(0.18).filled())))
+            .draw_series(std::iter::once(Polygon::new(
+                outline,
+                color.mix(0.18).filled(),
+            )))
             .map_err(e)?;
         let series = chart
             .draw_series(LineSeries::new(
@@ -109,11 +112,21 @@ where
 
 fn write(dir: &Path, stem: &str, title: &str, lines: &[(String, Band)], text: bool) -> Result<()> {
     let png = dir.join(format!("{stem}.png"));
-    draw(&BitMapBackend::new(&png, (900, 500)).into_drawing_area(), title, lines, text)
-        .with_context(|| format!("cannot draw {}", png.display()))?;
+    draw(
+        &BitMapBackend::new(&png, (900, 500)).into_drawing_area(),
+        title,
+        lines,
+        text,
+    )
+    .with_context(|| format!("cannot draw {}", png.display()))?;
     let svg = dir.join(format!("{stem}.svg"));
-    draw(&SVGBackend::new(&svg, (900, 500)).into_drawing_area(), title, lines, text)
-        .with_context(|| format!("cannot draw {}", svg.display()))?;
+    draw(
+        &SVGBackend::new(&svg, (900, 500)).into_drawing_area(),
+        title,
+        lines,
+        text,
+    )
+    .with_context(|| format!("cannot draw {}", svg.display()))?;
     Ok(())
 }
 
@@ -133,14 +146,31 @@ pub fn write_all(grid: &Grid, done: &Finished, dir: &Path, text: bool) -> Result
                 success.push((m.name().to_string(), band(&s)));
                 let logs: Vec<Vec<(u64, f64)>> = seeds
                     .iter()
-                    .map(|c| c.grad_norm.iter().map(|&(k, g)| (k, g.max(1e-12).log10())).collect())
+                    .map(|c| {
+                        c.grad_norm
+                            .iter()
+                            .map(|&(k, g)| (k, g.max(1e-12).log10()))
+                            .collect()
+                    })
                     .collect();
                 let g: Vec<&[(u64, f64)]> = logs.iter().map(Vec::as_slice).collect();
                 grad.push((m.name().to_string(), band(&g)));
             }
             let key = format!("{env}.{}", setting.name());
-            write(dir, &format!("{key}.success"), &format!("{env} ({}): training success, moving mean", setting.name()), &success, text)?;
-            write(dir, &format!("{key}.grad_norm"), &format!("{env} ({}): log10 gradient norm", setting.name()), &grad, text)?;
+            write(
+                dir,
+                &format!("{key}.success"),
+                &format!("{env} ({}): training success, moving mean", setting.name()),
+                &success,
+                text,
+            )?;
+            write(
+                dir,
+                &format!("{key}.grad_norm"),
+                &format!("{env} ({}): log10 gradient norm", setting.name()),
+                &grad,
+                text,
+            )?;
             figures += 2;
         }
     }

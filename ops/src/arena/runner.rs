@@ -7,8 +7,10 @@
 //!
 //! Invariants:
 //! - AR-1: a cell is finished exactly when `cells/<cell>.json` exists; it is written (renamed
-//!   from `.part`) only after a life exited 0 having reached `arena.steps`, so a cell cut short by
-//!   a kill, a signal or a failure is not finished and its next run resumes its run root.
+//!   from `.part`) only after a life exited 0 having reached `arena.steps`, or as
+//!   `{"collapsed": …}` after a life exited with `COLLAPSED_EXIT` (the collapse guard spent its
+//!   rewinds: an outcome of the experiment, which a rerun would only repeat). A cell cut short
+//!   by a kill, a signal or any other failure is not finished and its next run resumes it.
 //! - AR-2: a cell whose stored config differs from the grid's is refused before anything runs
 //!   (resuming it under another config would mix two experiments in one run root).
 //! - AR-3: SIGTERM / SIGINT to the arena stops launching cells and passes SIGTERM on to the
@@ -162,18 +164,30 @@ fn judge(layout: &Layout, cell: &str, steps: u64, status: ExitStatus) -> Result<
         let log = std::fs::read_to_string(layout.log(cell)).unwrap_or_default();
         let tail: Vec<&str> = log.lines().rev().take(3).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
+        if status.code() == Some(crate::COLLAPSED_EXIT) {
+            let reason = log
+                .lines()
+                .rev()
+                .find(|l| l.contains("training collapsed"))
+                .unwrap_or("");
+            let outcome = serde_json::json!({ "collapsed": reason });
+            write_atomic(&layout.outcome(cell), outcome.to_string().as_bytes())?;
+            return Ok(None);
+        }
         return Ok(Some(format!("{status}: {}", tail.join(" | "))));
     }
-    let text = std::fs::read_to_string(&part)
-        .with_context(|| format!("cell {cell} exited 0 without its summary {}", part.display()))?;
+    let text = std::fs::read_to_string(&part).with_context(|| {
+        format!(
+            "cell {cell} exited 0 without its summary {}",
+            part.display()
+        )
+    })?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("cell {cell}: unreadable summary {}", part.display()))?;
     let final_step = v.get("final_step").and_then(serde_json::Value::as_u64);
     let stopped = v.get("stopped").and_then(serde_json::Value::as_bool) == Some(true);
     if stopped || final_step != Some(steps) {
-        return Ok(Some(format!(
-            "stopped at step {final_step:?} of {steps}"
-        )));
+        return Ok(Some(format!("stopped at step {final_step:?} of {steps}")));
     }
     std::fs::rename(&part, layout.outcome(cell))
         .with_context(|| format!("cannot record cell {cell} as finished"))?;
@@ -247,4 +261,44 @@ pub fn run(
         summary.stopped.extend(queue.map(|c| c.name.clone()));
     }
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(code: i32) -> ExitStatus {
+        Command::new("sh")
+            .args(["-c", &format!("exit {code}")])
+            .status()
+            .expect("sh")
+    }
+
+    /// AR-1: a life that exited `COLLAPSED_EXIT` finishes its cell as collapsed; one that exited
+    /// 1 leaves it unfinished with the log's tail as the reason.
+    #[test]
+    fn ar1_a_collapse_finishes_the_cell_and_an_error_does_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = Layout {
+            dir: dir.path().to_path_buf(),
+        };
+        std::fs::create_dir_all(dir.path().join("cells")).expect("cells");
+        let log = "step 9\nerror: training collapsed: KL 0.2 spiked over its recent median 0.0; 3 rewinds done\n";
+        std::fs::write(layout.log("a"), log).expect("log");
+        std::fs::write(layout.log("b"), "error: store: disk full\n").expect("log");
+        assert_eq!(
+            judge(&layout, "a", 40, exit(crate::COLLAPSED_EXIT)).expect("judge"),
+            None
+        );
+        assert!(layout.finished("a"));
+        let outcome: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(layout.outcome("a")).expect("outcome"))
+                .expect("json");
+        assert!(outcome["collapsed"]
+            .as_str()
+            .is_some_and(|r| r.contains("KL 0.2 spiked")));
+        let why = judge(&layout, "b", 40, exit(1)).expect("judge");
+        assert!(why.is_some_and(|w| w.contains("disk full")));
+        assert!(!layout.finished("b"));
+    }
 }

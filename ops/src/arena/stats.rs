@@ -39,6 +39,9 @@ pub struct CellStats {
     pub kl_ref: f64,
     /// Training wall time, seconds.
     pub wall_s: f64,
+    /// The collapse guard gave up (its rewinds spent): the run ended before `arena.steps`, with
+    /// no held-out evaluation after RL.
+    pub collapsed: bool,
     /// Moving mean of training success by step.
     pub success: Vec<(u64, f64)>,
     /// Gradient norm by step.
@@ -103,10 +106,7 @@ pub fn cell_stats(log: &RunLog, arena: &ArenaSection) -> CellStats {
         before: eval("before_rl"),
         after: eval("after_rl"),
         best: success.iter().map(|p| p.1).fold(f64::NAN, f64::max),
-        steps_to_threshold: success
-            .iter()
-            .find(|p| p.1 >= arena.threshold)
-            .map(|p| p.0),
+        steps_to_threshold: success.iter().find(|p| p.1 >= arena.threshold).map(|p| p.0),
         rewinds: log.rewinds.len() as u64,
         nonfinite: log.skips,
         spikes: spikes(&grad_norm, arena.spike_ratio, arena.spike_window),
@@ -115,6 +115,7 @@ pub fn cell_stats(log: &RunLog, arena: &ArenaSection) -> CellStats {
             n => kl.iter().map(|p| p.1).sum::<f64>() / n as f64,
         },
         wall_s: log.wall_seconds,
+        collapsed: false,
         success,
         grad_norm,
     }
@@ -214,9 +215,18 @@ mod tests {
         assert!((h - 2.776445 * (2.0f64 / 3.0).sqrt()).abs() < 1e-5, "{h}");
         assert_eq!(v, Verdict::Better);
         // d = 2 < half-width 2.267: the interval holds 0.
-        assert_eq!(compare(&[3.0, 4.0, 5.0], &[1.0, 2.0, 3.0]).map(|c| c.2), Some(Verdict::Same));
-        assert_eq!(compare(&[1.0, 2.0, 3.0], &[3.0, 1.0, 2.0]).map(|c| c.2), Some(Verdict::Same));
-        assert_eq!(compare(&[0.0, 0.0], &[1.0, 1.0]).map(|c| c.2), Some(Verdict::Worse));
+        assert_eq!(
+            compare(&[3.0, 4.0, 5.0], &[1.0, 2.0, 3.0]).map(|c| c.2),
+            Some(Verdict::Same)
+        );
+        assert_eq!(
+            compare(&[1.0, 2.0, 3.0], &[3.0, 1.0, 2.0]).map(|c| c.2),
+            Some(Verdict::Same)
+        );
+        assert_eq!(
+            compare(&[0.0, 0.0], &[1.0, 1.0]).map(|c| c.2),
+            Some(Verdict::Worse)
+        );
         assert!(compare(&[1.0], &[1.0, 2.0]).is_none());
     }
 
@@ -254,6 +264,10 @@ mod tests {
         assert!((s.best - 0.7).abs() < 1e-12);
         assert_eq!((s.rewinds, s.nonfinite, s.collapses()), (1, 0, 1));
         assert!((s.kl_ref - 0.15).abs() < 1e-12, "{}", s.kl_ref);
-        assert!((s.wall_s - 7.5).abs() < 1e-12, "two lives: 4.5 + 3.0, got {}", s.wall_s);
+        assert!(
+            (s.wall_s - 7.5).abs() < 1e-12,
+            "two lives: 4.5 + 3.0, got {}",
+            s.wall_s
+        );
     }
 }

@@ -56,6 +56,7 @@ fn with_ci((m, h): (f64, f64)) -> String {
 /// One row's numbers.
 struct Row {
     n: usize,
+    collapsed: usize,
     after: (f64, f64),
     before: f64,
     best: f64,
@@ -77,10 +78,15 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 fn row(seeds: &[&CellStats]) -> Row {
-    let after: Vec<f64> = seeds.iter().map(|s| s.after).filter(|x| x.is_finite()).collect();
+    let after: Vec<f64> = seeds
+        .iter()
+        .map(|s| s.after)
+        .filter(|x| x.is_finite())
+        .collect();
     let reached: Vec<u64> = seeds.iter().filter_map(|s| s.steps_to_threshold).collect();
     Row {
         n: seeds.len(),
+        collapsed: seeds.iter().filter(|s| s.collapsed).count(),
         after: mean_ci(&after),
         before: mean(seeds.iter().map(|s| s.before)),
         best: mean(seeds.iter().map(|s| s.best)),
@@ -101,7 +107,7 @@ pub fn markdown(grid: &Grid, done: &Finished, command: &str) -> String {
     let _ = writeln!(md, "Reproduce: `{command}`\n");
     let _ = writeln!(
         md,
-        "{} of {} cells finished; {} steps per cell; seeds {:?}. Held-out success: greedy pass@1 on the env's held-out tasks after RL (± = 95% t-interval over seeds). Best and steps-to-{}: moving mean of training success over {} steps. Collapses: guard rewinds / non-finite skipped steps / grad-norm spikes over {}× the median of the previous {} steps. KL: mean k3 KL to the SFT reference per step. Wall: seconds per seed.\n",
+        "{} of {} cells finished; {} steps per cell; seeds {:?}. Held-out success: greedy pass@1 on the env's held-out tasks after RL (± = 95% t-interval over seeds). Best and steps-to-{}: moving mean of training success over {} steps. Collapses: guard rewinds / non-finite skipped steps / grad-norm spikes over {}× the median of the previous {} steps. KL: mean k3 KL to the SFT reference per step. Wall: seconds per seed. A collapsed seed (the collapse guard spent its rewinds and ended the run) counts in seeds and collapses but has no held-out success.\n",
         done.len(),
         grid.cells.len(),
         a.steps,
@@ -127,8 +133,12 @@ pub fn markdown(grid: &Grid, done: &Finished, command: &str) -> String {
                 let r = row(&seeds_of(grid, done, m, env, setting));
                 let _ = writeln!(
                     md,
-                    "| {m} | {}/{ns} | {} | {} | {} | {}/{} ({}) | {}/{}/{} | {} | {} |",
+                    "| {m} | {}/{ns}{} | {} | {} | {} | {}/{} ({}) | {}/{}/{} | {} | {} |",
                     r.n,
+                    match r.collapsed {
+                        0 => String::new(),
+                        c => format!(" ({c} collapsed)"),
+                    },
                     with_ci(r.after),
                     fmt(r.before, 3),
                     fmt(r.best, 3),
@@ -178,7 +188,7 @@ fn csv_num(x: f64) -> String {
 
 /// `table.csv`: one row per method, env and setting (AT-1).
 pub fn csv(grid: &Grid, done: &Finished) -> String {
-    let mut out = String::from("env,setting,method,baseline,seeds_finished,seeds,heldout_success_mean,heldout_success_ci95,before_rl_mean,best_success_mean,seeds_reaching_threshold,steps_to_threshold_mean,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s_mean,delta_vs_baseline,delta_ci95,verdict\n");
+    let mut out = String::from("env,setting,method,baseline,seeds_finished,seeds_collapsed,seeds,heldout_success_mean,heldout_success_ci95,before_rl_mean,best_success_mean,seeds_reaching_threshold,steps_to_threshold_mean,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s_mean,delta_vs_baseline,delta_ci95,verdict\n");
     for env in &grid.envs {
         for &setting in &grid.settings {
             for m in grid.methods.iter().filter(|m| m.envs.contains(env)) {
@@ -191,11 +201,12 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
                     .and_then(|b| compare(&after(m.name()), &after(b)));
                 let _ = writeln!(
                     out,
-                    "{env},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{env},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     setting.name(),
                     m.name(),
                     m.baseline.as_deref().unwrap_or(""),
                     r.n,
+                    r.collapsed,
                     grid.arena.seeds.len(),
                     csv_num(r.after.0),
                     csv_num(r.after.1),
@@ -220,21 +231,23 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
 
 /// `cells.csv`: one row per finished cell.
 pub fn cells_csv(grid: &Grid, done: &Finished) -> String {
-    let mut out = String::from("cell,method,env,setting,seed,before_rl,heldout_success,best_success,steps_to_threshold,collapse_events,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s\n");
+    let mut out = String::from("cell,method,env,setting,seed,collapsed,before_rl,heldout_success,best_success,steps_to_threshold,collapse_events,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s\n");
     for c in &grid.cells {
         let Some(s) = done.get(&c.name) else { continue };
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             c.name,
             c.method,
             c.env,
             c.setting.name(),
             c.seed,
+            s.collapsed,
             csv_num(s.before),
             csv_num(s.after),
             csv_num(s.best),
-            s.steps_to_threshold.map_or(String::new(), |x| x.to_string()),
+            s.steps_to_threshold
+                .map_or(String::new(), |x| x.to_string()),
             s.collapses(),
             s.rewinds,
             s.nonfinite,
