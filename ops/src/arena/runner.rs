@@ -162,8 +162,6 @@ fn judge(layout: &Layout, cell: &str, steps: u64, status: ExitStatus) -> Result<
     let part = layout.outcome(cell).with_extension("json.part");
     if !status.success() {
         let log = std::fs::read_to_string(layout.log(cell)).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(3).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         if status.code() == Some(crate::COLLAPSED_EXIT) {
             let reason = log
                 .lines()
@@ -174,6 +172,8 @@ fn judge(layout: &Layout, cell: &str, steps: u64, status: ExitStatus) -> Result<
             write_atomic(&layout.outcome(cell), outcome.to_string().as_bytes())?;
             return Ok(None);
         }
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
         return Ok(Some(format!("{status}: {}", tail.join(" | "))));
     }
     let text = std::fs::read_to_string(&part).with_context(|| {

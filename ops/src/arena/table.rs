@@ -28,13 +28,18 @@ pub fn seeds_of<'a>(
         .collect()
 }
 
-/// The finite held-out successes of one method, env and setting, one per finished seed.
-fn held_out(grid: &Grid, done: &Finished, method: &str, env: &str, setting: Setting) -> Vec<f64> {
-    seeds_of(grid, done, method, env, setting)
+/// The finite held-out successes of `seeds` (a collapsed seed has none).
+fn finite_after(seeds: &[&CellStats]) -> Vec<f64> {
+    seeds
         .iter()
         .map(|s| s.after)
         .filter(|x| x.is_finite())
         .collect()
+}
+
+/// The finite held-out successes of one method, env and setting, one per finished seed.
+fn held_out(grid: &Grid, done: &Finished, method: &str, env: &str, setting: Setting) -> Vec<f64> {
+    finite_after(&seeds_of(grid, done, method, env, setting))
 }
 
 fn fmt(x: f64, digits: usize) -> String {
@@ -78,11 +83,7 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 fn row(seeds: &[&CellStats]) -> Row {
-    let after: Vec<f64> = seeds
-        .iter()
-        .map(|s| s.after)
-        .filter(|x| x.is_finite())
-        .collect();
+    let after = finite_after(seeds);
     let reached: Vec<u64> = seeds.iter().filter_map(|s| s.steps_to_threshold).collect();
     Row {
         n: seeds.len(),
