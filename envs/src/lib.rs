@@ -32,6 +32,7 @@ pub mod latency;
 pub mod lexicon;
 pub mod redact;
 pub mod registry;
+pub mod row_order;
 pub mod scaffold;
 pub mod search_qa;
 pub mod search_team;
@@ -41,6 +42,7 @@ pub mod sokoban;
 pub mod solver_verifier;
 pub mod split;
 pub mod tokenizer;
+pub mod verify;
 
 #[cfg(test)]
 mod suite_tests;
@@ -55,5 +57,5 @@ pub use redact::redact_url;
 pub use registry::{build_env, make_env, tokenizer_for, EnvBuilder, EnvConfig, EnvInfo, ENVS};
 pub use scaffold::{ScaffoldConfig, ScaffoldController, ScaffoldError, ScaffoldState};
 pub use snapshot::EnvSnapshot;
-pub use split::{task_seed, Split};
+pub use split::{task_index, task_seed, Split};
 pub use tokenizer::{SpecialTokens, Tokenizer};

@@ -13,6 +13,7 @@
 //! - SP-3 Seeds are disjoint, and expressions are too: `calc` keeps a held-out bucket of
 //!   expressions (fingerprint ≡ 0 mod 10) that only eval seeds generate and that eval seeds
 //!   exclusively generate (see `calc`), so a held-out task is never a training task.
+//! - SP-4 `task_index(task_seed(s, i)) == (s, i)` for indices below 2^63.
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +42,13 @@ impl Split {
             Split::Eval => 1,
         }
     }
+}
+
+/// The `(split, index)` a seed was made from: the inverse of [`task_seed`] (SP-4), so an
+/// env whose tasks are rows of a file can map a seed back to its position in the data stream.
+pub fn task_index(seed: u64) -> (Split, u64) {
+    let x = unmix64(seed);
+    (Split::of_seed(seed), x >> 1)
 }
 
 /// The seed of the `index`-th task of `split` (SP-1).
@@ -92,6 +100,15 @@ const fn inverse_mod_2_64(a: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sp4_task_index_inverts_task_seed() {
+        for split in [Split::Train, Split::Eval] {
+            for i in [0u64, 1, 2, 41, 1 << 40, (1 << 63) - 1] {
+                assert_eq!(task_index(task_seed(split, i)), (split, i));
+            }
+        }
+    }
+
     use super::*;
     use std::collections::HashSet;
 
