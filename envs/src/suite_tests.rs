@@ -16,7 +16,7 @@ use crate::tokenizer::Tokenizer;
 /// Every (built-in env, difficulty).
 fn all_configs() -> Vec<EnvConfig> {
     ENVS.iter()
-        .filter(|e| e.name != "external")
+        .filter(|e| e.max_difficulty > 0)
         .flat_map(|e| (1..=e.max_difficulty).map(move |d| EnvConfig::new(e.name, d)))
         .collect()
 }

@@ -1000,7 +1000,7 @@ fn assert_same_state(a: &ScaffoldState, b: &ScaffoldState) {
 
 #[test]
 fn task_type_is_a_pure_function_of_the_task_for_every_env() {
-    for info in ENVS.iter().filter(|e| e.name != "external") {
+    for info in ENVS.iter().filter(|e| e.max_difficulty > 0) {
         for d in 1..=info.max_difficulty {
             let mut a = make_env(info.name, d).unwrap();
             let mut b = make_env(info.name, d).unwrap();

@@ -1,0 +1,379 @@
+//! `dataset`: an environment whose tasks are the rows of a prompt dataset in verl's layout
+//! (JSONL or Parquet; see [`row`] for the row format and [`file`] for the formats), scored by
+//! a built-in verifier ([`crate::verify`]).
+//!
+//! A row without tools is a single-turn episode: the prompt is the row's last user message (the
+//! messages before it are the [`Env::preamble`]), the agent's one response is the answer, and
+//! the reward is 1 when the verifier accepts it. A row naming tools is a multi-turn episode of
+//! up to `max_turns` turns: a response starting with `calc` (`calc A OP B`, the calculator of
+//! the built-in `calc` env) or `search` (BM25 over the row's documents, as in `search-qa`)
+//! calls that tool and the episode goes on with its result; any other response is the final
+//! answer (a leading `answer` word is dropped).
+//!
+//! Training task `i` is row `RowOrder::row(i)` of the train file, held-out task `i` is row
+//! `i mod n` of the eval file (see [`crate::row_order`]): the task index a seed encodes
+//! ([`crate::task_index`]) is the dataset position, so checkpoints' data frontier records
+//! dataset positions exactly.
+//!
+//! Invariants (beside EN-1..EN-10 of `env`):
+//! - DS-1 The files are read and checked once per [`Dataset::load`]; every env instance of one
+//!   builder shares the rows (no per-episode I/O).
+//! - DS-2 `max_turns` is 1 when no row names a tool, else the configured `max_turns`.
+//! - DS-3 The oracle answers a row's first ground truth, which its verifier accepts (DR-4).
+//! - DS-4 The vocabulary is the env's action and observation words, then every word of every
+//!   row's messages, ground truths and documents in file order (the built-in word-level model
+//!   can encode every row); with a calculator row, also `calc`'s numbers.
+
+pub mod file;
+pub mod row;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::{outcome_of, Env, StepOutcome};
+use crate::error::EnvError;
+use crate::lexicon::WordList;
+use crate::row_order::RowOrder;
+use crate::snapshot::EnvSnapshot;
+use crate::split::{task_index, Split};
+use crate::verify::Verifier;
+pub use row::{PromptMessage, Row, RowSchema, Tool};
+
+/// Where a dataset is and how its rows are read and ordered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatasetConfig {
+    /// The training rows (a local `.jsonl` or `.parquet` path).
+    pub train_file: PathBuf,
+    /// The held-out rows.
+    pub eval_file: PathBuf,
+    /// `auto` (by `data_source`), `exact`, `numeric` or `choice`.
+    pub verifier: String,
+    /// Dotted path of the prompt in a row.
+    pub prompt_key: String,
+    /// Dotted path of the ground truth in a row.
+    pub answer_key: String,
+    /// Whether each epoch visits the training rows in a fresh seeded order.
+    pub shuffle: bool,
+    /// The shuffle seed.
+    pub seed: u64,
+    /// Turns of a row with tools (DS-2).
+    pub max_turns: usize,
+}
+
+impl Default for DatasetConfig {
+    fn default() -> Self {
+        let schema = RowSchema::default();
+        DatasetConfig {
+            train_file: PathBuf::new(),
+            eval_file: PathBuf::new(),
+            verifier: "auto".into(),
+            prompt_key: schema.prompt_key,
+            answer_key: schema.answer_key,
+            shuffle: true,
+            seed: 0,
+            max_turns: 4,
+        }
+    }
+}
+
+impl DatasetConfig {
+    /// Checks the keys without reading the files.
+    pub fn validate(&self) -> Result<(), EnvError> {
+        let bad = |field, value: String, expected| {
+            Err(EnvError::InvalidConfig {
+                env: "dataset",
+                field,
+                value,
+                expected,
+            })
+        };
+        if self.train_file.as_os_str().is_empty() {
+            return bad(
+                "train_file",
+                "(none)".into(),
+                "a .jsonl or .parquet file of training rows",
+            );
+        }
+        if self.eval_file.as_os_str().is_empty() {
+            return bad(
+                "eval_file",
+                "(none)".into(),
+                "a .jsonl or .parquet file of held-out rows",
+            );
+        }
+        file::Format::of(&self.train_file)?;
+        file::Format::of(&self.eval_file)?;
+        if self.verifier != "auto" && self.verifier.parse::<Verifier>().is_err() {
+            return bad(
+                "verifier",
+                self.verifier.clone(),
+                "auto, exact, numeric or choice",
+            );
+        }
+        if self.prompt_key.is_empty() {
+            return bad(
+                "prompt_key",
+                "(empty)".into(),
+                "a dotted path such as `prompt`",
+            );
+        }
+        if self.answer_key.is_empty() {
+            return bad(
+                "answer_key",
+                "(empty)".into(),
+                "a dotted path such as `reward_model.ground_truth`",
+            );
+        }
+        if !(2..=64).contains(&self.max_turns) {
+            return bad(
+                "max_turns",
+                self.max_turns.to_string(),
+                "an integer in 2..=64",
+            );
+        }
+        Ok(())
+    }
+
+    /// How rows are parsed.
+    pub fn schema(&self) -> RowSchema {
+        RowSchema {
+            prompt_key: self.prompt_key.clone(),
+            answer_key: self.answer_key.clone(),
+            verifier: self.verifier.parse().ok(),
+        }
+    }
+}
+
+/// Reads and checks every row of `path` (DR-1..DR-5).
+pub fn read_rows(path: &Path, schema: &RowSchema) -> Result<Vec<Row>, EnvError> {
+    let raw = file::read(path)?;
+    let name = path.display().to_string();
+    raw.rows
+        .iter()
+        .map(|r| Row::parse(&r.value, schema, &name, r.number))
+        .collect()
+}
+
+/// The loaded rows of a dataset, shared by its env instances (DS-1).
+#[derive(Debug)]
+pub struct Dataset {
+    train: Vec<Row>,
+    eval: Vec<Row>,
+    order: RowOrder,
+    max_turns: usize,
+    vocabulary: Vec<String>,
+}
+
+impl Dataset {
+    /// Reads and checks both files (DS-1).
+    pub fn load(cfg: &DatasetConfig) -> Result<Dataset, EnvError> {
+        cfg.validate()?;
+        let schema = cfg.schema();
+        let train = read_rows(&cfg.train_file, &schema)?;
+        let eval = read_rows(&cfg.eval_file, &schema)?;
+        let order = RowOrder::new(train.len() as u64, cfg.seed, cfg.shuffle).ok_or_else(|| {
+            file::file_error(
+                &cfg.train_file,
+                "holds more rows than keel can order (2^32 - 1)",
+            )
+        })?;
+        let agentic = train.iter().chain(&eval).any(|r| !r.tools.is_empty());
+        let max_turns = if agentic { cfg.max_turns } else { 1 };
+        let vocabulary = vocabulary(&train, &eval);
+        Ok(Dataset {
+            train,
+            eval,
+            order,
+            max_turns,
+            vocabulary,
+        })
+    }
+
+    /// Training rows.
+    pub fn train_rows(&self) -> &[Row] {
+        &self.train
+    }
+
+    /// Held-out rows.
+    pub fn eval_rows(&self) -> &[Row] {
+        &self.eval
+    }
+
+    fn row(&self, split: Split, index: usize) -> &Row {
+        match split {
+            Split::Train => &self.train[index],
+            Split::Eval => &self.eval[index],
+        }
+    }
+}
+
+fn vocabulary(train: &[Row], eval: &[Row]) -> Vec<String> {
+    let mut words = WordList::default();
+    words.extend_text([tools::KEYWORDS]);
+    let rows = || train.iter().chain(eval);
+    if rows().any(|r| r.tools.contains(&Tool::Calculator)) {
+        words.extend(crate::calc::vocabulary());
+    }
+    for r in rows() {
+        words.extend_text(r.texts());
+    }
+    words.into_vec()
+}
+
+/// The state of one episode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct State {
+    split: Split,
+    row: usize,
+    turns: usize,
+    done: bool,
+    solved: bool,
+}
+
+/// The `dataset` env: one episode per row. Until the first `reset` it is terminal (EN-4).
+pub struct DatasetEnv {
+    data: Arc<Dataset>,
+    order: RowOrder,
+    state: State,
+}
+
+impl DatasetEnv {
+    /// An env over loaded rows.
+    pub fn new(data: Arc<Dataset>) -> Self {
+        DatasetEnv {
+            order: data.order.clone(),
+            data,
+            state: State {
+                split: Split::Train,
+                row: 0,
+                turns: 0,
+                done: true,
+                solved: false,
+            },
+        }
+    }
+
+    fn row(&self) -> &Row {
+        self.data.row(self.state.split, self.state.row)
+    }
+
+    fn turn_limit(&self) -> usize {
+        if self.row().tools.is_empty() {
+            1
+        } else {
+            self.data.max_turns
+        }
+    }
+}
+
+impl Env for DatasetEnv {
+    fn name(&self) -> &str {
+        "dataset"
+    }
+
+    fn reset(&mut self, task_seed: u64) -> String {
+        let (split, row) = match task_index(task_seed) {
+            (Split::Train, i) => (Split::Train, self.order.row(i) as usize),
+            (Split::Eval, i) => (Split::Eval, (i % self.data.eval.len() as u64) as usize),
+        };
+        self.state = State {
+            split,
+            row,
+            turns: 0,
+            done: false,
+            solved: false,
+        };
+        self.row().prompt().to_string()
+    }
+
+    fn preamble(&self) -> Vec<PromptMessage> {
+        self.row().preamble().to_vec()
+    }
+
+    fn step(&mut self, action: &str) -> StepOutcome {
+        if self.state.done {
+            return outcome_of(self, tools::INVALID.into(), 0.0, true, true);
+        }
+        self.state.turns += 1;
+        let (observation, reward, invalid) = match tools::call(self.row(), action) {
+            Some(tools::Called { observation, valid }) => (observation, 0.0, !valid),
+            None => {
+                let reward = self.row().score(tools::answer_text(action));
+                self.state.done = true;
+                self.state.solved = reward >= 1.0;
+                (String::new(), reward, false)
+            }
+        };
+        if self.state.turns >= self.turn_limit() {
+            self.state.done = true;
+        }
+        outcome_of(self, observation, reward, self.state.done, invalid)
+    }
+
+    fn oracle_action(&self) -> String {
+        self.row().ground_truths[0].clone()
+    }
+
+    fn max_turns(&self) -> usize {
+        self.data.max_turns
+    }
+
+    fn success(&self) -> bool {
+        self.state.solved
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        self.data.vocabulary.clone()
+    }
+
+    fn admissible_actions(&self) -> Vec<String> {
+        if self.state.done {
+            Vec::new()
+        } else {
+            vec![self.oracle_action()]
+        }
+    }
+
+    /// The row's `data_source` (or `dataset` when it has none).
+    fn task_type(&self) -> String {
+        match self.row().data_source.as_str() {
+            "" => "dataset".into(),
+            source => source.into(),
+        }
+    }
+
+    fn anchor_state(&self) -> String {
+        let split = match self.state.split {
+            Split::Train => "train",
+            Split::Eval => "eval",
+        };
+        format!("{split} row {} done {}", self.state.row, self.state.done)
+    }
+
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
+        EnvSnapshot::of("dataset", &self.state)
+    }
+
+    fn restore(&mut self, snapshot: &EnvSnapshot) -> Result<(), EnvError> {
+        let state: State = snapshot.decode("dataset")?;
+        let rows = match state.split {
+            Split::Train => self.data.train.len(),
+            Split::Eval => self.data.eval.len(),
+        };
+        if state.row >= rows {
+            return Err(EnvError::Snapshot {
+                env: "dataset".into(),
+                reason: format!("row {} is past the {rows} rows of this dataset", state.row),
+            });
+        }
+        self.state = state;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,423 @@
+//! One dataset row in verl's layout, parsed and checked:
+//!
+//! ```json
+//! {"data_source": "openai/gsm8k",
+//!  "prompt": [{"role": "system", "content": "…"}, {"role": "user", "content": "…"}],
+//!  "reward_model": {"style": "rule", "ground_truth": "72"},
+//!  "extra_info": {"split": "train", "index": 0, "tools": ["calculator"], "documents": ["…"]}}
+//! ```
+//!
+//! The prompt may also be a plain string (one user message), and the two keys that hold the
+//! prompt and the answer are configurable dotted paths (`env.prompt_key`, default `prompt`;
+//! `env.answer_key`, default `reward_model.ground_truth`), so OpenRLHF-style JSONL
+//! (`{"input": "…", "label": "…"}`) reads with `prompt_key = "input"`, `answer_key = "label"`.
+//!
+//! Invariants:
+//! - DR-1 A parsed row has at least one message, its last message is the user's, every role is
+//!   `system`, `user` or `assistant`, and every content is a non-empty string.
+//! - DR-2 A parsed row has at least one non-empty ground truth (a string, a number, or a list of
+//!   them: any one of them answers the row).
+//! - DR-3 Every error names the file, the 1-based row and the field (a dotted path).
+//! - DR-4 A row's own ground truth scores 1 under its verifier (the oracle solves every row);
+//!   a row where it does not is refused, since no answer could ever be rewarded.
+//! - DR-5 Tools are `calculator` (alias `calc`) and `search`; `search` needs at least one
+//!   document in `extra_info.documents`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::EnvError;
+use crate::verify::Verifier;
+
+/// One chat message of a prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// Its text.
+    pub content: String,
+}
+
+/// A built-in tool a row may use (DR-5): the agentic episode's actions besides the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tool {
+    /// `calc A OP B`: the calculator of the built-in `calc` env.
+    Calculator,
+    /// `search WORDS`: BM25 over the row's `extra_info.documents`, as in `search-qa`.
+    Search,
+}
+
+impl Tool {
+    fn parse(name: &str) -> Option<Tool> {
+        match name {
+            "calculator" | "calc" => Some(Tool::Calculator),
+            "search" => Some(Tool::Search),
+            _ => None,
+        }
+    }
+
+    /// The action word that calls it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Tool::Calculator => "calc",
+            Tool::Search => "search",
+        }
+    }
+}
+
+/// Where a row's fields are and how they are scored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSchema {
+    /// Dotted path of the prompt (`prompt`).
+    pub prompt_key: String,
+    /// Dotted path of the ground truth (`reward_model.ground_truth`).
+    pub answer_key: String,
+    /// The configured verifier; `None` chooses by `data_source` (VF-2).
+    pub verifier: Option<Verifier>,
+}
+
+impl Default for RowSchema {
+    fn default() -> Self {
+        RowSchema {
+            prompt_key: "prompt".into(),
+            answer_key: "reward_model.ground_truth".into(),
+            verifier: None,
+        }
+    }
+}
+
+/// A checked row (DR-1..DR-5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The prompt's messages; the last is the user's (DR-1).
+    pub messages: Vec<PromptMessage>,
+    /// verl's `data_source` (empty when absent): the task type and the verifier's key.
+    pub data_source: String,
+    /// Accepted answers (DR-2).
+    pub ground_truths: Vec<String>,
+    /// How answers are scored.
+    pub verifier: Verifier,
+    /// Tools of an agentic row (empty: single-turn).
+    pub tools: Vec<Tool>,
+    /// The search tool's corpus.
+    pub documents: Vec<String>,
+    /// `extra_info` as given (`null` when absent); sent to a reward service.
+    pub extra_info: Value,
+}
+
+/// The value at a dotted `path` of `value`.
+fn at<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.')
+        .try_fold(value, |v, key| v.get(key))
+        .filter(|v| !v.is_null())
+}
+
+struct RowError<'a> {
+    file: &'a str,
+    row: usize,
+}
+
+impl RowError<'_> {
+    fn at(&self, field: &str, reason: impl Into<String>) -> EnvError {
+        EnvError::Dataset {
+            file: self.file.to_string(),
+            row: self.row,
+            field: field.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Row {
+    /// Parses row `number` (1-based) of `file` (DR-1..DR-5).
+    pub fn parse(
+        value: &Value,
+        schema: &RowSchema,
+        file: &str,
+        number: usize,
+    ) -> Result<Row, EnvError> {
+        let err = RowError { file, row: number };
+        if !value.is_object() {
+            return Err(err.at("", "a row must be a JSON object"));
+        }
+        let messages = parse_prompt(value, &schema.prompt_key, &err)?;
+        let data_source = match at(value, "data_source") {
+            None => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(err.at("data_source", format!("must be a string, got {other}")))
+            }
+        };
+        let ground_truths = parse_answers(value, &schema.answer_key, &err)?;
+        let extra_info = at(value, "extra_info").cloned().unwrap_or(Value::Null);
+        let tools = parse_tools(value, &err)?;
+        let documents = match at(value, "extra_info.documents") {
+            None => Vec::new(),
+            Some(v) => string_list(v)
+                .ok_or_else(|| err.at("extra_info.documents", "must be a list of strings"))?,
+        };
+        if tools.contains(&Tool::Search) && documents.iter().all(|d| d.trim().is_empty()) {
+            return Err(err.at(
+                "extra_info.documents",
+                "a row with the search tool needs at least one non-empty document to search",
+            ));
+        }
+        let verifier = schema
+            .verifier
+            .unwrap_or_else(|| Verifier::for_data_source(&data_source));
+        let row = Row {
+            messages,
+            data_source,
+            ground_truths,
+            verifier,
+            tools,
+            documents,
+            extra_info,
+        };
+        if row.score(&row.ground_truths[0]) < 1.0 {
+            return Err(err.at(
+                &schema.answer_key,
+                format!(
+                    "the ground truth {:?} does not pass its own `{}` verifier, so no answer could be rewarded; set env.verifier or fix the row",
+                    row.ground_truths[0], row.verifier
+                ),
+            ));
+        }
+        Ok(row)
+    }
+
+    /// The user's prompt: the last message's text.
+    pub fn prompt(&self) -> &str {
+        self.messages.last().map_or("", |m| m.content.as_str())
+    }
+
+    /// The messages before the prompt (a system prompt, few-shot turns).
+    pub fn preamble(&self) -> &[PromptMessage] {
+        &self.messages[..self.messages.len().saturating_sub(1)]
+    }
+
+    /// 1.0 when `answer` matches any ground truth under the row's verifier, else 0.0.
+    pub fn score(&self, answer: &str) -> f32 {
+        self.ground_truths
+            .iter()
+            .map(|truth| self.verifier.score(answer, truth))
+            .fold(0.0, f32::max)
+    }
+
+    /// The text of every field the model reads or may write, for a word-level vocabulary.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        self.messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .chain(self.ground_truths.iter().map(String::as_str))
+            .chain(self.documents.iter().map(String::as_str))
+    }
+}
+
+fn parse_prompt(
+    value: &Value,
+    key: &str,
+    err: &RowError<'_>,
+) -> Result<Vec<PromptMessage>, EnvError> {
+    let messages = match at(value, key) {
+        None => {
+            return Err(err.at(
+                key,
+                "missing (the prompt: a list of {role, content} messages or a string)",
+            ))
+        }
+        Some(Value::String(text)) => vec![PromptMessage {
+            role: "user".into(),
+            content: text.clone(),
+        }],
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let field = format!("{key}.{i}");
+                let role = m
+                    .get("role")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| err.at(&format!("{field}.role"), "missing or not a string"))?;
+                if !["system", "user", "assistant"].contains(&role) {
+                    return Err(err.at(
+                        &format!("{field}.role"),
+                        format!("must be system, user or assistant, got {role:?}"),
+                    ));
+                }
+                let content = m.get("content").and_then(Value::as_str).ok_or_else(|| {
+                    err.at(&format!("{field}.content"), "missing or not a string")
+                })?;
+                Ok(PromptMessage {
+                    role: role.into(),
+                    content: content.into(),
+                })
+            })
+            .collect::<Result<Vec<_>, EnvError>>()?,
+        Some(other) => {
+            return Err(err.at(
+                key,
+                format!(
+                    "must be a list of {{role, content}} messages or a string, got {}",
+                    kind(other)
+                ),
+            ))
+        }
+    };
+    if let Some(i) = messages.iter().position(|m| m.content.trim().is_empty()) {
+        return Err(err.at(&format!("{key}.{i}.content"), "is empty"));
+    }
+    match messages.last() {
+        None => Err(err.at(key, "has no messages")),
+        Some(m) if m.role != "user" => Err(err.at(
+            key,
+            format!(
+                "the last message must be the user's (the model answers it), got {:?}",
+                m.role
+            ),
+        )),
+        Some(_) => Ok(messages),
+    }
+}
+
+fn parse_answers(value: &Value, key: &str, err: &RowError<'_>) -> Result<Vec<String>, EnvError> {
+    let one = |v: &Value| match v {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let answers = match at(value, key) {
+        None => return Err(err.at(key, "missing (the ground truth the verifier compares with)")),
+        Some(Value::Array(items)) => items.iter().map(one).collect::<Option<Vec<_>>>(),
+        Some(v) => one(v).map(|a| vec![a]),
+    };
+    match answers {
+        Some(a) if !a.is_empty() => Ok(a),
+        _ => Err(err.at(
+            key,
+            "must be a non-empty string, a number, or a non-empty list of them",
+        )),
+    }
+}
+
+fn parse_tools(value: &Value, err: &RowError<'_>) -> Result<Vec<Tool>, EnvError> {
+    let (field, list) = match (at(value, "tools"), at(value, "extra_info.tools")) {
+        (Some(v), _) => ("tools", v),
+        (None, Some(v)) => ("extra_info.tools", v),
+        (None, None) => return Ok(Vec::new()),
+    };
+    let names = string_list(list)
+        .ok_or_else(|| err.at(field, "must be a list of tool names (calculator, search)"))?;
+    let mut tools = Vec::new();
+    for name in names {
+        let tool = Tool::parse(&name).ok_or_else(|| {
+            err.at(
+                field,
+                format!("unknown tool {name:?}; the built-in tools are calculator and search"),
+            )
+        })?;
+        if !tools.contains(&tool) {
+            tools.push(tool);
+        }
+    }
+    Ok(tools)
+}
+
+fn string_list(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<Row, EnvError> {
+        Row::parse(&v, &RowSchema::default(), "train.jsonl", 3)
+    }
+
+    #[test]
+    fn dr1_dr2_verl_row_and_string_prompt() {
+        let row = parse(json!({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "system", "content": "Be brief."},
+                       {"role": "user", "content": "What is 6 times 12?"}],
+            "reward_model": {"style": "rule", "ground_truth": 72},
+            "extra_info": {"index": 4}
+        }))
+        .unwrap();
+        assert_eq!(row.prompt(), "What is 6 times 12?");
+        assert_eq!(row.preamble().len(), 1);
+        assert_eq!(row.verifier, Verifier::Numeric);
+        assert_eq!(row.ground_truths, vec!["72"]);
+        assert_eq!(row.score("so #### 72"), 1.0);
+        assert_eq!(row.score("\\boxed{71}"), 0.0);
+        let row = parse(json!({"prompt": "Capital of France?",
+                               "reward_model": {"ground_truth": ["Paris", "paris, france"]}}))
+        .unwrap();
+        assert_eq!(row.messages[0].role, "user");
+        assert_eq!(row.verifier, Verifier::Exact);
+        assert_eq!(row.score("Paris, France"), 1.0);
+    }
+
+    #[test]
+    fn dr3_errors_name_file_row_and_field() {
+        let cases = [
+            (json!({"reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt`: missing (the prompt: a list of {role, content} messages or a string)"),
+            (json!({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt`: the last message must be the user's (the model answers it), got \"assistant\""),
+            (json!({"prompt": [{"role": "robot", "content": "hi"}], "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt.0.role`: must be system, user or assistant, got \"robot\""),
+            (json!({"prompt": "hi", "reward_model": {"ground_truth": ""}}), "dataset train.jsonl, row 3, field `reward_model.ground_truth`: must be a non-empty string, a number, or a non-empty list of them"),
+            (json!({"prompt": "hi", "reward_model": {"ground_truth": "1"}, "tools": ["browser"]}), "dataset train.jsonl, row 3, field `tools`: unknown tool \"browser\"; the built-in tools are calculator and search"),
+            (json!({"prompt": "hi", "reward_model": {"ground_truth": "1"}, "tools": ["search"]}), "dataset train.jsonl, row 3, field `extra_info.documents`: a row with the search tool needs at least one non-empty document to search"),
+            (json!({"prompt": 5, "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt`: must be a list of {role, content} messages or a string, got a number"),
+        ];
+        for (row, want) in cases {
+            assert_eq!(parse(row).unwrap_err().to_string(), want);
+        }
+    }
+
+    #[test]
+    fn dr4_a_truth_its_verifier_rejects_is_refused() {
+        let schema = RowSchema {
+            verifier: Some(Verifier::Choice),
+            ..RowSchema::default()
+        };
+        let v = json!({"prompt": "pick", "reward_model": {"ground_truth": "B"}});
+        assert!(Row::parse(&v, &schema, "f", 1).is_ok());
+        let schema = RowSchema {
+            verifier: Some(Verifier::Numeric),
+            ..RowSchema::default()
+        };
+        // A non-number truth falls back to exact under `numeric` (VF) and passes.
+        assert!(Row::parse(&v, &schema, "f", 1).is_ok());
+    }
+
+    #[test]
+    fn dr5_tools_and_custom_keys() {
+        let schema = RowSchema {
+            prompt_key: "input".into(),
+            answer_key: "label".into(),
+            verifier: None,
+        };
+        let v = json!({"input": "who", "label": "bado",
+                       "extra_info": {"tools": ["calc", "search", "calculator"], "documents": ["bado born in gelu"]}});
+        let row = Row::parse(&v, &schema, "f", 1).unwrap();
+        assert_eq!(row.tools, vec![Tool::Calculator, Tool::Search]);
+        assert_eq!(row.documents.len(), 1);
+        assert!(row.texts().any(|t| t == "bado born in gelu"));
+    }
+}
