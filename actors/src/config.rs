@@ -121,6 +121,36 @@ pub struct EnvSection {
     pub auth_env: String,
     /// External env: largest answer accepted, in bytes.
     pub max_response_bytes: u64,
+    /// Dataset env: the training rows (`.jsonl` or `.parquet`, local or `s3://`).
+    pub train_file: String,
+    /// Dataset env: the held-out rows.
+    pub eval_file: String,
+    /// Dataset env: `auto`, `exact`, `numeric` or `choice`.
+    pub verifier: String,
+    /// Dataset env: dotted path of a row's prompt.
+    pub prompt_key: String,
+    /// Dataset env: dotted path of a row's ground truth.
+    pub answer_key: String,
+    /// Dataset env: a fresh seeded row order per epoch.
+    pub shuffle: bool,
+    /// Dataset env: the seed of that order.
+    pub shuffle_seed: u64,
+    /// Dataset env: turns of a row with tools.
+    pub max_turns: usize,
+    /// Dataset env: the reward service (empty: the built-in verifiers).
+    pub reward_url: String,
+    /// Reward service: deadline of one request in milliseconds.
+    pub reward_timeout_ms: u64,
+    /// Reward service: retries after a failed request.
+    pub reward_retries: u32,
+    /// Reward service: most answers per request.
+    pub reward_batch: usize,
+    /// Reward service: how long a batch waits for more answers, in milliseconds.
+    pub reward_batch_wait_ms: u64,
+    /// Reward service: most requests in flight.
+    pub reward_concurrency: usize,
+    /// Reward service: environment variable holding a bearer token (empty: none).
+    pub reward_auth_env: String,
     /// Env calls each env shard serves at once (ES-3); 1 serves them one after another.
     pub concurrency: usize,
     /// Simulated step latency: `none`, `lognormal` or `pareto`.
@@ -135,6 +165,7 @@ pub struct EnvSection {
 
 impl Default for EnvSection {
     fn default() -> Self {
+        let data = keel_envs::DatasetConfig::default();
         Self {
             name: "calc".into(),
             difficulty: 2,
@@ -143,6 +174,21 @@ impl Default for EnvSection {
             retries: 3,
             auth_env: String::new(),
             max_response_bytes: keel_envs::ExternalConfig::default().max_response_bytes,
+            train_file: String::new(),
+            eval_file: String::new(),
+            verifier: data.verifier,
+            prompt_key: data.prompt_key,
+            answer_key: data.answer_key,
+            shuffle: data.shuffle,
+            shuffle_seed: data.shuffle_seed,
+            max_turns: data.max_turns,
+            reward_url: data.reward.url,
+            reward_timeout_ms: data.reward.timeout_ms,
+            reward_retries: data.reward.retries,
+            reward_batch: data.reward.batch,
+            reward_batch_wait_ms: data.reward.batch_wait_ms,
+            reward_concurrency: data.reward.concurrency,
+            reward_auth_env: data.reward.auth_env,
             concurrency: 32,
             latency: "none".into(),
             latency_ms: 20.0,
@@ -163,11 +209,49 @@ impl EnvSection {
             max_response_bytes: self.max_response_bytes,
             ..keel_envs::ExternalConfig::default()
         });
+        let dataset = (self.name == "dataset").then(|| keel_envs::DatasetConfig {
+            train_file: dataset_file(&self.train_file),
+            eval_file: dataset_file(&self.eval_file),
+            verifier: self.verifier.clone(),
+            prompt_key: self.prompt_key.clone(),
+            answer_key: self.answer_key.clone(),
+            shuffle: self.shuffle,
+            shuffle_seed: self.shuffle_seed,
+            max_turns: self.max_turns,
+            reward: keel_envs::dataset::RewardConfig {
+                url: self.reward_url.clone(),
+                timeout_ms: self.reward_timeout_ms,
+                retries: self.reward_retries,
+                batch: self.reward_batch,
+                batch_wait_ms: self.reward_batch_wait_ms,
+                concurrency: self.reward_concurrency,
+                auth_env: self.reward_auth_env.clone(),
+            },
+        });
         keel_envs::EnvConfig {
             name: self.name.clone(),
             difficulty: self.difficulty,
             external,
+            dataset,
         }
+    }
+
+    /// The `s3://` dataset files, each with the local folder its own folder syncs into.
+    pub fn remote_dataset_files(&self) -> Vec<(String, std::path::PathBuf)> {
+        if self.name != "dataset" {
+            return Vec::new();
+        }
+        let mut folders: Vec<(String, std::path::PathBuf)> = Vec::new();
+        for file in [&self.train_file, &self.eval_file] {
+            if let Some((folder, _)) = split_s3_file(file) {
+                if let Some(dir) = local_model_dir(folder) {
+                    if !folders.iter().any(|(f, _)| f == folder) {
+                        folders.push((folder.to_string(), dir));
+                    }
+                }
+            }
+        }
+        folders
     }
 
     /// The simulated latency of each step.
@@ -519,6 +603,7 @@ impl TrainConfig {
         let mut c = self.clone();
         for url in [
             &mut c.env.url,
+            &mut c.env.reward_url,
             &mut c.metrics.pushgateway_url,
             &mut c.pats.reviewer_url,
             &mut c.tracking.mlflow_url,
@@ -581,6 +666,24 @@ impl TrainConfig {
             let key = match &e {
                 keel_envs::EnvError::UnknownEnv { .. } => "env.name",
                 _ if self.env.name == "external" => "env.url",
+                keel_envs::EnvError::InvalidConfig {
+                    env: "dataset",
+                    field,
+                    ..
+                } => match *field {
+                    "train_file" => "env.train_file",
+                    "eval_file" => "env.eval_file",
+                    "verifier" => "env.verifier",
+                    "prompt_key" => "env.prompt_key",
+                    "answer_key" => "env.answer_key",
+                    "reward_url" => "env.reward_url",
+                    "reward_timeout_ms" => "env.reward_timeout_ms",
+                    "reward_batch" => "env.reward_batch",
+                    "reward_concurrency" => "env.reward_concurrency",
+                    "reward_auth_env" => "env.reward_auth_env",
+                    _ => "env.max_turns",
+                },
+                keel_envs::EnvError::Dataset { .. } => "env.train_file",
                 _ => "env.difficulty",
             };
             range_err(key, e.to_string())
@@ -637,7 +740,8 @@ impl TrainConfig {
             ));
         }
         // A lower bound: every turn needs its action, `<eot>`, a short observation and `<agent>`.
-        if self.env.name != "external" {
+        // External and dataset envs learn their horizon from the server or the rows.
+        if !["external", "dataset"].contains(&self.env.name.as_str()) {
             let max_turns = keel_envs::build_env(&env_cfg)
                 .map_err(|e| range_err("env.name", e.to_string()))?
                 .max_turns();
@@ -980,6 +1084,22 @@ fn config_error(key: &str, e: ConfigError) -> keel_learner::LearnerError {
             ConfigError::OutOfRange { reason, .. } => reason,
             other => other.to_string(),
         },
+    }
+}
+
+/// `s3://bucket/dir/train.parquet` as (`s3://bucket/dir`, `train.parquet`).
+fn split_s3_file(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("s3://")?;
+    let cut = rest.rfind('/')?;
+    Some((&path[..5 + cut], &rest[cut + 1..]))
+}
+
+/// The local path of a dataset file: the path itself, or for `s3://…/FILE` the file in the
+/// cache folder its folder syncs into (see [`local_model_dir`]).
+fn dataset_file(path: &str) -> std::path::PathBuf {
+    match split_s3_file(path).and_then(|(folder, name)| Some(local_model_dir(folder)?.join(name))) {
+        Some(local) => local,
+        None => std::path::PathBuf::from(path),
     }
 }
 

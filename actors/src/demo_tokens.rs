@@ -3,13 +3,13 @@
 //! samples in.
 //!
 //! Invariants:
-//! - DT-1: tokens = `codec.prompt(prompt)` (mask 0), then per turn `codec.action(action)`
+//! - DT-1: tokens = `codec.prompt(preamble, prompt)` (mask 0), then per turn `codec.action(action)`
 //!   (mask 1) and, unless it was the last turn, `codec.observation(observation)` (mask 0).
 //! - DT-2: a scaffolded prompt is `scaffold + " " + prompt` (PATS, RO-6), for demonstrations
 //!   and generators alike ([`scaffolded_prompt`]).
 
 use keel_envs::Demonstration;
-use keel_learner::hf::ChatCodec;
+use keel_learner::hf::{ChatCodec, ChatMessage};
 
 use crate::error::ActorError;
 
@@ -25,13 +25,22 @@ pub fn scaffolded_prompt(scaffold: &str, prompt: &str) -> String {
     }
 }
 
+/// An env's preamble as the codec's chat messages.
+pub fn chat_messages(preamble: &[keel_envs::PromptMessage]) -> Vec<ChatMessage> {
+    preamble
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect()
+}
+
 /// `d` as tokens and loss mask, its prompt after `scaffold` (DT-1, DT-2).
 pub fn render_demonstration(
     codec: &ChatCodec,
     d: &Demonstration,
     scaffold: &str,
 ) -> Result<SftSequence, ActorError> {
-    let mut tokens = codec.prompt(&scaffolded_prompt(scaffold, &d.prompt))?;
+    let preamble = chat_messages(&d.preamble);
+    let mut tokens = codec.prompt(&preamble, &scaffolded_prompt(scaffold, &d.prompt))?;
     let mut mask = vec![0u8; tokens.len()];
     for turn in &d.turns {
         let action = codec.action(&turn.action)?;

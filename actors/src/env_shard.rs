@@ -51,6 +51,8 @@ pub enum EpisodeError {
 /// The start of an episode: its prompt and what the generator records about its first state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResetOutcome {
+    /// The messages before the prompt (a dataset row's system prompt; usually none).
+    pub preamble: Vec<keel_envs::PromptMessage>,
     /// The prompt text.
     pub prompt: String,
     /// The task's type (EN-10; PATS keys its scaffold and success EMA by it).
@@ -301,6 +303,7 @@ fn serve(
         let reply = match op {
             EnvOp::Reset(seed) => live.env.try_reset(seed).map(|prompt| {
                 EnvReply::Started(ResetOutcome {
+                    preamble: live.env.preamble(),
                     prompt,
                     task_type: live.env.task_type(),
                     agent_id: live.env.agent_id(),

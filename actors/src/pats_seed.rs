@@ -169,7 +169,9 @@ mod tests {
             env.reset(seeds[i]);
             let text = c.render(&env.task_type()).text;
             let prompt = env.reset(seeds[i]);
-            let rendered = codec.prompt(&format!("{text} {prompt}")).expect("render");
+            let rendered = codec
+                .prompt(&[], &format!("{text} {prompt}"))
+                .expect("render");
             assert_eq!(
                 &t[..rendered.len()],
                 rendered.as_slice(),

@@ -56,9 +56,9 @@ impl ModelSetup {
         io: &tokio::runtime::Handle,
         device: tch::Device,
     ) -> Result<ModelSetup, ActorError> {
+        sync_model(cfg, io).await?;
         let env_cfg = cfg.env.env_config();
         let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
-        sync_model(cfg, io).await?;
         let spec = cfg.model_spec(&tokenizer, device)?;
         let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
         let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
@@ -209,15 +209,22 @@ fn generator_setup(
     }
 }
 
-/// Syncs the `s3://` model folders (policy, critic) into their local caches (MC-1..3) before
-/// anything loads them.
+/// Syncs the `s3://` model folders (policy, critic) and dataset folders into their local caches
+/// (MC-1..3) before anything loads them.
 async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<(), ActorError> {
-    for (path, dir) in [
-        (&cfg.model.path, cfg.model_dir()),
-        (&cfg.model.critic_path, cfg.critic_dir()),
-    ] {
+    let mut folders: Vec<(String, Option<std::path::PathBuf>)> = vec![
+        (cfg.model.path.clone(), cfg.model_dir()),
+        (cfg.model.critic_path.clone(), cfg.critic_dir()),
+    ];
+    folders.extend(
+        cfg.env
+            .remote_dataset_files()
+            .into_iter()
+            .map(|(f, d)| (f, Some(d))),
+    );
+    for (path, dir) in folders {
         if let (true, Some(dir)) = (path.starts_with("s3://"), dir) {
-            let source = RunStore::open(path)?;
+            let source = RunStore::open(&path)?;
             let into = dir.clone();
             let report = io
                 .spawn(async move { keel_store::sync_model_folder(&source, &into).await })
@@ -228,7 +235,7 @@ async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<()
                 cache = %dir.display(),
                 downloaded = report.downloaded.len(),
                 cached = report.cached.len(),
-                "model folder synced"
+                "model or dataset folder synced"
             );
         }
     }

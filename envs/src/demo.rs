@@ -44,6 +44,8 @@ pub struct DemoTurn {
 /// One demonstrated episode (text; the runtime renders it into tokens).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Demonstration {
+    /// The messages before the prompt ([`Env::preamble`]; usually none).
+    pub preamble: Vec<crate::dataset::PromptMessage>,
     /// The env's first prompt.
     pub prompt: String,
     /// The turns in order.
@@ -83,6 +85,7 @@ fn demonstrate(
     rng: &mut ChaCha8Rng,
 ) -> Result<Demonstration, EnvError> {
     let prompt = env.try_reset(task_seed)?;
+    let preamble = env.preamble();
     let mut turns = Vec::new();
     // An env honouring EN-3 is done within max_turns; the bound guards against one that isn't.
     for _ in 0..env.max_turns() {
@@ -103,6 +106,7 @@ fn demonstrate(
         }
     }
     Ok(Demonstration {
+        preamble,
         prompt,
         turns,
         success: env.success(),

@@ -9,7 +9,8 @@
 //!
 //! Invariants:
 //! - EX-1 Every request has a deadline (`timeout_ms`) and is retried up to `retries` times with
-//!   doubling backoff on transport errors and 5xx answers; 4xx answers are not retried.
+//!   doubling backoff on transport errors and 5xx answers; 4xx answers are not retried
+//!   (`http_json`, HJ-1).
 //! - EX-2 Retrying a step is safe: each `/step` names its turn number and the server answers a
 //!   repeated turn with the stored answer instead of stepping again.
 //! - EX-4 One [`ExternalClient`] per server: its episodes share the connection pool (keep-alive;
@@ -24,7 +25,6 @@
 //!   (ES-1) turns into a failed episode.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,7 @@ use serde_json::{json, Value};
 
 use crate::env::{fnv1a64, Env, StepOutcome};
 use crate::error::EnvError;
+use crate::http_json::{Discipline, JsonClient};
 use crate::snapshot::EnvSnapshot;
 
 /// Where the external env server is and how patiently to talk to it.
@@ -218,9 +219,8 @@ pub fn decode_answer(path: &str, text: &str) -> Result<(), String> {
 /// episode's [`ExternalEnv`], so episodes share connections and `/info` is asked once.
 #[derive(Clone)]
 pub struct ExternalClient {
-    cfg: Arc<ExternalConfig>,
-    agent: ureq::Agent,
-    auth: Option<String>,
+    url: Arc<str>,
+    http: JsonClient,
     info: Arc<Info>,
 }
 
@@ -228,26 +228,16 @@ impl ExternalClient {
     /// Checks the config, connects and reads `/info`.
     pub fn connect(cfg: ExternalConfig) -> Result<Self, EnvError> {
         cfg.validate()?;
-        let auth = if cfg.auth_env.is_empty() {
-            None
-        } else {
-            let token = std::env::var(&cfg.auth_env).map_err(|_| EnvError::InvalidConfig {
-                env: "external",
-                field: "auth_env",
-                value: cfg.auth_env.clone(),
-                expected: "the name of a set environment variable holding the bearer token",
-            })?;
-            Some(format!("Bearer {token}"))
+        let discipline = Discipline {
+            timeout_ms: cfg.timeout_ms,
+            retries: cfg.retries,
+            backoff_ms: cfg.backoff_ms,
+            max_response_bytes: cfg.max_response_bytes,
         };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(cfg.timeout_ms)))
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let http = JsonClient::new(&cfg.url, discipline, &cfg.auth_env, "external", "auth_env")?;
         let mut client = ExternalClient {
-            cfg: Arc::new(cfg),
-            agent,
-            auth,
+            url: cfg.url.as_str().into(),
+            http,
             info: Arc::new(Info {
                 name: String::new(),
                 max_turns: 0,
@@ -274,63 +264,14 @@ impl ExternalClient {
 
     fn err(&self, reason: String) -> EnvError {
         EnvError::External {
-            url: crate::redact_url(&self.cfg.url),
+            url: crate::redact_url(&self.url),
             reason,
         }
     }
 
     /// One request with deadline and retries (EX-1).
     fn call<T: DeserializeOwned>(&self, path: &str, body: Option<Value>) -> Result<T, EnvError> {
-        let url = format!("{}/{path}", self.cfg.url.trim_end_matches('/'));
-        let mut backoff = Duration::from_millis(self.cfg.backoff_ms);
-        let mut last = String::new();
-        for attempt in 0..=self.cfg.retries {
-            if attempt > 0 {
-                std::thread::sleep(backoff);
-                backoff *= 2;
-            }
-            let sent = match (&body, &self.auth) {
-                (Some(b), Some(auth)) => self
-                    .agent
-                    .post(&url)
-                    .header("Authorization", auth)
-                    .send_json(b),
-                (Some(b), None) => self.agent.post(&url).send_json(b),
-                (None, Some(auth)) => self.agent.get(&url).header("Authorization", auth).call(),
-                (None, None) => self.agent.get(&url).call(),
-            };
-            let mut resp = match sent {
-                Ok(r) => r,
-                Err(e) => {
-                    last = format!("{path}: {e}");
-                    continue;
-                }
-            };
-            let status = resp.status().as_u16();
-            let limit = self.cfg.max_response_bytes;
-            let text = match resp.body_mut().with_config().limit(limit).read_to_string() {
-                Ok(t) => t,
-                Err(ureq::Error::BodyExceedsLimit(_)) => {
-                    return Err(self.err(format!(
-                        "{path}: the answer is larger than max_response_bytes ({limit})"
-                    )))
-                }
-                Err(e) => {
-                    last = format!("{path}: reading the answer: {e}");
-                    continue;
-                }
-            };
-            if status >= 500 {
-                last = format!("{path}: HTTP {status}: {text}");
-                continue;
-            }
-            if status >= 400 {
-                return Err(self.err(format!("{path}: HTTP {status}: {text}")));
-            }
-            return serde_json::from_str(&text)
-                .map_err(|e| self.err(format!("{path}: bad JSON answer ({e})")));
-        }
-        Err(self.err(format!("{last} (after {} retries)", self.cfg.retries)))
+        self.http.call(path, body.as_ref()).map_err(|r| self.err(r))
     }
 }
 
@@ -361,14 +302,9 @@ impl Drop for ExternalEnv {
     fn drop(&mut self) {
         if let Some(s) = self.session.take() {
             // Best effort, one attempt: the server forgets idle sessions on its own.
-            let c = &self.client;
-            let url = format!("{}/close", c.cfg.url.trim_end_matches('/'));
-            let req = c.agent.post(&url);
-            let req = match &c.auth {
-                Some(auth) => req.header("Authorization", auth),
-                None => req,
-            };
-            let _ = req.send_json(json!({ "session": s }));
+            self.client
+                .http
+                .post_once("close", &json!({ "session": s }));
         }
     }
 }

@@ -31,6 +31,7 @@ pub mod error;
 pub mod evaluate;
 pub mod external;
 pub mod household;
+mod http_json;
 pub mod latency;
 pub mod lexicon;
 pub mod redact;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use crate::dataset::{Dataset, DatasetConfig, DatasetEnv};
+use crate::dataset::{Dataset, DatasetConfig, DatasetEnv, RewardClient};
 use crate::env::Env;
 use crate::error::{quote, EnvError};
 use crate::external::ExternalConfig;
@@ -193,7 +193,7 @@ pub struct EnvBuilder {
 enum Shared {
     Nothing,
     External(crate::external::ExternalClient),
-    Dataset(Arc<Dataset>),
+    Dataset(Arc<Dataset>, Option<Arc<RewardClient>>),
 }
 
 impl EnvBuilder {
@@ -204,9 +204,15 @@ impl EnvBuilder {
             "external" => Shared::External(crate::external::ExternalClient::connect(
                 cfg.external.clone().unwrap_or_default(),
             )?),
-            "dataset" => Shared::Dataset(Arc::new(Dataset::load(
-                &cfg.dataset.clone().unwrap_or_default(),
-            )?)),
+            "dataset" => {
+                let data = cfg.dataset.clone().unwrap_or_default();
+                let rows = Arc::new(Dataset::load(&data)?);
+                let reward = match data.reward.enabled() {
+                    true => Some(RewardClient::connect(&data.reward)?),
+                    false => None,
+                };
+                Shared::Dataset(rows, reward)
+            }
             _ => Shared::Nothing,
         };
         Ok(EnvBuilder {
@@ -219,7 +225,9 @@ impl EnvBuilder {
     pub fn build(&self) -> Result<Box<dyn Env>, EnvError> {
         match &self.shared {
             Shared::External(client) => Ok(Box::new(client.env())),
-            Shared::Dataset(data) => Ok(Box::new(DatasetEnv::new(data.clone()))),
+            Shared::Dataset(data, reward) => {
+                Ok(Box::new(DatasetEnv::new(data.clone(), reward.clone())))
+            }
             Shared::Nothing => build_builtin(&self.cfg),
         }
     }

@@ -254,7 +254,7 @@ fn episodes_render_as_transformers_renders_the_conversation() {
     ]);
     let want: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&out).expect("json")).expect("json");
-    let first = codec.prompt(prompt).expect("prompt");
+    let first = codec.prompt(&[], prompt).expect("prompt");
     let want_first: Vec<u32> = serde_json::from_value(want["prompt"].clone()).expect("ids");
     assert_eq!(first, want_first, "CC-1: the first prompt");
     let mut episode = first;

@@ -717,12 +717,7 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
     }
 
     // Stored training trajectories: the bank version in force at sampling, rendered in the prompt.
-    let tok = keel_envs::tokenizer_for(&keel_envs::EnvConfig {
-        name: "calc".into(),
-        difficulty: 1,
-        external: None,
-    })
-    .expect("tokenizer");
+    let tok = keel_envs::tokenizer_for(&keel_envs::EnvConfig::new("calc", 1)).expect("tokenizer");
     let mut scaffolded = 0;
     for b in &stored_batches(&root) {
         let sampled_at = at[&b.batch_seq] - 1;

@@ -48,6 +48,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::env_cmd::EnvCommand,
     },
+    /// Prompt datasets: check a file before training on it.
+    Data {
+        /// What to do.
+        #[command(subcommand)]
+        command: crate::data_cmd::DataCommand,
+    },
     /// Plot a run's curves (PNG + SVG, one line per branch) and write a markdown summary.
     Report(ReportArgs),
     /// Run a grid of methods × envs × seeds × (control, stress) as separate runs and write the

@@ -11,7 +11,7 @@ use keel_actors::job::EVAL_BATCH_SEQ;
 use keel_actors::weights::PublishedWeights;
 use keel_actors::TrainConfig;
 use keel_envs::evaluate::{evaluate, oracle_policy, random_policy};
-use keel_envs::{build_env, task_seed, Env, EnvConfig, ExternalConfig, Split, ENVS};
+use keel_envs::{build_env, task_seed, DatasetConfig, Env, EnvConfig, ExternalConfig, Split, ENVS};
 use keel_store::RunStore;
 
 /// `keel env ...`.
@@ -36,6 +36,12 @@ pub struct EnvArgs {
     /// Server URL for `external`.
     #[arg(long)]
     pub url: Option<String>,
+    /// Training rows for `dataset` (`.jsonl` or `.parquet`).
+    #[arg(long)]
+    pub train_file: Option<std::path::PathBuf>,
+    /// Held-out rows for `dataset` (default: the training file).
+    #[arg(long)]
+    pub eval_file: Option<std::path::PathBuf>,
 }
 
 impl EnvArgs {
@@ -44,10 +50,16 @@ impl EnvArgs {
             url,
             ..ExternalConfig::default()
         });
+        let dataset = self.train_file.clone().map(|train_file| DatasetConfig {
+            eval_file: self.eval_file.clone().unwrap_or_else(|| train_file.clone()),
+            train_file,
+            ..DatasetConfig::default()
+        });
         let cfg = EnvConfig {
             name: self.name.clone(),
             difficulty: self.difficulty,
             external,
+            dataset,
         };
         build_env(&cfg).with_context(|| format!("cannot build env {}", self.name))
     }

@@ -6,6 +6,7 @@ mod arena;
 mod ckpt;
 mod ckpt_export;
 mod cli;
+mod data_cmd;
 mod env_cmd;
 mod explain;
 mod launch;
@@ -166,6 +167,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => run_report(args),
         Command::Arena(args) => arena::run(args),
         Command::Env { command } => env_cmd::run(command),
+        Command::Data { command } => data_cmd::run(command),
         Command::Algo { command } => algo_cmd::run(command),
         Command::Launch { command } => launch::run(command),
     }

@@ -20,7 +20,7 @@ use super::{
     model_slot, uninformative, unix_ms, BoundaryState, ModelSource, RolloutExtras, RolloutSpec,
     RolloutStats, MAX_SAMPLER_SLOTS,
 };
-use crate::demo_tokens::scaffolded_prompt;
+use crate::demo_tokens::{chat_messages, scaffolded_prompt};
 use crate::env_shard::{
     CloseEpisodes, EnvAnswer, EnvOp, EnvReply, EnvRequest, EnvShard, EpisodeError, Reply,
     ResetOutcome,
@@ -307,9 +307,10 @@ impl<'a> Engine<'a> {
             Some(render) => render(&start.task_type),
             None => (String::new(), 0),
         };
-        let ids = self
-            .codec
-            .prompt(&scaffolded_prompt(&scaffold, &start.prompt))?;
+        let ids = self.codec.prompt(
+            &chat_messages(&start.preamble),
+            &scaffolded_prompt(&scaffold, &start.prompt),
+        )?;
         self.stats.prompt_tokens += ids.len();
         let ep = &mut self.episodes[i];
         if !scaffold.is_empty() {

@@ -55,8 +55,6 @@ pub struct RawRow {
 pub struct RawFile {
     /// Its format.
     pub format: Format,
-    /// The Parquet schema as text, when the file is Parquet.
-    pub parquet_schema: Option<String>,
     /// Its rows, in order.
     pub rows: Vec<RawRow>,
 }
@@ -75,21 +73,14 @@ pub(crate) fn file_error(path: &Path, reason: impl Into<String>) -> EnvError {
 pub fn read(path: &Path) -> Result<RawFile, EnvError> {
     let format = Format::of(path)?;
     let file = File::open(path).map_err(|e| file_error(path, format!("cannot open: {e}")))?;
-    let (rows, parquet_schema) = match format {
-        Format::JsonLines => (read_jsonl(path, file)?, None),
-        Format::Parquet => {
-            let (rows, schema) = read_parquet(path, file)?;
-            (rows, Some(schema))
-        }
+    let rows = match format {
+        Format::JsonLines => read_jsonl(path, file)?,
+        Format::Parquet => read_parquet(path, file)?,
     };
     if rows.is_empty() {
         return Err(file_error(path, "holds no rows"));
     }
-    Ok(RawFile {
-        format,
-        parquet_schema,
-        rows,
-    })
+    Ok(RawFile { format, rows })
 }
 
 fn read_jsonl(path: &Path, file: File) -> Result<Vec<RawRow>, EnvError> {
@@ -111,12 +102,10 @@ fn read_jsonl(path: &Path, file: File) -> Result<Vec<RawRow>, EnvError> {
     Ok(rows)
 }
 
-fn read_parquet(path: &Path, file: File) -> Result<(Vec<RawRow>, String), EnvError> {
+fn read_parquet(path: &Path, file: File) -> Result<Vec<RawRow>, EnvError> {
     let reader = SerializedFileReader::new(file)
         .map_err(|e| file_error(path, format!("not a Parquet file: {e}")))?;
-    let mut schema = Vec::new();
-    parquet::schema::printer::print_schema(&mut schema, reader.metadata().file_metadata().schema());
-    let rows = reader
+    reader
         .get_row_iter(None)
         .map_err(|e| file_error(path, format!("cannot read rows: {e}")))?
         .enumerate()
@@ -127,6 +116,29 @@ fn read_parquet(path: &Path, file: File) -> Result<(Vec<RawRow>, String), EnvErr
                 value: row.to_json_value(),
             })
         })
-        .collect::<Result<Vec<_>, EnvError>>()?;
-    Ok((rows, String::from_utf8_lossy(&schema).into_owned()))
+        .collect()
+}
+
+/// The shape of a JSON value as a type, e.g. `list<{content: string, role: string}>` (fields
+/// in name order; the
+/// schema `keel data check` prints: what keel reads, whatever the format).
+pub fn shape(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(_) => "bool".into(),
+        Value::Number(n) if n.is_f64() => "float".into(),
+        Value::Number(_) => "int".into(),
+        Value::String(_) => "string".into(),
+        Value::Array(items) => match items.first() {
+            Some(first) => format!("list<{}>", shape(first)),
+            None => "list<>".into(),
+        },
+        Value::Object(fields) => {
+            let inner: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", shape(v)))
+                .collect();
+            format!("{{{}}}", inner.join(", "))
+        }
+    }
 }

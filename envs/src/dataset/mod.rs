@@ -20,11 +20,15 @@
 //!   builder shares the rows (no per-episode I/O).
 //! - DS-2 `max_turns` is 1 when no row names a tool, else the configured `max_turns`.
 //! - DS-3 The oracle answers a row's first ground truth, which its verifier accepts (DR-4).
+//! - DS-5 With a reward service (`reward.url`), a final answer's reward is the service's
+//!   ([`reward`], RC-1..3) and rows are not held to DR-4; a service failure fails the episode
+//!   (`try_step` errs), it never becomes a reward.
 //! - DS-4 The vocabulary is the env's action and observation words, then every word of every
 //!   row's messages, ground truths and documents in file order (the built-in word-level model
 //!   can encode every row); with a calculator row, also `calc`'s numbers.
 
 pub mod file;
+pub mod reward;
 pub mod row;
 mod tools;
 
@@ -40,6 +44,7 @@ use crate::row_order::RowOrder;
 use crate::snapshot::EnvSnapshot;
 use crate::split::{task_index, Split};
 use crate::verify::Verifier;
+pub use reward::{RewardClient, RewardConfig};
 pub use row::{PromptMessage, Row, RowSchema, Tool};
 
 /// Where a dataset is and how its rows are read and ordered.
@@ -59,9 +64,11 @@ pub struct DatasetConfig {
     /// Whether each epoch visits the training rows in a fresh seeded order.
     pub shuffle: bool,
     /// The shuffle seed.
-    pub seed: u64,
+    pub shuffle_seed: u64,
     /// Turns of a row with tools (DS-2).
     pub max_turns: usize,
+    /// A reward service that scores answers instead of the verifiers (DS-5).
+    pub reward: RewardConfig,
 }
 
 impl Default for DatasetConfig {
@@ -74,8 +81,9 @@ impl Default for DatasetConfig {
             prompt_key: schema.prompt_key,
             answer_key: schema.answer_key,
             shuffle: true,
-            seed: 0,
+            shuffle_seed: 0,
             max_turns: 4,
+            reward: RewardConfig::default(),
         }
     }
 }
@@ -144,6 +152,7 @@ impl DatasetConfig {
             prompt_key: self.prompt_key.clone(),
             answer_key: self.answer_key.clone(),
             verifier: self.verifier.parse().ok(),
+            own_reward: self.reward.enabled(),
         }
     }
 }
@@ -175,12 +184,13 @@ impl Dataset {
         let schema = cfg.schema();
         let train = read_rows(&cfg.train_file, &schema)?;
         let eval = read_rows(&cfg.eval_file, &schema)?;
-        let order = RowOrder::new(train.len() as u64, cfg.seed, cfg.shuffle).ok_or_else(|| {
-            file::file_error(
-                &cfg.train_file,
-                "holds more rows than keel can order (2^32 - 1)",
-            )
-        })?;
+        let order =
+            RowOrder::new(train.len() as u64, cfg.shuffle_seed, cfg.shuffle).ok_or_else(|| {
+                file::file_error(
+                    &cfg.train_file,
+                    "holds more rows than keel can order (2^32 - 1)",
+                )
+            })?;
         let agentic = train.iter().chain(&eval).any(|r| !r.tools.is_empty());
         let max_turns = if agentic { cfg.max_turns } else { 1 };
         let vocabulary = vocabulary(&train, &eval);
@@ -201,6 +211,11 @@ impl Dataset {
     /// Held-out rows.
     pub fn eval_rows(&self) -> &[Row] {
         &self.eval
+    }
+
+    /// The env's words (DS-4).
+    pub fn vocabulary(&self) -> &[String] {
+        &self.vocabulary
     }
 
     fn row(&self, split: Split, index: usize) -> &Row {
@@ -237,16 +252,18 @@ struct State {
 /// The `dataset` env: one episode per row. Until the first `reset` it is terminal (EN-4).
 pub struct DatasetEnv {
     data: Arc<Dataset>,
+    reward: Option<Arc<RewardClient>>,
     order: RowOrder,
     state: State,
 }
 
 impl DatasetEnv {
-    /// An env over loaded rows.
-    pub fn new(data: Arc<Dataset>) -> Self {
+    /// An env over loaded rows, its answers scored by the rows' verifiers or by `reward`.
+    pub fn new(data: Arc<Dataset>, reward: Option<Arc<RewardClient>>) -> Self {
         DatasetEnv {
             order: data.order.clone(),
             data,
+            reward,
             state: State {
                 split: Split::Train,
                 row: 0,
@@ -259,6 +276,21 @@ impl DatasetEnv {
 
     fn row(&self) -> &Row {
         self.data.row(self.state.split, self.state.row)
+    }
+
+    /// The reward of a final answer: the service's (DS-5) or the row's verifier's.
+    fn final_reward(&self, answer: &str) -> Result<f32, EnvError> {
+        let row = self.row();
+        match &self.reward {
+            Some(client) => client.score(
+                &row.data_source,
+                &row.messages,
+                answer,
+                &row.ground_truth,
+                &row.extra_info,
+            ),
+            None => Ok(row.score(answer)),
+        }
     }
 
     fn turn_limit(&self) -> usize {
@@ -294,24 +326,36 @@ impl Env for DatasetEnv {
         self.row().preamble().to_vec()
     }
 
+    // keel calls `try_step` (env shards, demonstrations, `keel env`); with a reward service
+    // `step` names the failure if another caller meets one (as `ExternalEnv` does).
     fn step(&mut self, action: &str) -> StepOutcome {
+        self.try_step(action).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
         if self.state.done {
-            return outcome_of(self, tools::INVALID.into(), 0.0, true, true);
+            return Ok(outcome_of(self, tools::INVALID.into(), 0.0, true, true));
         }
-        self.state.turns += 1;
         let (observation, reward, invalid) = match tools::call(self.row(), action) {
             Some(tools::Called { observation, valid }) => (observation, 0.0, !valid),
             None => {
-                let reward = self.row().score(tools::answer_text(action));
+                let reward = self.final_reward(tools::answer_text(action))?;
                 self.state.done = true;
                 self.state.solved = reward >= 1.0;
                 (String::new(), reward, false)
             }
         };
+        self.state.turns += 1;
         if self.state.turns >= self.turn_limit() {
             self.state.done = true;
         }
-        outcome_of(self, observation, reward, self.state.done, invalid)
+        Ok(outcome_of(
+            self,
+            observation,
+            reward,
+            self.state.done,
+            invalid,
+        ))
     }
 
     fn oracle_action(&self) -> String {

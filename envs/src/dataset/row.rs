@@ -74,6 +74,9 @@ pub struct RowSchema {
     pub answer_key: String,
     /// The configured verifier; `None` chooses by `data_source` (VF-2).
     pub verifier: Option<Verifier>,
+    /// Whether a reward service scores answers: the ground truth may then be any JSON value
+    /// (test cases, a rubric) and DR-4 does not apply.
+    pub own_reward: bool,
 }
 
 impl Default for RowSchema {
@@ -82,6 +85,7 @@ impl Default for RowSchema {
             prompt_key: "prompt".into(),
             answer_key: "reward_model.ground_truth".into(),
             verifier: None,
+            own_reward: false,
         }
     }
 }
@@ -95,6 +99,8 @@ pub struct Row {
     pub data_source: String,
     /// Accepted answers (DR-2).
     pub ground_truths: Vec<String>,
+    /// The ground truth as the row holds it (what a reward service receives).
+    pub ground_truth: Value,
     /// How answers are scored.
     pub verifier: Verifier,
     /// Tools of an agentic row (empty: single-turn).
@@ -148,7 +154,15 @@ impl Row {
                 return Err(err.at("data_source", format!("must be a string, got {other}")))
             }
         };
-        let ground_truths = parse_answers(value, &schema.answer_key, &err)?;
+        let ground_truth = at(value, &schema.answer_key)
+            .cloned()
+            .unwrap_or(Value::Null);
+        let ground_truths = match parse_answers(value, &schema.answer_key, &err) {
+            Err(_) if schema.own_reward && !ground_truth.is_null() => {
+                vec![ground_truth.to_string()]
+            }
+            other => other?,
+        };
         let extra_info = at(value, "extra_info").cloned().unwrap_or(Value::Null);
         let tools = parse_tools(value, &err)?;
         let documents = match at(value, "extra_info.documents") {
@@ -169,12 +183,13 @@ impl Row {
             messages,
             data_source,
             ground_truths,
+            ground_truth,
             verifier,
             tools,
             documents,
             extra_info,
         };
-        if row.score(&row.ground_truths[0]) < 1.0 {
+        if !schema.own_reward && row.score(&row.ground_truths[0]) < 1.0 {
             return Err(err.at(
                 &schema.answer_key,
                 format!(
@@ -411,7 +426,7 @@ mod tests {
         let schema = RowSchema {
             prompt_key: "input".into(),
             answer_key: "label".into(),
-            verifier: None,
+            ..RowSchema::default()
         };
         let v = json!({"input": "who", "label": "bado",
                        "extra_info": {"tools": ["calc", "search", "calculator"], "documents": ["bado born in gelu"]}});

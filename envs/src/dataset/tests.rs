@@ -40,7 +40,7 @@ fn ds_single_turn_rows_score_by_verifier() {
     let (train, eval) = (jsonl(&math_rows(5)), jsonl(&math_rows(2)));
     let data = Arc::new(Dataset::load(&config(&train, &eval)).unwrap());
     assert_eq!(data.max_turns, 1);
-    let mut env = DatasetEnv::new(data.clone());
+    let mut env = DatasetEnv::new(data.clone(), None);
     assert!(env.step("1").done, "terminal before the first reset (EN-4)");
     let prompt = env.reset(task_seed(Split::Train, 0));
     assert!(prompt.starts_with("what is "));
@@ -65,7 +65,7 @@ fn ds_single_turn_rows_score_by_verifier() {
 fn ds_every_epoch_visits_every_row_once_and_snapshots_restore() {
     let (train, eval) = (jsonl(&math_rows(7)), jsonl(&math_rows(1)));
     let data = Arc::new(Dataset::load(&config(&train, &eval)).unwrap());
-    let mut env = DatasetEnv::new(data.clone());
+    let mut env = DatasetEnv::new(data.clone(), None);
     let epoch = |env: &mut DatasetEnv, e: u64| -> Vec<String> {
         (7 * e..7 * (e + 1))
             .map(|i| env.reset(task_seed(Split::Train, i)))
@@ -78,10 +78,10 @@ fn ds_every_epoch_visits_every_row_once_and_snapshots_restore() {
     sorted_b.sort();
     assert_eq!(a, sorted_b, "each epoch visits every row once");
     // EN-1 across instances, and EN-7.
-    let mut other = DatasetEnv::new(data);
+    let mut other = DatasetEnv::new(data, None);
     assert_eq!(other.reset(task_seed(Split::Train, 9)), b[2]);
     let snap = other.snapshot().unwrap();
-    let mut third = DatasetEnv::new(Arc::new(Dataset::load(&config(&train, &eval)).unwrap()));
+    let mut third = DatasetEnv::new(Arc::new(Dataset::load(&config(&train, &eval)).unwrap()), None);
     third.restore(&snap).unwrap();
     assert_eq!(third.oracle_action(), other.oracle_action());
     assert_eq!(third.anchor_state(), other.anchor_state());
@@ -102,7 +102,7 @@ fn ds_tool_rows_are_multi_turn_episodes() {
         ..config(&train, &eval)
     };
     let data = Arc::new(Dataset::load(&cfg).unwrap());
-    let mut env = DatasetEnv::new(data);
+    let mut env = DatasetEnv::new(data, None);
     assert_eq!(env.max_turns(), 3);
     env.reset(task_seed(Split::Train, 0));
     let out = env.step("search bado");
@@ -181,7 +181,14 @@ fn df_parquet_rows_written_by_pyarrow_read_like_jsonl() {
     let raw = file::read(&dir.join("gsm8k_train.parquet")).unwrap();
     assert_eq!(raw.format, file::Format::Parquet);
     assert_eq!(raw.rows.len(), 6);
-    assert!(raw.parquet_schema.unwrap().contains("ground_truth"));
+    assert_eq!(
+        file::shape(&raw.rows[0].value["reward_model"]),
+        "{ground_truth: string, style: string}"
+    );
+    assert_eq!(
+        file::shape(&raw.rows[0].value["prompt"]),
+        "list<{content: string, role: string}>"
+    );
     assert_eq!(raw.rows[0].value["prompt"][0]["role"], "user");
     assert_eq!(raw.rows[0].value["extra_info"]["index"], 0);
     let cfg = DatasetConfig {

@@ -4,8 +4,9 @@
 //! and for a real checkpoint alike.
 //!
 //! Invariants:
-//! - CC-1 (first prompt): the chat template applied to the env's prompt as a user message with
-//!   the generation prompt, encoded without adding special tokens again.
+//! - CC-1 (first prompt): the chat template applied to the task's preamble (a system prompt or
+//!   earlier turns, usually none) and the env's prompt as the user message after it, with the
+//!   generation prompt, encoded without adding special tokens again.
 //! - CC-2 (observations): after a sampled action that ended with the end-of-turn token, an
 //!   observation appends the template's text from just after that token to the end of the next
 //!   generation prompt, taken from a rendering of the conversation so far with the observation
@@ -61,10 +62,11 @@ impl ChatCodec {
         &self.tok
     }
 
-    /// The first prompt of an episode (CC-1).
-    pub fn prompt(&self, text: &str) -> Result<Vec<u32>, HfError> {
-        self.tok
-            .encode_chat(&[ChatMessage::new("user", text)], true)
+    /// The first prompt of an episode after its `preamble` messages (CC-1).
+    pub fn prompt(&self, preamble: &[ChatMessage], text: &str) -> Result<Vec<u32>, HfError> {
+        let mut messages = preamble.to_vec();
+        messages.push(ChatMessage::new("user", text));
+        self.tok.encode_chat(&messages, true)
     }
 
     /// The tokens an observation appends after an action that ended its turn (CC-2).
