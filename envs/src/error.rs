@@ -66,6 +66,14 @@ pub enum EnvError {
         /// What is wrong.
         reason: String,
     },
+    /// The reward service of a dataset env failed (after the configured retries).
+    #[error("reward service at {url} (env.reward_url): {reason}; check that it is running and answers GET /health and POST /score (reference: envs/external/reward_server.py)")]
+    RewardService {
+        /// The service's base URL (credentials redacted).
+        url: String,
+        /// What failed.
+        reason: String,
+    },
     /// The demonstration noise probability is not in `[0, 1]`.
     #[error("demonstration noise = {noise}, expected a probability in [0, 1]")]
     InvalidNoise {

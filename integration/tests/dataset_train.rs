@@ -2,10 +2,13 @@
 //! (system prompts, numeric answers, some rows with the calculator tool) trains the built-in
 //! model; a run SIGKILLed mid-training resumes and ends bit-identical to an uninterrupted one
 //! (the data frontier is the dataset position: no row trained twice or skipped); `keel data
-//! check` shows a good file and names the file, row and field of a bad one.
+//! check` shows a good file and names the file, row and field of a bad one; `env.reward_url`
+//! drives a run through the reference reward service (a verl-signature reward function file),
+//! batched and retried, and a service that is down stops the run before it starts.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_integration::keel_bin;
@@ -35,7 +38,7 @@ fn write_rows(path: &Path, n: usize, offset: usize) {
     std::fs::write(path, text).expect("write rows");
 }
 
-fn config(dir: &Path, steps: u64) -> std::path::PathBuf {
+fn config(dir: &Path, steps: u64, env_extra: &str) -> std::path::PathBuf {
     let (train, eval) = (dir.join("train.jsonl"), dir.join("test.jsonl"));
     write_rows(&train, 40, 0);
     write_rows(&eval, 8, 100);
@@ -54,6 +57,7 @@ name = "dataset"
 train_file = {train:?}
 eval_file = {eval:?}
 max_turns = 2
+{env_extra}
 
 [model]
 context_len = 64
@@ -62,9 +66,9 @@ d_model = 32
 n_head = 2
 
 [sft]
-steps = 40
+steps = 400
 batch_size = 8
-demos = 64
+demos = 200
 
 [rollout]
 tasks_per_batch = 4
@@ -126,7 +130,7 @@ fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
         .build()
         .expect("rt");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = config(dir.path(), 12);
+    let config = config(dir.path(), 12, "");
 
     let clean = dir.path().join("clean");
     let clean_summary = dir.path().join("clean.json");
@@ -134,6 +138,9 @@ fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&clean_summary).expect("summary")).expect("json");
     assert_eq!(summary["final_step"], 12);
+    // The verifier rewards a trained policy: the SFT warm start solves held-out rows.
+    let solved = summary["eval_before"].as_f64().expect("eval_before");
+    assert!(solved > 0.2, "held-out success after SFT {solved}");
 
     let killed = dir.path().join("killed");
     let summary_path = dir.path().join("killed.json");
@@ -221,4 +228,153 @@ fn data_check_shows_a_good_file_and_names_bad_rows() {
         "{err}"
     );
     assert!(err.contains("1 of 5 rows of"), "{err}");
+}
+
+/// The reference reward service on a free port, stopped when dropped.
+struct RewardServer {
+    child: Child,
+    url: String,
+}
+
+impl RewardServer {
+    fn start(extra: &[&str]) -> RewardServer {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../envs/external/reward_server.py"
+        );
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args(["--port", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the reference reward server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("server banner");
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("`listening on PORT`")
+            .to_string();
+        RewardServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let text = ureq::get(&format!("{}/stats", self.url))
+            .call()
+            .expect("stats")
+            .body_mut()
+            .read_to_string()
+            .expect("body");
+        serde_json::from_str(&text).expect("json")
+    }
+}
+
+impl Drop for RewardServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A user's reward function file with verl's signature: the last number must equal the
+    // ground truth (what the built-in numeric verifier checks on these rows).
+    let reward_fn = dir.path().join("my_reward.py");
+    std::fs::write(
+        &reward_fn,
+        "import re\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    nums = re.findall(r'-?\\d+', solution_str)\n    return {'score': 1.0 if nums and int(nums[-1]) == int(ground_truth) else 0.0}\n",
+    )
+    .expect("reward fn");
+    let server = RewardServer::start(&[
+        "--reward-fn",
+        reward_fn.to_str().expect("utf8"),
+        "--flaky",
+        "4",
+    ]);
+    let builtin = dir.path().join("builtin");
+    std::fs::create_dir_all(&builtin).expect("dir");
+    let by_verifier = config(&builtin, 6, "");
+    finish(train(
+        &by_verifier,
+        &builtin.join("run"),
+        &builtin.join("s.json"),
+    ));
+
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).expect("dir");
+    let extra = format!(
+        "reward_url = {:?}\nreward_batch_wait_ms = 20\nreward_retries = 4",
+        server.url
+    );
+    let by_service = config(&served, 6, &extra);
+    finish(train(
+        &by_service,
+        &served.join("run"),
+        &served.join("s.json"),
+    ));
+    let stats = server.stats();
+    eprintln!("reward service stats: {stats}");
+    // Every final answer of every rollout and eval episode went through the service, in
+    // batches (16 episodes of a step end together), and every 4th request's 503 was retried.
+    assert!(stats["items"].as_u64().expect("items") >= 6 * 16, "{stats}");
+    assert!(
+        stats["largest_batch"].as_u64().expect("batch") > 1,
+        "{stats}"
+    );
+    assert!(
+        stats["requests"].as_u64().expect("requests") >= 4,
+        "{stats}"
+    );
+    let (_, a) = final_weights(&rt, &builtin.join("run"));
+    let (_, b) = final_weights(&rt, &served.join("run"));
+    assert!(
+        a == b,
+        "the same rewards from the service and the verifier must train the same weights"
+    );
+}
+
+#[test]
+fn a_reward_service_that_is_down_stops_the_run_before_it_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = keel_integration::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let cfg = config(
+        dir.path(),
+        2,
+        &format!("reward_url = {url:?}\nreward_retries = 1"),
+    );
+    let out = train(&cfg, &dir.path().join("run"), &dir.path().join("s.json"))
+        .wait_with_output()
+        .expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "reward service at {url} (env.reward_url): does not answer: health:"
+        )),
+        "{err}"
+    );
+    let store = RunStore::open(dir.path().join("run").to_str().expect("utf8")).expect("open");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    assert!(
+        rt.block_on(store.latest_checkpoint())
+            .expect("head")
+            .is_none(),
+        "nothing was trained"
+    );
 }

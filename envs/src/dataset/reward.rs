@@ -17,7 +17,7 @@
 //!   and form the next batches.
 //! - RC-3 Requests follow HJ-1..3 (deadline, retries with backoff on transport errors and 5xx,
 //!   bearer token from `auth_env`). A batch that still fails fails each of its episodes with
-//!   `EnvError::External` naming the service (ES-4: the shard keeps serving); an answer of the
+//!   `EnvError::RewardService` naming the service (ES-4: the shard keeps serving); an answer of the
 //!   wrong length or with a reward outside `[0, 1]` fails them too. A reward is never invented.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -160,9 +160,9 @@ impl RewardClient {
         )?;
         let url = crate::redact_url(&cfg.url);
         http.call::<Value>("health", None)
-            .map_err(|reason| EnvError::External {
+            .map_err(|reason| EnvError::RewardService {
                 url: url.clone(),
-                reason: format!("the reward service (env.reward_url) does not answer: {reason}"),
+                reason: format!("does not answer: {reason}"),
             })?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (batches, batch_queue) = mpsc::sync_channel::<Vec<Job>>(0);
@@ -207,9 +207,9 @@ impl RewardClient {
         } else {
             Err("the reward client stopped".into())
         };
-        result.map_err(|reason| EnvError::External {
+        result.map_err(|reason| EnvError::RewardService {
             url: self.url.clone(),
-            reason: format!("reward service: {reason}"),
+            reason,
         })
     }
 }

@@ -81,7 +81,10 @@ fn ds_every_epoch_visits_every_row_once_and_snapshots_restore() {
     let mut other = DatasetEnv::new(data, None);
     assert_eq!(other.reset(task_seed(Split::Train, 9)), b[2]);
     let snap = other.snapshot().unwrap();
-    let mut third = DatasetEnv::new(Arc::new(Dataset::load(&config(&train, &eval)).unwrap()), None);
+    let mut third = DatasetEnv::new(
+        Arc::new(Dataset::load(&config(&train, &eval)).unwrap()),
+        None,
+    );
     third.restore(&snap).unwrap();
     assert_eq!(third.oracle_action(), other.oracle_action());
     assert_eq!(third.anchor_state(), other.anchor_state());
