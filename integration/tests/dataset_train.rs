@@ -378,3 +378,51 @@ fn a_reward_service_that_is_down_stops_the_run_before_it_starts() {
         "nothing was trained"
     );
 }
+
+#[test]
+fn s3_dataset_files_are_synced_into_the_cache_and_trained_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let local = config(dir.path(), 2, "");
+    let url = keel_integration::s3_root("dataset");
+    let store = RunStore::open(&url).expect("s3");
+    let rt = keel_integration::test_rt();
+    for name in ["train.jsonl", "test.jsonl"] {
+        let bytes = std::fs::read(dir.path().join(name)).expect("read");
+        rt.block_on(store.put_object(name, bytes.into()))
+            .expect("upload");
+    }
+    let text = std::fs::read_to_string(&local).expect("config");
+    let text = text
+        .replace(
+            &format!("{:?}", dir.path().join("train.jsonl")),
+            &format!("\"{url}/train.jsonl\""),
+        )
+        .replace(
+            &format!("{:?}", dir.path().join("test.jsonl")),
+            &format!("\"{url}/test.jsonl\""),
+        );
+    assert!(text.contains("s3://"), "{text}");
+    let remote = dir.path().join("remote.toml");
+    std::fs::write(&remote, text).expect("config");
+    let cache = dir.path().join("cache");
+    let out = Command::new(keel_bin())
+        .args(["train", "--no-progress", "--config"])
+        .arg(&remote)
+        .arg("--run-root")
+        .arg(dir.path().join("run"))
+        .env("KEEL_MODEL_CACHE", &cache)
+        .output()
+        .expect("keel train");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let synced: Vec<String> = std::fs::read_dir(&cache)
+        .expect("cache")
+        .flat_map(|d| std::fs::read_dir(d.expect("entry").path()).expect("folder"))
+        .map(|f| f.expect("file").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(synced.iter().any(|f| f == "train.jsonl"), "{synced:?}");
+    assert!(synced.iter().any(|f| f == "test.jsonl"), "{synced:?}");
+}

@@ -99,7 +99,7 @@ fn ds_tool_rows_are_multi_turn_episodes() {
         "extra_info": {"tools": ["calculator", "search"],
                        "documents": ["bado born in gelu", "kuzo works for gelu"]},
     });
-    let (train, eval) = (jsonl(&[row.clone()]), jsonl(&[row]));
+    let (train, eval) = (jsonl(std::slice::from_ref(&row)), jsonl(&[row]));
     let cfg = DatasetConfig {
         max_turns: 3,
         ..config(&train, &eval)
