@@ -212,17 +212,17 @@ fn generator_setup(
 /// Syncs the `s3://` model folders (policy, critic) and dataset folders into their local caches
 /// (MC-1..3) before anything loads them.
 async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<(), ActorError> {
-    let mut folders: Vec<(String, Option<std::path::PathBuf>)> = vec![
-        (cfg.model.path.clone(), cfg.model_dir()),
-        (cfg.model.critic_path.clone(), cfg.critic_dir()),
+    let mut folders: Vec<(&str, String, Option<std::path::PathBuf>)> = vec![
+        ("model", cfg.model.path.clone(), cfg.model_dir()),
+        ("critic", cfg.model.critic_path.clone(), cfg.critic_dir()),
     ];
     folders.extend(
         cfg.env
             .remote_dataset_files()
             .into_iter()
-            .map(|(f, d)| (f, Some(d))),
+            .map(|(f, d)| ("dataset", f, Some(d))),
     );
-    for (path, dir) in folders {
+    for (kind, path, dir) in folders {
         if let (true, Some(dir)) = (path.starts_with("s3://"), dir) {
             let source = RunStore::open(&path)?;
             let into = dir.clone();
@@ -231,11 +231,12 @@ async fn sync_model(cfg: &TrainConfig, io: &tokio::runtime::Handle) -> Result<()
                 .await
                 .map_err(|e| ActorError::Internal(format!("I/O task: {e}")))??;
             tracing::info!(
-                model = %path,
+                kind,
+                source = %path,
                 cache = %dir.display(),
                 downloaded = report.downloaded.len(),
                 cached = report.cached.len(),
-                "model or dataset folder synced"
+                "folder synced"
             );
         }
     }

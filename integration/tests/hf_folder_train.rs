@@ -369,7 +369,7 @@ fn an_s3_model_folder_is_synced_into_the_cache_and_verified() {
         let event: serde_json::Value = log
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["fields"]["message"] == "model folder synced")
+            .find(|v| v["fields"]["message"] == "folder synced" && v["fields"]["kind"] == "model")
             .expect("a sync event");
         let f = &event["fields"];
         (
