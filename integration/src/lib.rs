@@ -669,3 +669,62 @@ impl keel_envs::Env for HookedEnv {
         self.inner.restore(snapshot)
     }
 }
+
+/// A Python server of `envs/external/` (the reference env server or the reference reward
+/// service) on a free loopback port, as a child process killed on drop.
+pub struct PythonServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl PythonServer {
+    /// Starts `envs/external/<script>` with `--port 0` and `extra`, and reads its
+    /// `listening on PORT` banner.
+    pub fn start(script: &str, extra: &[&str]) -> PythonServer {
+        use std::io::BufRead;
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../envs/external")
+            .join(script);
+        let mut child = std::process::Command::new("python3")
+            .arg(&path)
+            .args(["--port", "0"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 must be installed to run the Python servers' tests");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("server banner");
+        let port = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("`listening on PORT`")
+            .to_string();
+        PythonServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for PythonServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The step and `model.safetensors` bytes of the head checkpoint of the run root `root`.
+pub fn head_weights(rt: &tokio::runtime::Runtime, root: &std::path::Path) -> (u64, Vec<u8>) {
+    let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
+    let m = rt
+        .block_on(store.latest_checkpoint())
+        .expect("head")
+        .expect("a checkpoint");
+    let w = rt
+        .block_on(store.read_checkpoint_file(&m, "model.safetensors"))
+        .expect("weights");
+    (m.step, w.to_vec())
+}

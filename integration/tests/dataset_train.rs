@@ -6,12 +6,11 @@
 //! drives a run through the reference reward service (a verl-signature reward function file),
 //! batched and retried, and a service that is down stops the run before it starts.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::keel_bin;
+use keel_integration::{head_weights, keel_bin, PythonServer};
 use keel_store::RunStore;
 
 /// `n` rows "what is A plus B ?" (numeric answers); every third row names the calculator.
@@ -111,18 +110,6 @@ fn finish(child: std::process::Child) {
     );
 }
 
-fn final_weights(rt: &tokio::runtime::Runtime, root: &Path) -> (u64, Vec<u8>) {
-    let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
-    let m = rt
-        .block_on(store.latest_checkpoint())
-        .expect("head")
-        .expect("a checkpoint");
-    let w = rt
-        .block_on(store.read_checkpoint_file(&m, "model.safetensors"))
-        .expect("weights");
-    (m.step, w.to_vec())
-}
-
 #[test]
 fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -167,8 +154,8 @@ fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
     let resumed: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary_path).expect("summary")).expect("json");
     assert!(resumed["resumed_from"].is_string(), "{resumed}");
-    let (step_a, a) = final_weights(&rt, &clean);
-    let (step_b, b) = final_weights(&rt, &killed);
+    let (step_a, a) = head_weights(&rt, &clean);
+    let (step_b, b) = head_weights(&rt, &killed);
     assert_eq!((step_a, step_b), (12, 12));
     assert!(
         a == b,
@@ -230,56 +217,15 @@ fn data_check_shows_a_good_file_and_names_bad_rows() {
     assert!(err.contains("1 of 5 rows of"), "{err}");
 }
 
-/// The reference reward service on a free port, stopped when dropped.
-struct RewardServer {
-    child: Child,
-    url: String,
-}
-
-impl RewardServer {
-    fn start(extra: &[&str]) -> RewardServer {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../envs/external/reward_server.py"
-        );
-        let mut child = Command::new("python3")
-            .arg(script)
-            .args(["--port", "0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 runs the reference reward server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("server banner");
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("`listening on PORT`")
-            .to_string();
-        RewardServer {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        let text = ureq::get(&format!("{}/stats", self.url))
-            .call()
-            .expect("stats")
-            .body_mut()
-            .read_to_string()
-            .expect("body");
-        serde_json::from_str(&text).expect("json")
-    }
-}
-
-impl Drop for RewardServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `/stats` of the reference reward service.
+fn stats(server: &PythonServer) -> serde_json::Value {
+    let text = ureq::get(&format!("{}/stats", server.url))
+        .call()
+        .expect("stats")
+        .body_mut()
+        .read_to_string()
+        .expect("body");
+    serde_json::from_str(&text).expect("json")
 }
 
 #[test]
@@ -297,12 +243,15 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
         "import re\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    nums = re.findall(r'-?\\d+', solution_str)\n    return {'score': 1.0 if nums and int(nums[-1]) == int(ground_truth) else 0.0}\n",
     )
     .expect("reward fn");
-    let server = RewardServer::start(&[
-        "--reward-fn",
-        reward_fn.to_str().expect("utf8"),
-        "--flaky",
-        "4",
-    ]);
+    let server = PythonServer::start(
+        "reward_server.py",
+        &[
+            "--reward-fn",
+            reward_fn.to_str().expect("utf8"),
+            "--flaky",
+            "4",
+        ],
+    );
     let builtin = dir.path().join("builtin");
     std::fs::create_dir_all(&builtin).expect("dir");
     let by_verifier = config(&builtin, 6, "");
@@ -324,7 +273,7 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
         &served.join("run"),
         &served.join("s.json"),
     ));
-    let stats = server.stats();
+    let stats = stats(&server);
     eprintln!("reward service stats: {stats}");
     // Every final answer of every rollout and eval episode went through the service, in
     // batches (16 episodes of a step end together), and every 4th request's 503 was retried.
@@ -337,8 +286,8 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
         stats["requests"].as_u64().expect("requests") >= 4,
         "{stats}"
     );
-    let (_, a) = final_weights(&rt, &builtin.join("run"));
-    let (_, b) = final_weights(&rt, &served.join("run"));
+    let (_, a) = head_weights(&rt, &builtin.join("run"));
+    let (_, b) = head_weights(&rt, &served.join("run"));
     assert!(
         a == b,
         "the same rewards from the service and the verifier must train the same weights"

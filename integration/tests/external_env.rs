@@ -2,8 +2,7 @@
 //! (`envs/external/reference_server.py`) on a free loopback port, driven through `ExternalEnv`
 //! and through an env shard (EX-1..EX-3, ES-3, ES-4, EN-2, EN-7).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use actix::{Actor, Supervisor};
@@ -13,39 +12,22 @@ use keel_actors::env_shard::{
 use keel_actors::supervision::RestartBudget;
 use keel_envs::evaluate::{evaluate, oracle_policy};
 use keel_envs::{build_env, Env, EnvConfig, ExternalConfig, ExternalEnv, LatencyModel, Tokenizer};
+use keel_integration::PythonServer;
 
 /// The reference server as a child process, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
+struct Server(PythonServer);
+
+impl std::ops::Deref for Server {
+    type Target = PythonServer;
+
+    fn deref(&self) -> &PythonServer {
+        &self.0
+    }
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../envs/external/reference_server.py"
-        );
-        let mut child = Command::new("python3")
-            .arg(script)
-            .args(["--port", "0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 must be installed to run the external-env tests");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("server banner");
-        let port = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("`listening on PORT`")
-            .to_string();
-        Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+        Server(PythonServer::start("reference_server.py", extra))
     }
 
     fn config(&self) -> ExternalConfig {
@@ -56,13 +38,6 @@ impl Server {
             backoff_ms: 5,
             ..ExternalConfig::default()
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

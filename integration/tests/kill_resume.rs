@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{keel_bin, tiny_config};
+use keel_integration::{head_weights, keel_bin, tiny_config};
 use keel_store::RunStore;
 
 fn train(config: &Path, root: &Path, summary: &Path) -> std::process::Child {
@@ -21,18 +21,6 @@ fn train(config: &Path, root: &Path, summary: &Path) -> std::process::Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start keel train")
-}
-
-fn final_weights(rt: &tokio::runtime::Runtime, root: &Path) -> (u64, Vec<u8>) {
-    let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
-    let m = rt
-        .block_on(store.latest_checkpoint())
-        .expect("head")
-        .expect("a checkpoint");
-    let w = rt
-        .block_on(store.read_checkpoint_file(&m, "model.safetensors"))
-        .expect("weights");
-    (m.step, w.to_vec())
 }
 
 #[test]
@@ -106,8 +94,8 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
         .wait()
         .expect("clean run");
     assert!(status.success());
-    let (step_a, w_a) = final_weights(&rt, &root);
-    let (step_b, w_b) = final_weights(&rt, &clean_root);
+    let (step_a, w_a) = head_weights(&rt, &root);
+    let (step_b, w_b) = head_weights(&rt, &clean_root);
     assert_eq!((step_a, step_b), (30, 30));
     assert!(
         w_a == w_b,

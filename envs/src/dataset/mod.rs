@@ -33,7 +33,7 @@ pub mod row;
 mod tools;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -172,7 +172,7 @@ pub fn read_rows(path: &Path, schema: &RowSchema) -> Result<Vec<Row>, EnvError> 
 pub struct Dataset {
     train: Vec<Row>,
     eval: Vec<Row>,
-    order: RowOrder,
+    order: Mutex<RowOrder>,
     max_turns: usize,
     vocabulary: Vec<String>,
 }
@@ -197,7 +197,7 @@ impl Dataset {
         Ok(Dataset {
             train,
             eval,
-            order,
+            order: Mutex::new(order),
             max_turns,
             vocabulary,
         })
@@ -216,6 +216,14 @@ impl Dataset {
     /// The env's words (DS-4).
     pub fn vocabulary(&self) -> &[String] {
         &self.vocabulary
+    }
+
+    /// The training row of task `index`: one order shared by every env instance, so an
+    /// epoch's permutation is computed once, not once per episode.
+    fn train_row(&self, index: u64) -> usize {
+        // A panic cannot leave a `RowOrder` half-updated (its cache is replaced whole).
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        order.row(index) as usize
     }
 
     fn row(&self, split: Split, index: usize) -> &Row {
@@ -253,7 +261,6 @@ struct State {
 pub struct DatasetEnv {
     data: Arc<Dataset>,
     reward: Option<Arc<RewardClient>>,
-    order: RowOrder,
     state: State,
 }
 
@@ -261,7 +268,6 @@ impl DatasetEnv {
     /// An env over loaded rows, its answers scored by the rows' verifiers or by `reward`.
     pub fn new(data: Arc<Dataset>, reward: Option<Arc<RewardClient>>) -> Self {
         DatasetEnv {
-            order: data.order.clone(),
             data,
             reward,
             state: State {
@@ -309,7 +315,7 @@ impl Env for DatasetEnv {
 
     fn reset(&mut self, task_seed: u64) -> String {
         let (split, row) = match task_index(task_seed) {
-            (Split::Train, i) => (Split::Train, self.order.row(i) as usize),
+            (Split::Train, i) => (Split::Train, self.data.train_row(i)),
             (Split::Eval, i) => (Split::Eval, (i % self.data.eval.len() as u64) as usize),
         };
         self.state = State {
