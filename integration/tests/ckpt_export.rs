@@ -96,6 +96,7 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
     let policy = keel_learner::policy_from_checkpoint(
         &checkpoint_file(&root, &head, "learner.json"),
         &checkpoint_file(&root, &head, "model.safetensors"),
+        None,
     )
     .expect("policy");
     let toks: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();

@@ -5,7 +5,9 @@
 //! codec exactly as transformers renders the same conversation (CC-1..3). Bad folders are
 //! refused with an error naming the file or key, and nothing is written. SAO trains a separate
 //! critic started from a folder (`--critic DIR`), checkpointed with its optimizer.
-//! Needs python3 with torch and transformers (scripts/setup.sh installs them).
+//! With `[model.lora]` only adapters train on the frozen folder; the run resumes
+//! bit-identically after a SIGKILL and both exports (merged; unmerged for peft) give keel's
+//! logits. Needs python3 with torch, transformers and peft (scripts/setup.sh installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -172,6 +174,7 @@ fn a_hugging_face_folder_trains_resumes_and_exports() {
     let policy = keel_learner::policy_from_checkpoint(
         &checkpoint_file(&clean, &head, "learner.json"),
         &checkpoint_file(&clean, &head, "model.safetensors"),
+        None,
     )
     .expect("policy");
     let (ours, _) = tch::no_grad(|| policy.forward(&ids)).expect("forward");
@@ -388,4 +391,127 @@ fn an_s3_model_folder_is_synced_into_the_cache_and_verified() {
         .path();
     std::fs::write(cached_dir.join("model.safetensors"), b"damaged").expect("damage");
     assert_eq!(synced(&run("third")), (1, files - 1));
+}
+
+/// Keel's logits for `ids` from a checkpoint's model (adapters on the recorded base).
+fn keel_logits(root: &Path, head: &keel_store::CheckpointManifest, ids: &tch::Tensor) -> tch::Tensor {
+    let model = keel_learner::model_from_checkpoint(
+        &checkpoint_file(root, head, "learner.json"),
+        &checkpoint_file(root, head, "model.safetensors"),
+        None,
+    )
+    .expect("model");
+    tch::no_grad(|| model.forward(ids)).expect("forward").0
+}
+
+fn export(root: &Path, id: &str, out: &Path, extra: &[&str]) {
+    let st = Command::new(keel_bin())
+        .args(["ckpt", "export", id])
+        .arg(out)
+        .arg("--run-root")
+        .arg(root)
+        .args(extra)
+        .output()
+        .expect("export");
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+}
+
+#[test]
+fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and_peft() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_qwen2(dir.path());
+    let config = dir.path().join("lora.toml");
+    let text = CONFIG.replace("steps = 6", "steps = 4").replace("steps = 8", "steps = 4")
+        + "\n[model.lora]\nrank = 4\nalpha = 16.0\ndropout = 0.05\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\n";
+    std::fs::write(&config, text).expect("config");
+
+    let clean = dir.path().join("clean");
+    finish(train(&config, &model, &clean));
+    let head = newest(&clean).expect("a checkpoint");
+    assert_eq!(head.step, 4);
+    let learner: serde_json::Value =
+        serde_json::from_slice(&checkpoint_file(&clean, &head, "learner.json")).expect("json");
+    assert_eq!(learner["model"]["lora"]["rank"], 4);
+    // Only adapters are stored: 2 layers x 3 modules x (A, B).
+    let weights = checkpoint_file(&clean, &head, "model.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&weights).expect("st");
+    let names = st.names();
+    assert_eq!(names.len(), 12, "{names:?}");
+    assert!(names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")));
+    let opt = checkpoint_file(&clean, &head, "optimizer.safetensors");
+    let ost = safetensors::SafeTensors::deserialize(&opt).expect("opt");
+    assert!(ost.names().iter().all(|n| n.contains(".lora_")), "optimizer state of adapters only");
+
+    // Killed after its step-2 checkpoint, then resumed: bit-identical adapters.
+    let killed = dir.path().join("killed");
+    let mut child = train(&config, &model, &killed);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while newest(&killed).is_none_or(|m| m.step < 2) {
+        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
+        assert!(child.try_wait().expect("wait").is_none(), "finished before the kill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    finish(train(&config, &model, &killed));
+    let resumed = newest(&killed).expect("head");
+    assert_eq!(resumed.step, 4);
+    assert!(
+        checkpoint_file(&killed, &resumed, "model.safetensors") == weights,
+        "the resumed run's adapters differ from the uninterrupted run's"
+    );
+
+    // Both exports give keel's logits: merged in transformers, unmerged in peft; with the
+    // adapters disabled peft computes the untouched base.
+    let ids = tch::Tensor::from_slice(&[3i64, 17, 42, 99, 5, 250, 8, 1]).view([1, 8]);
+    let inputs = dir.path().join("inputs.safetensors");
+    tch::Tensor::write_safetensors(&[("input_ids", &ids)], &inputs).expect("inputs");
+    let ours = keel_logits(&clean, &head, &ids);
+    let merged = dir.path().join("merged");
+    export(&clean, &head.id, &merged, &[]);
+    let peft = dir.path().join("peft");
+    export(&clean, &head.id, &peft, &["--peft"]);
+    assert!(peft.join("adapter_config.json").exists() && !peft.join("model.safetensors").exists());
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python");
+    let merged_out = dir.path().join("merged.safetensors");
+    python(&[
+        py.join("check_saved.py").as_os_str(),
+        inputs.as_os_str(),
+        merged_out.as_os_str(),
+        merged.as_os_str(),
+    ]);
+    let peft_out = dir.path().join("peft.safetensors");
+    python(&[
+        py.join("check_peft.py").as_os_str(),
+        inputs.as_os_str(),
+        peft_out.as_os_str(),
+        model.as_os_str(),
+        peft.as_os_str(),
+    ]);
+    let read = |p: &Path, name: &str| {
+        tch::Tensor::read_safetensors(p)
+            .expect("logits")
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .expect(name)
+            .1
+    };
+    let base_ours = {
+        let base = keel_learner::hf::HfModel::load(
+            &model,
+            keel_learner::hf::LoadOptions::policy(tch::Device::Cpu, tch::Kind::Float),
+        )
+        .expect("base");
+        tch::no_grad(|| base.forward(&ids)).expect("fwd").0
+    };
+    assert!((&ours - &base_ours).abs().max().double_value(&[]) > 1e-6, "the adapters trained");
+    for (what, theirs) in [
+        ("merged", read(&merged_out, "merged")),
+        ("peft", read(&peft_out, "lora")),
+        ("peft base", read(&peft_out, "base")),
+    ] {
+        let want = if what == "peft base" { &base_ours } else { &ours };
+        let diff = (want - &theirs).abs().max().double_value(&[]);
+        assert!(diff < 1e-4, "{what} logits differ from keel's by {diff}");
+    }
 }

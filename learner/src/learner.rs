@@ -47,6 +47,11 @@
 //!   policy's trunk taken at the first update, VM-1) and its own AdamW at `lr × lr_ratio`; the
 //!   policy's loss never contains a value term and its optimizer never sees the critic. The
 //!   critic's weights and optimizer are part of `state_files` once it exists (VM-3).
+//! - LR-7 (LoRA): with adapters only they (and a value head) train, and the optimizer holds
+//!   only their state (LO-4); the reference policy is the base with adapters off, sharing the
+//!   policy's base tensors; a restore requires the checkpoint's base hash to equal the running
+//!   base's; dropout masks are drawn from a generator seeded per step (LO-5). A separate
+//!   critic is refused (it would be a full copy of the model).
 //! - LR-6 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 
@@ -79,7 +84,7 @@ use crate::hf::{HfModel, TrainPass};
 use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
 use crate::lr_schedule::LrPlan;
-use crate::model::{scale_logits, ModelSpec};
+use crate::model::{scale_logits, LoraBase, ModelSpec};
 use crate::optimizer::{AdamW, AdamWConfig};
 use crate::step_metrics::StepMetrics;
 use crate::targets::{align_values, compute, Targets};
@@ -109,6 +114,9 @@ struct LearnerState {
     /// The separate critic's architecture (MD-4), once it exists.
     #[serde(default)]
     critic: Option<serde_json::Value>,
+    /// A LoRA run's base (MD-6): the checkpoint's weights are adapters for exactly this base.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lora_base: Option<LoraBase>,
 }
 
 const STATE_FORMAT: &str = "keel.learner.v2";
@@ -135,6 +143,17 @@ pub struct Learner {
     lr_horizon: u64,
     /// The separate critic (CR-1): set by the job, or made from the policy at the first update.
     critic: Option<ValueModel>,
+}
+
+/// Seeds torch's generator before a training forward of a model with LoRA dropout (LO-5), from
+/// the run seed and `salt` (the optimizer's step count and the micro-batch's first row), so
+/// a resumed run draws the same dropout masks; nothing happens without dropout.
+fn seed_lora_dropout(model: &HfModel, seed: u64, salt: u64) {
+    if model.lora().is_some_and(|l| l.dropout > 0.0) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(salt);
+        tch::manual_seed(rand::Rng::gen::<i64>(&mut rng));
+    }
 }
 
 /// The bytes of the learner checkpoint file `name`.
@@ -222,6 +241,24 @@ impl Learner {
                         "{p:?} is the prefix of no parameter; parameters are named like {:?}",
                         names.iter().take(4).collect::<Vec<_>>()
                     ),
+                ));
+            }
+        }
+        if let Some(lora) = model.lora() {
+            if preset
+                .critic
+                .as_ref()
+                .is_some_and(|c| c.model == CriticModel::Separate)
+            {
+                return Err(LearnerError::config(
+                    "model.lora",
+                    format!("needs a critic-free preset or learner.critic_model = \"shared\" (a separate critic would be a full copy of the model), but learner.algo = \"{}\" has a separate critic", cfg.algo.name()),
+                ));
+            }
+            if lora.dropout > 0.0 && cfg.activation_checkpointing {
+                return Err(LearnerError::config(
+                    "model.lora.dropout",
+                    "must be 0 with learner.activation_checkpointing = true (recomputed layers would draw other dropout masks)",
                 ));
             }
         }
@@ -489,7 +526,11 @@ impl Learner {
         };
         let train = filtered.as_ref().unwrap_or(batch);
         if (self.preset.needs_reference() || self.cfg.reference_kl) && self.reference.is_none() {
-            self.reference = Some(self.model.try_clone()?);
+            // LR-7: with LoRA the reference is the base with adapters off (no weight copy).
+            self.reference = Some(match self.model.lora() {
+                Some(_) => self.model.adapter_view(false)?,
+                None => self.model.try_clone()?,
+            });
         }
         if self.separate_critic() && self.critic.is_none() {
             self.critic = Some(ValueModel::from_policy(&self.model, self.critic_adamw())?);
@@ -587,6 +628,7 @@ impl Learner {
         for _ in 0..k {
             opt.set_lr(lr);
             opt.zero_grad();
+            seed_lora_dropout(model, self.seed, opt.steps().wrapping_mul(1 << 20));
             let pass = model.train_pass(tokens, checkpoint)?;
             let hidden = if head_only {
                 pass.hidden.detach()
@@ -736,6 +778,8 @@ impl Learner {
             Some(r) => Some(pick(r)?),
             None => None,
         };
+        let salt = self.opt.steps().wrapping_mul(1 << 20) + rows.first().map_or(0, |&r| r as u64);
+        seed_lora_dropout(&self.model, self.seed, salt);
         let pass = self
             .model
             .train_pass(&tokens, self.cfg.activation_checkpointing)?;
@@ -916,6 +960,7 @@ impl Learner {
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
+        seed_lora_dropout(&self.model, self.seed, self.opt.steps().wrapping_mul(1 << 20));
         let pass = self
             .model
             .train_pass(&tokens, self.cfg.activation_checkpointing)?;
@@ -962,6 +1007,7 @@ impl Learner {
             kl_beta_bits: self.kl_ctl.map(|c| c.beta().to_bits()),
             agents: self.agents.clone(),
             critic: self.critic.as_ref().map(ValueModel::identity),
+            lora_base: LoraBase::of(&self.model)?,
         };
         let mut files = vec![
             (
@@ -1027,6 +1073,17 @@ impl Learner {
                 format!(
                     "the checkpoint's model {} differs from the running {running}",
                     state.model
+                ),
+            ));
+        }
+        let base = LoraBase::of(&self.model)?.map(|b| b.hash);
+        if state.lora_base.as_ref().map(|b| &b.hash) != base.as_ref() {
+            return Err(LearnerError::mismatch(
+                "learner.json",
+                format!(
+                    "the checkpoint's adapters were trained on base {}, the running base is {} (LR-7)",
+                    state.lora_base.map_or("none (full fine-tune)".to_string(), |b| b.hash),
+                    base.unwrap_or_else(|| "none (full fine-tune)".to_string())
                 ),
             ));
         }

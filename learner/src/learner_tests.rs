@@ -12,11 +12,11 @@ use crate::logprobs::token_logprobs;
 use crate::model::test_models;
 
 /// A tiny Llama-shaped model over 12 ids, initialised from `seed`.
-fn tiny(value_head: bool, seed: u64) -> HfModel {
+pub(crate) fn tiny(value_head: bool, seed: u64) -> HfModel {
     test_models::tiny(12, value_head, seed)
 }
 
-fn cfg(algo: Algo) -> LearnerConfig {
+pub(crate) fn cfg(algo: Algo) -> LearnerConfig {
     LearnerConfig {
         algo,
         lr: 3e-3,
@@ -36,7 +36,7 @@ fn behaviour(model: &HfModel, tokens: &[u32]) -> Vec<f32> {
 /// Two groups: in group 7 trajectory 0 (response 3 4) has reward 1 and trajectory 1 (5 6)
 /// reward 0; group 8 is constant. Prompt `1 2`, then the response, then an observation 9 and
 /// one more model token.
-fn rl_batch(model: &HfModel) -> TrainBatch {
+pub(crate) fn rl_batch(model: &HfModel) -> TrainBatch {
     let specs: [(&[u32], f32, u64); 4] = [
         (&[1, 2, 3, 4, 9, 10], 1.0, 7),
         (&[1, 2, 5, 6, 9, 11], 0.0, 7),

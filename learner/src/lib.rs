@@ -29,6 +29,8 @@ mod value_model;
 
 #[cfg(test)]
 mod learner_tests;
+#[cfg(test)]
+mod lora_learner_tests;
 
 pub use algo::aggregation::{agg_loss, masked_mean, AggMode};
 pub use algo::gae::{gae, masked_whiten};
@@ -39,7 +41,10 @@ pub use error::LearnerError;
 pub use learner::Learner;
 pub use learner_config::{Algo, LearnerConfig};
 pub use logprobs::{token_entropy, token_logprobs};
-pub use model::{policy_from_checkpoint, policy_logits, ModelSpec, TinyShape, WeightSource};
+pub use model::{
+    model_from_checkpoint, policy_from_checkpoint, policy_logits, LoraBase, ModelSpec, TinyShape,
+    WeightSource,
+};
 pub use optimizer::{AdamW, AdamWConfig};
 pub use step_metrics::StepMetrics;
 

@@ -19,6 +19,11 @@
 //! - MD-4 (identity): two models are the same architecture iff their saved `config.json`
 //!   values, heads and parameter kind are equal ([`ModelSpec::identity`]); `learner.json` records it and a
 //!   restore refuses another (LR-5).
+//! - MD-6 (LoRA): a spec with `lora` builds the base, then fresh adapters on it with the base
+//!   frozen (LO-4). Its trained parameters — what `to_safetensors` writes, the weight board
+//!   publishes, checkpoints store and the optimizer holds — are the adapters (and a value
+//!   head); a blank model to load them into is the base itself with adapters. `learner.json`
+//!   records the base's hash and origin ([`LoraBase`]); exports merge the adapters in.
 //! - MD-5 (temperature): the learner's log-probs of a sequence sampled at temperature `T` are
 //!   taken on `logits / T` ([`policy_logits`]), as verl does and as the sampler records them
 //!   (SP-1), so the PPO ratio is 1 on-policy at any temperature.
@@ -29,7 +34,7 @@ use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::LearnerError;
-use crate::hf::{HfConfig, HfModel, LoadOptions};
+use crate::hf::{HfConfig, HfModel, LoadOptions, LoraConfig};
 use crate::tensor_io;
 
 /// The built-in tiny model's shape: `[model]` keys plus the env's vocabulary (MD-1).
@@ -136,6 +141,8 @@ pub struct ModelSpec {
     pub kind: Kind,
     /// Whether the model carries the scalar value head (`score`, a critic on the policy trunk).
     pub value_head: bool,
+    /// LoRA adapters on the frozen base (`[model.lora]`, MD-6), or full fine-tuning.
+    pub lora: Option<LoraConfig>,
 }
 
 impl ModelSpec {
@@ -152,6 +159,7 @@ impl ModelSpec {
             device,
             kind: Kind::Float,
             value_head,
+            lora: None,
         })
     }
 
@@ -168,6 +176,7 @@ impl ModelSpec {
             device,
             kind,
             value_head,
+            lora: None,
         })
     }
 
@@ -194,13 +203,18 @@ impl ModelSpec {
         }
     }
 
-    /// The model with its first weights (MD-2).
+    /// The model with its first weights (MD-2), with fresh adapters on the frozen base when
+    /// the spec has LoRA (MD-6).
     pub fn build(&self) -> Result<HfModel, LearnerError> {
-        Ok(match &self.weights {
+        let base = match &self.weights {
             WeightSource::Random { seed } => {
                 HfModel::random(self.config.clone(), self.options(), *seed)?
             }
             WeightSource::Folder(dir) => HfModel::load(dir, self.options())?,
+        };
+        Ok(match &self.lora {
+            Some(cfg) => base.with_lora(cfg)?,
+            None => base,
         })
     }
 
@@ -214,8 +228,12 @@ impl ModelSpec {
         })
     }
 
-    /// A model of this architecture with zero weights, to load published weights into.
+    /// A model to load published weights into: this architecture with zero weights, or with
+    /// LoRA the base's weights and adapters (published weights are the adapters, MD-6).
     pub fn blank(&self) -> Result<HfModel, LearnerError> {
+        if self.lora.is_some() {
+            return self.build();
+        }
         Ok(HfModel::zeros(self.config.clone(), self.options())?)
     }
 
@@ -223,37 +241,125 @@ impl ModelSpec {
     /// parameter kind (a bf16 run's optimizer holds f32 masters an f32 run does not have).
     pub fn identity(model: &HfModel) -> Value {
         let o = model.options();
-        json!({
+        let mut id = json!({
             "config": model.saved_config(),
             "value_head": o.value_head,
             "dtype": format!("{:?}", o.kind),
-        })
+        });
+        if let Some(lora) = model.lora() {
+            id["lora"] = json!(lora);
+        }
+        id
     }
 }
 
-/// The policy (LM head only, CPU f32) stored in a checkpoint: its `learner.json` names the
-/// architecture (MD-4) and `model.safetensors` holds the weights (a value head in the file is
-/// checked, then left out).
-pub fn policy_from_checkpoint(
+/// Where a LoRA run's frozen base comes from and what it is (MD-6): recorded in `learner.json`
+/// so that a checkpoint of adapters names the one base they apply to.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LoraBase {
+    /// `sha256:<hex>` of the base's parameters (LO-4).
+    pub hash: String,
+    /// The folder the base was loaded from, if any.
+    pub folder: Option<PathBuf>,
+    /// The init seed of a freshly initialised base (the built-in tiny model), if any.
+    pub seed: Option<u64>,
+}
+
+impl LoraBase {
+    /// The base of `model`, or None without adapters.
+    pub fn of(model: &HfModel) -> Result<Option<LoraBase>, LearnerError> {
+        Ok(model.base_hash()?.map(|hash| LoraBase {
+            hash,
+            folder: model.source_dir().map(Path::to_path_buf),
+            seed: model.init_seed(),
+        }))
+    }
+}
+
+/// The model stored in a checkpoint, CPU, with its stored heads: `learner.json` names the
+/// architecture (MD-4) and `model.safetensors` holds its trained weights. A LoRA checkpoint's
+/// base is loaded from `base_dir`, else from the recorded folder or seed, and must have the
+/// recorded hash (MD-6); the model keeps its adapters.
+pub fn model_from_checkpoint(
     learner_json: &[u8],
     weights: &[u8],
+    base_dir: Option<&Path>,
 ) -> Result<HfModel, LearnerError> {
     let state: Value = serde_json::from_slice(learner_json)?;
     let model = &state["model"];
     let config = HfConfig::from_value(model["config"].clone()).map_err(|e| {
         LearnerError::mismatch("learner.json", format!("model.config is not usable: {e}"))
     })?;
-    let policy = LoadOptions::policy(Device::Cpu, Kind::Float);
-    let stored = LoadOptions {
-        value_head: model["value_head"].as_bool().unwrap_or(false),
-        ..policy
+    let mut stored = LoadOptions::policy(Device::Cpu, Kind::Float);
+    stored.value_head = model["value_head"].as_bool().unwrap_or(false);
+    let lora = match model.get("lora") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<LoraConfig>(v.clone()).map_err(|e| {
+            LearnerError::mismatch("learner.json", format!("model.lora is not usable: {e}"))
+        })?),
     };
-    let mut full = HfModel::zeros(config.clone(), stored)?;
-    full.load_safetensors(weights)?;
-    if !stored.value_head {
+    let Some(lora) = lora else {
+        let mut full = HfModel::zeros(config, stored)?;
+        full.load_safetensors(weights)?;
+        return Ok(full);
+    };
+    let base: LoraBase = serde_json::from_value(state["lora_base"].clone()).map_err(|e| {
+        LearnerError::mismatch(
+            "learner.json",
+            format!("a LoRA checkpoint must record its base (lora_base): {e}"),
+        )
+    })?;
+    if model["dtype"].as_str() == Some("BFloat16") {
+        stored.kind = Kind::BFloat16;
+    }
+    let folder = base_dir.map(Path::to_path_buf).or(base.folder.clone());
+    let plain = match (&folder, base.seed) {
+        (Some(dir), _) => HfModel::load(dir, stored)?,
+        (None, Some(seed)) => HfModel::random(config, stored, seed)?,
+        (None, None) => {
+            return Err(LearnerError::mismatch(
+                "learner.json",
+                "lora_base names neither a folder nor a seed; pass the base model's folder",
+            ))
+        }
+    };
+    let mut adapted = plain.with_lora(&lora)?;
+    let hash = adapted.base_hash()?.unwrap_or_default();
+    if hash != base.hash {
+        return Err(LearnerError::mismatch(
+            "lora_base",
+            format!(
+                "the base model{} is {hash}, but the adapters were trained on {}; pass the base they were trained on",
+                folder.map(|d| format!(" at {}", d.display())).unwrap_or_default(),
+                base.hash
+            ),
+        ));
+    }
+    adapted.load_safetensors(weights)?;
+    Ok(adapted)
+}
+
+/// The policy (LM head only, CPU, adapters merged) stored in a checkpoint (see
+/// [`model_from_checkpoint`]); a value head in the file is checked, then left out.
+pub fn policy_from_checkpoint(
+    learner_json: &[u8],
+    weights: &[u8],
+    base_dir: Option<&Path>,
+) -> Result<HfModel, LearnerError> {
+    let stored = model_from_checkpoint(learner_json, weights, base_dir)?;
+    let full = match stored.lora() {
+        Some(_) => stored.merged()?,
+        None => stored,
+    };
+    let opts = full.options();
+    if !opts.value_head {
         return Ok(full);
     }
-    let mut lm = HfModel::zeros(config, policy)?;
+    let policy = LoadOptions {
+        value_head: false,
+        ..opts
+    };
+    let mut lm = HfModel::zeros(full.config().clone(), policy)?;
     let by_name: std::collections::HashMap<String, Tensor> =
         full.named_parameters().into_iter().collect();
     let values = lm
@@ -267,6 +373,9 @@ pub fn policy_from_checkpoint(
         })
         .collect::<Result<Vec<_>, _>>()?;
     lm.commit_weights(&values)?;
+    if let Some(dir) = full.source_dir() {
+        lm.set_source_dir(dir);
+    }
     Ok(lm)
 }
 
@@ -298,15 +407,17 @@ pub(crate) fn scale_logits(logits: Tensor, temperature: f64) -> Result<Tensor, L
 }
 
 impl HfModel {
-    /// All variables as an in-memory safetensors buffer, F32, under their HF names (MD-3).
+    /// The trained variables (all of them, or with LoRA the adapters and value head, MD-6) as
+    /// an in-memory safetensors buffer, F32, under their HF names (MD-3).
     pub fn to_safetensors(&self) -> Result<Vec<u8>, LearnerError> {
-        tensor_io::encode(&self.named_parameters(), None)
+        tensor_io::encode(&self.trained_parameters(), None)
     }
 
-    /// Checks a buffer against this model's variables without changing anything (TI-2).
+    /// Checks a buffer against this model's trained variables without changing anything
+    /// (TI-2).
     pub(crate) fn decode_weights(&self, bytes: &[u8]) -> Result<Vec<Tensor>, LearnerError> {
         let expected: Vec<(String, Vec<i64>)> = self
-            .named_parameters()
+            .trained_parameters()
             .into_iter()
             .map(|(n, t)| (n, t.size()))
             .collect();
@@ -316,7 +427,7 @@ impl HfModel {
     /// Copies already-checked values (from `decode_weights`) into the variables.
     pub(crate) fn commit_weights(&mut self, values: &[Tensor]) -> Result<(), LearnerError> {
         let targets: Vec<Tensor> = self
-            .named_parameters()
+            .trained_parameters()
             .into_iter()
             .map(|(_, t)| t)
             .collect();
@@ -330,8 +441,12 @@ impl HfModel {
         self.commit_weights(&values)
     }
 
-    /// An independent copy (same architecture, placement, heads and weights).
+    /// An independent copy (same architecture, placement, heads and weights); with LoRA, a
+    /// frozen view on the same base tensors with its own copy of the adapters (MD-6).
     pub fn try_clone(&self) -> Result<HfModel, LearnerError> {
+        if self.lora().is_some() {
+            return Ok(self.adapter_view(true)?);
+        }
         let mut copy = HfModel::zeros(self.config().clone(), self.options())?;
         let values: Vec<Tensor> = self
             .named_parameters()

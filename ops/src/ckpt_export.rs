@@ -8,16 +8,29 @@
 //!   names (a critic's value head is left out), and the checkpoint's tokenizer files.
 //! - EX-3: nothing is written unless all of it is: the folder is assembled beside `OUT` and
 //!   renamed into place; an existing `OUT` is an error and is left untouched.
+//! - EX-4 (LoRA): a LoRA checkpoint's adapters go onto its base (the recorded folder or seed,
+//!   or `--base DIR`), which must have the recorded hash (MD-6); the default export merges
+//!   them (HS-3), `--peft` writes them unmerged in PEFT's format with the base's folder as
+//!   `base_model_name_or_path`. `--peft` on a full fine-tune is an error.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
-use keel_learner::policy_from_checkpoint;
+use keel_learner::hf::HfModel;
+use keel_learner::{model_from_checkpoint, policy_from_checkpoint};
 use keel_store::RunStore;
 
-/// Exports checkpoint `id` of `run_root` into the new folder `out` (EX-1..3).
-pub fn export(run_root: &str, id: &str, out: &Path) -> Result<()> {
+/// How to export (EX-4).
+pub struct ExportOptions<'a> {
+    /// Write a LoRA run's adapters unmerged, in PEFT's format.
+    pub peft: bool,
+    /// A LoRA run's base folder, overriding the recorded one.
+    pub base: Option<&'a Path>,
+}
+
+/// Exports checkpoint `id` of `run_root` into the new folder `out` (EX-1..4).
+pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) -> Result<()> {
     if out.exists() {
         bail!(
             "{} already exists; choose a new folder (export never overwrites)",
@@ -42,13 +55,30 @@ pub fn export(run_root: &str, id: &str, out: &Path) -> Result<()> {
             .map(|(_, b)| b.as_ref())
             .with_context(|| format!("checkpoint {id} has no {name}"))
     };
-    let policy = policy_from_checkpoint(file("learner.json")?, file("model.safetensors")?)
-        .with_context(|| format!("cannot read the policy of checkpoint {id}"))?;
+    let (learner_json, weights) = (file("learner.json")?, file("model.safetensors")?);
+    let policy: HfModel = if opts.peft {
+        let model = model_from_checkpoint(learner_json, weights, opts.base)
+            .with_context(|| format!("cannot read the adapters of checkpoint {id}"))?;
+        if model.lora().is_none() {
+            bail!("checkpoint {id} is a full fine-tune, not LoRA adapters: export it without --peft");
+        }
+        model
+    } else {
+        policy_from_checkpoint(learner_json, weights, opts.base)
+            .with_context(|| format!("cannot read the policy of checkpoint {id}"))?
+    };
     let staging = staging_dir(out)?;
     let written = (|| -> Result<()> {
-        policy
-            .save_pretrained(&staging)
-            .with_context(|| format!("cannot write {}", staging.display()))?;
+        if opts.peft {
+            let base = policy
+                .source_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            policy.save_peft(&staging, &base)
+        } else {
+            policy.save_pretrained(&staging)
+        }
+        .with_context(|| format!("cannot write {}", staging.display()))?;
         for name in [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE] {
             let path = staging.join(name);
             std::fs::write(&path, file(name)?)
@@ -61,12 +91,17 @@ pub fn export(run_root: &str, id: &str, out: &Path) -> Result<()> {
         let _ = std::fs::remove_dir_all(&staging);
     }
     written?;
+    let what = if opts.peft {
+        let n: i64 = policy.peft_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
+        format!("{n} adapter parameters (PEFT format)")
+    } else {
+        format!("{} parameters", policy.config().n_params())
+    };
     println!(
-        "exported {id} (step {}, policy version {}) to {}: {} parameters",
+        "exported {id} (step {}, policy version {}) to {}: {what}",
         manifest.step,
         manifest.policy_version,
         out.display(),
-        policy.config().n_params()
     );
     Ok(())
 }

@@ -212,7 +212,8 @@ pub enum CkptCommand {
         run_root: String,
     },
     /// Write a checkpoint's policy as a Hugging Face folder (config.json, safetensors,
-    /// tokenizer) that transformers, vLLM and SGLang load directly.
+    /// tokenizer) that transformers, vLLM and SGLang load directly; a LoRA run's adapters are
+    /// merged in, or with --peft written unmerged in PEFT's format.
     Export {
         /// Checkpoint id.
         id: String,
@@ -221,6 +222,14 @@ pub enum CkptCommand {
         /// Run root: a local directory or s3://bucket/prefix.
         #[arg(long, default_value = "runs/quickstart")]
         run_root: String,
+        /// LoRA runs: write the adapters unmerged (adapter_config.json +
+        /// adapter_model.safetensors) for peft's `PeftModel.from_pretrained(base, OUT)`.
+        #[arg(long)]
+        peft: bool,
+        /// LoRA runs: the base model's folder, when not where the run loaded it from (its
+        /// hash must match the one the checkpoint records).
+        #[arg(long)]
+        base: Option<PathBuf>,
     },
     /// Lineage-aware retention: keep the last N per branch, tagged ones and what they need;
     /// collect the rest, orphan blobs of failed commits, and the rollout batches no kept

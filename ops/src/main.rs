@@ -153,8 +153,23 @@ fn run(cli: Cli) -> Result<()> {
             command: CkptCommand::Verify { id, run_root },
         } => ckpt::verify(&run_root, &id),
         Command::Ckpt {
-            command: CkptCommand::Export { id, out, run_root },
-        } => ckpt_export::export(&run_root, &id, &out),
+            command:
+                CkptCommand::Export {
+                    id,
+                    out,
+                    run_root,
+                    peft,
+                    base,
+                },
+        } => ckpt_export::export(
+            &run_root,
+            &id,
+            &out,
+            &ckpt_export::ExportOptions {
+                peft,
+                base: base.as_deref(),
+            },
+        ),
         Command::Ckpt {
             command:
                 CkptCommand::Gc {

@@ -6,6 +6,9 @@
 //!   with one label for a critic), the weights (HW-2) under HF names (HM-1; a tied LM head is
 //!   not written, as transformers does), and the tokenizer files of the source folder.
 //! - HS-2: saving then loading with the same options gives bit-identical parameters.
+//! - HS-3: a model with LoRA adapters saves as the plain model with the adapters merged
+//!   (`HfModel::merged`); [`HfModel::save_peft`] writes the unmerged adapters in PEFT's format
+//!   (`adapter_config.json` + `adapter_model.safetensors`) instead.
 
 use std::path::Path;
 
@@ -29,6 +32,11 @@ pub const TOKENIZER_FILES: &[&str] = &[
     "added_tokens.json",
     "tokenizer.model",
 ];
+
+/// PEFT's adapter config file.
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// PEFT's adapter weights file.
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
 /// Default shard size: transformers' `max_shard_size` default is 5 GB.
 pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
@@ -83,6 +91,10 @@ impl HfModel {
         dir: &Path,
         max_shard_bytes: usize,
     ) -> Result<(), HfError> {
+        if self.lora.is_some() {
+            // HS-3: a LoRA model is saved merged, as a plain folder.
+            return self.merged()?.save_pretrained_sharded(dir, max_shard_bytes);
+        }
         std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
         super::weights::write_folder(dir, &self.named_parameters(), max_shard_bytes)?;
         let path = dir.join("config.json");
@@ -92,6 +104,31 @@ impl HfModel {
                 source,
             })?;
         std::fs::write(&path, text).map_err(|e| HfError::io(&path, e))?;
+        self.copy_tokenizer_files(dir)
+    }
+
+    /// Writes the adapters into `dir` in PEFT's format (HS-3): `adapter_config.json` naming
+    /// `base` as the base model, `adapter_model.safetensors` (the adapters in their kind under
+    /// `base_model.model.<name>`), and the source folder's tokenizer files.
+    pub fn save_peft(&self, dir: &Path, base: &str) -> Result<(), HfError> {
+        let Some(cfg) = self.lora() else {
+            return Err(HfError::input("a PEFT export needs a model with LoRA adapters"));
+        };
+        std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
+        let tensors = self.peft_tensors();
+        super::weights::write_tensors(&dir.join(ADAPTER_WEIGHTS_FILE), &tensors)?;
+        let path = dir.join(ADAPTER_CONFIG_FILE);
+        let config = cfg.peft_config(base, &self.adapted_modules());
+        let text = serde_json::to_string_pretty(&config).map_err(|source| HfError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(|e| HfError::io(&path, e))?;
+        self.copy_tokenizer_files(dir)
+    }
+
+    /// Copies the source folder's tokenizer files into `dir` (when there is a source).
+    fn copy_tokenizer_files(&self, dir: &Path) -> Result<(), HfError> {
         if let Some(src) = self.source_dir() {
             for name in TOKENIZER_FILES {
                 let from = src.join(name);

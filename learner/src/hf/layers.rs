@@ -18,13 +18,21 @@ use tch::{Device, Kind, Tensor};
 use super::config::{HfConfig, RopeScaling};
 use super::error::HfError;
 
-/// A linear layer `x Wᵀ + b` with HF's `[out, in]` weight layout.
+/// A linear layer `x Wᵀ + b` with HF's `[out, in]` weight layout, and its LoRA adapter when
+/// it has one (applied by [`Linear::forward_with`], `hf::lora`).
 pub(crate) struct Linear {
     pub(crate) w: Tensor,
     pub(crate) b: Option<Tensor>,
+    pub(crate) lora: Option<super::lora::Adapter>,
 }
 
 impl Linear {
+    /// A linear layer without an adapter.
+    pub(crate) fn plain(w: Tensor, b: Option<Tensor>) -> Self {
+        Linear { w, b, lora: None }
+    }
+
+    /// `x Wᵀ + b` (never the adapter: heads have none).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, HfError> {
         Ok(x.f_linear(&self.w, self.b.as_ref())?)
     }

@@ -33,6 +33,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::config::HfConfig;
 use super::error::HfError;
 use super::layers::{apply_rope, attention, rms_norm, Linear, RopeTable};
+use super::lora::{Adapter, LoraState};
 
 /// Where the parameters live and which heads to build.
 #[derive(Clone, Copy, Debug)]
@@ -131,6 +132,10 @@ pub struct HfModel {
     lm_head: Option<Tensor>,
     value: Option<Linear>,
     source_dir: Option<PathBuf>,
+    /// LoRA adapters' settings, when the linear layers carry adapters (`hf::lora`).
+    pub(crate) lora: Option<LoraState>,
+    /// The seed of [`HfModel::random`] for a freshly initialised model (its weights' origin).
+    init_seed: Option<u64>,
 }
 
 /// How a parameter is initialised when it is not read from a file.
@@ -171,11 +176,12 @@ fn linear(
     } else {
         None
     };
-    Ok(Linear { w, b })
+    Ok(Linear::plain(w, b))
 }
 
-/// Adds `t` under the dotted HF `name` (HM-1).
-fn add_var(vs: &nn::VarStore, name: &str, t: Tensor) -> Tensor {
+/// Adds `t` under the dotted HF `name` (HM-1); `trainable` sets `requires_grad`, otherwise the
+/// tensor's flag is left as it is (a shared base stays frozen).
+fn add_var(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) -> Tensor {
     let mut parts = name.split('.');
     let mut path = vs.root();
     let mut last = parts.next().unwrap_or(name);
@@ -183,11 +189,22 @@ fn add_var(vs: &nn::VarStore, name: &str, t: Tensor) -> Tensor {
         path = path.sub(last);
         last = next;
     }
-    path.add(last, t, true)
+    path.add(last, t, trainable)
 }
 
 impl HfModel {
     fn build(cfg: HfConfig, opts: LoadOptions, src: &mut Source<'_>) -> Result<Self, HfError> {
+        Self::build_with(cfg, opts, src, true)
+    }
+
+    /// [`HfModel::build`]; `trainable = false` adds every parameter without touching its
+    /// `requires_grad` (views on shared tensors).
+    fn build_with(
+        cfg: HfConfig,
+        opts: LoadOptions,
+        src: &mut Source<'_>,
+        trainable: bool,
+    ) -> Result<Self, HfError> {
         if !opts.lm_head && !opts.value_head {
             return Err(HfError::input(
                 "a model needs an LM head, a value head or both",
@@ -198,7 +215,7 @@ impl HfModel {
             let t = src(name, shape, init)?
                 .f_to_device(opts.device)?
                 .f_to_kind(opts.kind)?;
-            Ok(add_var(&vs, name, t))
+            Ok(add_var(&vs, name, t, trainable))
         };
         let (h, i, v) = (
             cfg.hidden_size as i64,
@@ -300,10 +317,10 @@ impl HfModel {
             (true, false) => Some(param("lm_head.weight", &[v, h], Init::Normal)?),
         };
         let value = if opts.value_head {
-            Some(Linear {
-                w: param("score.weight", &[1, h], Init::Zeros)?,
-                b: Some(param("score.bias", &[1], Init::Zeros)?),
-            })
+            Some(Linear::plain(
+                param("score.weight", &[1, h], Init::Zeros)?,
+                Some(param("score.bias", &[1], Init::Zeros)?),
+            ))
         } else {
             None
         };
@@ -317,6 +334,8 @@ impl HfModel {
             lm_head,
             value,
             source_dir: None,
+            lora: None,
+            init_seed: None,
         })
     }
 
@@ -387,7 +406,14 @@ impl HfModel {
                 }
             }
         };
-        Self::build(cfg, opts, &mut src)
+        let mut model = Self::build(cfg, opts, &mut src)?;
+        model.init_seed = Some(seed);
+        Ok(model)
+    }
+
+    /// The seed a freshly initialised model was drawn from ([`HfModel::random`]), if any.
+    pub fn init_seed(&self) -> Option<u64> {
+        self.init_seed
     }
 
     /// A model of `cfg` with every parameter zero: a target to load weights into.
@@ -417,6 +443,11 @@ impl HfModel {
     /// The folder this model was loaded from, if any (its tokenizer files are saved along).
     pub fn source_dir(&self) -> Option<&Path> {
         self.source_dir.as_deref()
+    }
+
+    /// Sets the folder whose tokenizer files are saved along with this model.
+    pub fn set_source_dir(&mut self, dir: &Path) {
+        self.source_dir = Some(dir.to_path_buf());
     }
 
     /// Runs every layer on `x` `[B, T, H]`, then the final norm; `attend(layer, q, k, v)` gets
@@ -457,9 +488,10 @@ impl HfModel {
             self.cfg.head_dim as i64,
         );
         let eps = self.cfg.rms_norm_eps;
+        let mode = self.adapter_mode();
         let h = rms_norm(x, &layer.in_norm, eps)?;
         let heads = |lin: &Linear, n: i64, norm: &Option<Tensor>| -> Result<Tensor, HfError> {
-            let mut y = lin.forward(&h)?.f_view([b, t, n, d])?;
+            let mut y = lin.forward_with(&h, mode)?.f_view([b, t, n, d])?;
             if let Some(w) = norm {
                 y = rms_norm(&y, w, eps)?;
             }
@@ -471,14 +503,14 @@ impl HfModel {
         let y = attend(l, q, k, v)?
             .f_transpose(1, 2)?
             .f_reshape([b, t, hq * d])?;
-        let x = x.f_add(&layer.o.forward(&y)?)?;
+        let x = x.f_add(&layer.o.forward_with(&y, mode)?)?;
         let h = rms_norm(&x, &layer.post_norm, eps)?;
         let m = layer
             .gate
-            .forward(&h)?
+            .forward_with(&h, mode)?
             .f_silu()?
-            .f_mul(&layer.up.forward(&h)?)?;
-        Ok(x.f_add(&layer.down.forward(&m)?)?)
+            .f_mul(&layer.up.forward_with(&h, mode)?)?;
+        Ok(x.f_add(&layer.down.forward_with(&m, mode)?)?)
     }
 
     /// Token embeddings of `tokens` `[B, T]` i64.
@@ -602,6 +634,86 @@ impl HfModel {
             )));
         }
         Ok(size[1])
+    }
+
+    /// Linear module `m` (index into `hf::lora::LINEAR_MODULES`) of layer `l`.
+    pub(crate) fn linear(&self, l: usize, m: usize) -> &Linear {
+        let layer = &self.layers[l];
+        [
+            &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down,
+        ][m]
+    }
+
+    /// Mutable [`HfModel::linear`].
+    pub(crate) fn linear_mut(&mut self, l: usize, m: usize) -> &mut Linear {
+        let layer = &mut self.layers[l];
+        match m {
+            0 => &mut layer.q,
+            1 => &mut layer.k,
+            2 => &mut layer.v,
+            3 => &mut layer.o,
+            4 => &mut layer.gate,
+            5 => &mut layer.up,
+            _ => &mut layer.down,
+        }
+    }
+
+    /// Adds an adapter tensor to the variables under `name`.
+    pub(crate) fn add_adapter_var(&self, name: &str, t: Tensor, trainable: bool) -> Tensor {
+        add_var(&self.vs, name, t, trainable)
+    }
+
+    /// A model on the same base tensors as this one (shared storage, nothing trainable), with
+    /// its own copy of the value head and of each adapter; `zero_adapters` starts them at 0.
+    pub(crate) fn share_base(&self, zero_adapters: bool) -> Result<HfModel, HfError> {
+        let mine: HashMap<String, Tensor> = self.named_parameters().into_iter().collect();
+        let mut src = |name: &str, _: &[i64], _: Init| -> Result<Tensor, HfError> {
+            let t = mine
+                .get(name)
+                .ok_or_else(|| HfError::weights(name, "missing from the shared model"))?;
+            Ok(if name.starts_with("score.") {
+                t.f_detach()?.copy()
+            } else {
+                t.shallow_clone()
+            })
+        };
+        let mut view = Self::build_with(self.cfg.clone(), self.opts, &mut src, false)?;
+        view.source_dir = self.source_dir.clone();
+        view.init_seed = self.init_seed;
+        for l in 0..self.layers.len() {
+            for m in 0..super::lora::LINEAR_MODULES.len() {
+                let Some(ad) = &self.linear(l, m).lora else {
+                    continue;
+                };
+                let name = format!("model.layers.{l}.{}", super::lora::LINEAR_MODULES[m]);
+                let copy = |t: &Tensor| -> Result<Tensor, HfError> {
+                    let mut c = t.f_detach()?.copy();
+                    Ok(if zero_adapters { c.f_zero_()? } else { c })
+                };
+                let (a, b) = (copy(&ad.a)?, copy(&ad.b)?);
+                let a = add_var(&view.vs, &format!("{name}.lora_A.weight"), a, false);
+                let b = add_var(&view.vs, &format!("{name}.lora_B.weight"), b, false);
+                view.linear_mut(l, m).lora = Some(Adapter { a, b });
+            }
+        }
+        Ok(view)
+    }
+
+    /// A standalone model without adapters: every parameter copied, except those in
+    /// `replace` (HF name → value) which are taken from there.
+    pub(crate) fn plain_copy(&self, replace: &HashMap<String, Tensor>) -> Result<HfModel, HfError> {
+        let mine: HashMap<String, Tensor> = self.named_parameters().into_iter().collect();
+        let mut src = |name: &str, _: &[i64], _: Init| -> Result<Tensor, HfError> {
+            let t = replace
+                .get(name)
+                .or_else(|| mine.get(name))
+                .ok_or_else(|| HfError::weights(name, "missing from the copied model"))?;
+            Ok(t.f_detach()?.copy())
+        };
+        let mut copy = Self::build(self.cfg.clone(), self.opts, &mut src)?;
+        copy.source_dir = self.source_dir.clone();
+        copy.init_seed = self.init_seed;
+        Ok(copy)
     }
 
     /// Variables sorted by HF name.

@@ -43,10 +43,20 @@ impl HfModel {
     /// `checkpoint` recomputes layer activations in the backward pass (module doc).
     pub fn train_pass(&self, tokens: &Tensor, checkpoint: bool) -> Result<TrainPass, HfError> {
         if !checkpoint {
+            // LO-5: LoRA dropout applies in this forward only.
+            self.set_training(true);
+            let hidden = self.hidden(tokens);
+            self.set_training(false);
             return Ok(TrainPass {
-                hidden: self.hidden(tokens)?,
+                hidden: hidden?,
                 recompute: None,
             });
+        }
+        if self.lora().is_some_and(|l| l.dropout > 0.0) {
+            return Err(super::lora::bad_key(
+                "model.lora.dropout",
+                "must be 0 with learner.activation_checkpointing = true (recomputed layers would draw other dropout masks)",
+            ));
         }
         let (cos, sin) = self.causal_rope(tokens)?;
         let tokens = tokens.f_to_device(self.device())?;

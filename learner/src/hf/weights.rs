@@ -82,32 +82,76 @@ fn weight_files(dir: &Path) -> Result<Vec<String>, HfError> {
 pub fn read_folder(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
     let mut out = HashMap::new();
     for file in weight_files(dir)? {
-        let path = dir.join(&file);
-        let bytes = std::fs::read(&path).map_err(|e| HfError::io(&path, e))?;
-        let st =
-            SafeTensors::deserialize(&bytes).map_err(|e| HfError::weights(&file, e.to_string()))?;
-        for (name, view) in st.tensors() {
-            let kind = kind_of(view.dtype(), &name)?;
-            let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-            let t = Tensor::f_from_data_size(view.data(), &shape, kind)?;
-            if out.insert(name.clone(), t).is_some() {
-                return Err(HfError::weights(
-                    &name,
-                    "appears in more than one weight file",
-                ));
-            }
-        }
+        read_into(&dir.join(&file), &mut out)?;
     }
     Ok(out)
 }
 
+/// Reads every tensor of one safetensors file (HW-1).
+pub fn read_folder_file(path: &Path) -> Result<HashMap<String, Tensor>, HfError> {
+    let mut out = HashMap::new();
+    read_into(path, &mut out)?;
+    Ok(out)
+}
+
+/// Adds the tensors of the file `path` to `out`; a name already there is an error (HW-3).
+fn read_into(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<(), HfError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| HfError::io(path, e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::weights(&file, e.to_string()))?;
+    for (name, view) in st.tensors() {
+        let kind = kind_of(view.dtype(), &name)?;
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(view.data(), &shape, kind)?;
+        if out.insert(name.clone(), t).is_some() {
+            return Err(HfError::weights(
+                &name,
+                "appears in more than one weight file",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Raw little-endian bytes of a tensor (moved to the CPU, made contiguous).
-fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>, HfError> {
+pub(crate) fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>, HfError> {
     let t = t.f_detach()?.f_to_device(Device::Cpu)?.f_contiguous()?;
     let numel = t.numel();
     let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
     t.f_copy_data_u8(&mut bytes, numel)?;
     Ok(bytes)
+}
+
+/// Writes `tensors` into the safetensors file `path`, each in its own kind, with `metadata`.
+fn write_file(
+    path: &Path,
+    tensors: &[&(String, Tensor)],
+    metadata: &HashMap<String, String>,
+) -> Result<(), HfError> {
+    let mut owned = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+        owned.push((
+            name.as_str(),
+            dtype_of(t.kind(), name)?,
+            shape,
+            tensor_bytes(t)?,
+        ));
+    }
+    let mut views = Vec::with_capacity(owned.len());
+    for (name, dtype, shape, bytes) in &owned {
+        views.push((*name, TensorView::new(*dtype, shape.clone(), bytes)?));
+    }
+    safetensors::tensor::serialize_to_file(views, Some(metadata.clone()), path)?;
+    Ok(())
+}
+
+/// Writes `tensors` as the single safetensors file `path` (`format: pt`), in name order.
+pub fn write_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfError> {
+    let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let metadata: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    write_file(path, &sorted, &metadata)
 }
 
 /// Writes `tensors` (HF names) into `dir` as one file or as shards with an index (HW-2).
@@ -142,23 +186,10 @@ pub fn write_folder(
         } else {
             format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
         };
-        let mut owned = Vec::with_capacity(shard.len());
-        for (name, t) in shard {
-            let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
-            owned.push((
-                name.as_str(),
-                dtype_of(t.kind(), name)?,
-                shape,
-                tensor_bytes(t)?,
-            ));
+        for (name, _) in shard {
             weight_map.insert(name.clone(), file.clone());
         }
-        let mut views = Vec::with_capacity(owned.len());
-        for (name, dtype, shape, bytes) in &owned {
-            views.push((*name, TensorView::new(*dtype, shape.clone(), bytes)?));
-        }
-        let path = dir.join(&file);
-        safetensors::tensor::serialize_to_file(views, Some(metadata.clone()), &path)?;
+        write_file(&dir.join(&file), shard, &metadata)?;
     }
     if n > 1 {
         let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
