@@ -394,7 +394,11 @@ fn an_s3_model_folder_is_synced_into_the_cache_and_verified() {
 }
 
 /// Keel's logits for `ids` from a checkpoint's model (adapters on the recorded base).
-fn keel_logits(root: &Path, head: &keel_store::CheckpointManifest, ids: &tch::Tensor) -> tch::Tensor {
+fn keel_logits(
+    root: &Path,
+    head: &keel_store::CheckpointManifest,
+    ids: &tch::Tensor,
+) -> tch::Tensor {
     let model = keel_learner::model_from_checkpoint(
         &checkpoint_file(root, head, "learner.json"),
         &checkpoint_file(root, head, "model.safetensors"),
@@ -413,7 +417,11 @@ fn export(root: &Path, id: &str, out: &Path, extra: &[&str]) {
         .args(extra)
         .output()
         .expect("export");
-    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
 }
 
 #[test]
@@ -437,10 +445,15 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
     let st = safetensors::SafeTensors::deserialize(&weights).expect("st");
     let names = st.names();
     assert_eq!(names.len(), 12, "{names:?}");
-    assert!(names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")));
+    assert!(names
+        .iter()
+        .all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")));
     let opt = checkpoint_file(&clean, &head, "optimizer.safetensors");
     let ost = safetensors::SafeTensors::deserialize(&opt).expect("opt");
-    assert!(ost.names().iter().all(|n| n.contains(".lora_")), "optimizer state of adapters only");
+    assert!(
+        ost.names().iter().all(|n| n.contains(".lora_")),
+        "optimizer state of adapters only"
+    );
 
     // Killed after its step-2 checkpoint, then resumed: bit-identical adapters.
     let killed = dir.path().join("killed");
@@ -448,7 +461,10 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
     let deadline = Instant::now() + Duration::from_secs(120);
     while newest(&killed).is_none_or(|m| m.step < 2) {
         assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
-        assert!(child.try_wait().expect("wait").is_none(), "finished before the kill");
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "finished before the kill"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().expect("SIGKILL");
@@ -504,13 +520,20 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
         .expect("base");
         tch::no_grad(|| base.forward(&ids)).expect("fwd").0
     };
-    assert!((&ours - &base_ours).abs().max().double_value(&[]) > 1e-6, "the adapters trained");
+    assert!(
+        (&ours - &base_ours).abs().max().double_value(&[]) > 1e-6,
+        "the adapters trained"
+    );
     for (what, theirs) in [
         ("merged", read(&merged_out, "merged")),
         ("peft", read(&peft_out, "lora")),
         ("peft base", read(&peft_out, "base")),
     ] {
-        let want = if what == "peft base" { &base_ours } else { &ours };
+        let want = if what == "peft base" {
+            &base_ours
+        } else {
+            &ours
+        };
         let diff = (want - &theirs).abs().max().double_value(&[]);
         assert!(diff < 1e-4, "{what} logits differ from keel's by {diff}");
     }

@@ -960,7 +960,11 @@ impl Learner {
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
-        seed_lora_dropout(&self.model, self.seed, self.opt.steps().wrapping_mul(1 << 20));
+        seed_lora_dropout(
+            &self.model,
+            self.seed,
+            self.opt.steps().wrapping_mul(1 << 20),
+        );
         let pass = self
             .model
             .train_pass(&tokens, self.cfg.activation_checkpointing)?;

@@ -68,16 +68,22 @@ fn lr7_only_adapters_train_and_the_optimizer_holds_only_theirs() {
     let opt_names = names(file("optimizer.safetensors"));
     assert!(!opt_names.is_empty());
     assert!(
-        opt_names.iter().all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
+        opt_names
+            .iter()
+            .all(|n| n.contains(".lora_A.") || n.contains(".lora_B.")),
         "optimizer state only for adapters: {opt_names:?}"
     );
     let stored = names(file("model.safetensors"));
-    assert_eq!(stored.len(), 28, "the checkpoint holds the 2 x 14 adapters only");
-    let json: serde_json::Value = serde_json::from_slice(
-        file("learner.json"),
-    )
-    .expect("json");
-    assert!(json["lora_base"]["hash"].as_str().expect("hash").starts_with("sha256:"));
+    assert_eq!(
+        stored.len(),
+        28,
+        "the checkpoint holds the 2 x 14 adapters only"
+    );
+    let json: serde_json::Value = serde_json::from_slice(file("learner.json")).expect("json");
+    assert!(json["lora_base"]["hash"]
+        .as_str()
+        .expect("hash")
+        .starts_with("sha256:"));
     assert_eq!(json["lora_base"]["seed"], 21);
 }
 
@@ -140,7 +146,10 @@ fn lr7_lora_refuses_a_separate_critic_and_dropout_with_checkpointing() {
         activation_checkpointing: true,
         ..cfg(Algo::Grpo)
     };
-    let e = Learner::new(adapted(25, 0.2), ckpt, 1).err().expect("ckpt").to_string();
+    let e = Learner::new(adapted(25, 0.2), ckpt, 1)
+        .err()
+        .expect("ckpt")
+        .to_string();
     assert!(e.contains("model.lora.dropout"), "{e}");
 }
 
@@ -155,10 +164,14 @@ fn md6_a_blank_lora_model_loads_published_adapters() {
     let batch = rl_batch(l.model());
     l.train_step(&batch).expect("step");
     let mut g = spec.blank().expect("blank");
-    g.load_safetensors(&l.weights_safetensors().expect("w")).expect("load");
+    g.load_safetensors(&l.weights_safetensors().expect("w"))
+        .expect("load");
     let toks = Tensor::from_slice(&[1i64, 2, 3, 4, 5]).view([1, 5]);
     let (x, _) = tch::no_grad(|| l.model().forward(&toks)).expect("x");
     let (y, _) = tch::no_grad(|| g.forward(&toks)).expect("y");
-    assert!(x.equal(&y), "a generator's model computes the learner's logits");
+    assert!(
+        x.equal(&y),
+        "a generator's model computes the learner's logits"
+    );
     assert_eq!(x.kind(), Kind::Float);
 }

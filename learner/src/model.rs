@@ -294,9 +294,11 @@ pub fn model_from_checkpoint(
     stored.value_head = model["value_head"].as_bool().unwrap_or(false);
     let lora = match model.get("lora") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(serde_json::from_value::<LoraConfig>(v.clone()).map_err(|e| {
-            LearnerError::mismatch("learner.json", format!("model.lora is not usable: {e}"))
-        })?),
+        Some(v) => Some(
+            serde_json::from_value::<LoraConfig>(v.clone()).map_err(|e| {
+                LearnerError::mismatch("learner.json", format!("model.lora is not usable: {e}"))
+            })?,
+        ),
     };
     let Some(lora) = lora else {
         let mut full = HfModel::zeros(config, stored)?;

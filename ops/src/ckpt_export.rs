@@ -60,7 +60,9 @@ pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) ->
         let model = model_from_checkpoint(learner_json, weights, opts.base)
             .with_context(|| format!("cannot read the adapters of checkpoint {id}"))?;
         if model.lora().is_none() {
-            bail!("checkpoint {id} is a full fine-tune, not LoRA adapters: export it without --peft");
+            bail!(
+                "checkpoint {id} is a full fine-tune, not LoRA adapters: export it without --peft"
+            );
         }
         model
     } else {
@@ -92,7 +94,11 @@ pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) ->
     }
     written?;
     let what = if opts.peft {
-        let n: i64 = policy.peft_tensors().iter().map(|(_, t)| t.numel() as i64).sum();
+        let n: i64 = policy
+            .peft_tensors()
+            .iter()
+            .map(|(_, t)| t.numel() as i64)
+            .sum();
         format!("{n} adapter parameters (PEFT format)")
     } else {
         format!("{} parameters", policy.config().n_params())

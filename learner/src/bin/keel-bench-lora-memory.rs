@@ -6,8 +6,9 @@
 //!   [--steps 3] [--rank 16] [--threads 1]
 //! ```
 //! Each child builds a random Llama-shaped model (f32, CPU), a `Learner` (keel's AdamW), and
-//! runs `--steps` SFT steps on random tokens; it reports the process's peak RSS (`VmHWM`), the
-//! trained parameter count and the optimizer state's size. The parent prints both and the
+//! runs `--steps` SFT steps on random tokens; it reports the process's peak RSS (`VmHWM`) after
+//! the steps (before serialising anything), the trained parameter count and the size of the
+//! optimizer state as checkpointed. The parent prints both and the
 //! ratio LoRA / full (the baseline is the full fine-tune of the same run).
 
 use std::collections::HashMap;
@@ -48,7 +49,11 @@ fn peak_mib() -> Res<f64> {
 
 fn child(f: &HashMap<String, String>, mode: &str) -> Res<()> {
     tch::set_num_threads(num(f, "threads", 1)? as i32);
-    let (h, layers, vocab) = (num(f, "hidden", 512)?, num(f, "layers", 8)?, num(f, "vocab", 16384)?);
+    let (h, layers, vocab) = (
+        num(f, "hidden", 512)?,
+        num(f, "layers", 8)?,
+        num(f, "vocab", 16384)?,
+    );
     let cfg = HfConfig::from_value(serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
         "hidden_size": h, "intermediate_size": 4 * h, "num_hidden_layers": layers,
@@ -67,24 +72,36 @@ fn child(f: &HashMap<String, String>, mode: &str) -> Res<()> {
             seed: 1,
         })?;
     }
-    let trained: i64 = model.trained_parameters().iter().map(|(_, t)| t.numel() as i64).sum();
+    let trained: i64 = model
+        .trained_parameters()
+        .iter()
+        .map(|(_, t)| t.numel() as i64)
+        .sum();
     let mut learner = Learner::new(model, LearnerConfig::default(), 1)?;
     let (batch, seq) = (num(f, "batch", 4)?, num(f, "seq", 128)?);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
     let rows: Vec<(Vec<u32>, Vec<u8>)> = (0..batch)
         .map(|_| {
             let toks = (0..seq).map(|_| rng.gen_range(0..vocab as u32)).collect();
-            (toks, vec![1u8; seq])
+            let mut mask = vec![1u8; seq];
+            mask[0] = 0;
+            (toks, mask)
         })
         .collect();
     let batch = TrainBatch::from_sequences(&rows, Device::Cpu)?;
     for _ in 0..num(f, "steps", 3)? {
         learner.sft_step(&batch, 1e-4)?;
     }
-    let opt_bytes = learner.state_files()?.into_iter().find(|(n, _)| n == "optimizer.safetensors").map_or(0, |(_, b)| b.len());
+    // Peak of training itself, read before the state is serialised (which copies it).
+    let peak = peak_mib()?;
+    let opt_bytes = learner
+        .state_files()?
+        .into_iter()
+        .find(|(n, _)| n == "optimizer.safetensors")
+        .map_or(0, |(_, b)| b.len());
     println!(
         "{}",
-        serde_json::json!({"peak_mib": peak_mib()?, "trained": trained, "opt_mib": opt_bytes as f64 / 1048576.0})
+        serde_json::json!({"peak_mib": peak, "trained": trained, "opt_mib": opt_bytes as f64 / 1048576.0})
     );
     Ok(())
 }
@@ -98,7 +115,10 @@ fn main() -> Res<()> {
     let passed: Vec<String> = std::env::args().skip(1).collect();
     let mut got = HashMap::new();
     for mode in ["full", "lora"] {
-        let out = Command::new(&exe).args(&passed).args(["--child", mode]).output()?;
+        let out = Command::new(&exe)
+            .args(&passed)
+            .args(["--child", mode])
+            .output()?;
         if !out.status.success() {
             return Err(format!("{mode}: {}", String::from_utf8_lossy(&out.stderr)).into());
         }
@@ -111,6 +131,9 @@ fn main() -> Res<()> {
         );
         got.insert(mode, v["peak_mib"].as_f64().unwrap_or(0.0));
     }
-    println!("peak RSS LoRA / full: {:.2}x", got["lora"] / got["full"].max(1e-9));
+    println!(
+        "peak RSS LoRA / full: {:.2}x",
+        got["lora"] / got["full"].max(1e-9)
+    );
     Ok(())
 }

@@ -112,7 +112,9 @@ impl HfModel {
     /// `base_model.model.<name>`), and the source folder's tokenizer files.
     pub fn save_peft(&self, dir: &Path, base: &str) -> Result<(), HfError> {
         let Some(cfg) = self.lora() else {
-            return Err(HfError::input("a PEFT export needs a model with LoRA adapters"));
+            return Err(HfError::input(
+                "a PEFT export needs a model with LoRA adapters",
+            ));
         };
         std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
         let tensors = self.peft_tensors();

@@ -133,7 +133,10 @@ impl LoraConfig {
                 ));
             }
         }
-        Ok(names.into_iter().filter(|(_, _, n)| self.targets(n)).collect())
+        Ok(names
+            .into_iter()
+            .filter(|(_, _, n)| self.targets(n))
+            .collect())
     }
 
     /// PEFT's `adapter_config.json` for these adapters on `base` (a path or hub name).
@@ -216,7 +219,10 @@ impl Linear {
             .f_linear(&ad.b, None::<Tensor>)?
             .f_mul_scalar(scaling)?;
         let kind = base.kind();
-        Ok(base.f_to_kind(Kind::Float)?.f_add(&delta)?.f_to_kind(kind)?)
+        Ok(base
+            .f_to_kind(Kind::Float)?
+            .f_add(&delta)?
+            .f_to_kind(kind)?)
     }
 }
 
@@ -264,8 +270,10 @@ impl HfModel {
             let a = kaiming_uniform(&mut rng, r, inp)?;
             let b = Tensor::f_zeros([out, r], (Kind::Float, Device::Cpu))?;
             let dev = self.device();
-            let a = self.add_adapter_var(&format!("{name}.lora_A.weight"), a.f_to_device(dev)?, true);
-            let b = self.add_adapter_var(&format!("{name}.lora_B.weight"), b.f_to_device(dev)?, true);
+            let a =
+                self.add_adapter_var(&format!("{name}.lora_A.weight"), a.f_to_device(dev)?, true);
+            let b =
+                self.add_adapter_var(&format!("{name}.lora_B.weight"), b.f_to_device(dev)?, true);
             self.linear_mut(l, m).lora = Some(Adapter { a, b });
         }
         self.lora = Some(LoraState::new(cfg.clone(), true));
@@ -350,7 +358,9 @@ impl HfModel {
     /// changes no output, LO-2). Nothing of it is trainable.
     pub fn adapter_view(&self, active: bool) -> Result<HfModel, HfError> {
         let Some(state) = &self.lora else {
-            return Err(HfError::input("adapter_view needs a model with LoRA adapters"));
+            return Err(HfError::input(
+                "adapter_view needs a model with LoRA adapters",
+            ));
         };
         let mut view = self.share_base(!active)?;
         let view_state = LoraState::new(state.cfg.clone(), active);
@@ -454,15 +464,23 @@ mod tests {
                 "model.layers.1.mlp.down_proj"
             ]
         );
-        let all = tiny(12, false, 1).with_lora(&lora(2, &[ALL_LINEAR])).expect("all");
+        let all = tiny(12, false, 1)
+            .with_lora(&lora(2, &[ALL_LINEAR]))
+            .expect("all");
         assert_eq!(all.adapted_modules().len(), 14);
         let e = tiny(12, false, 1)
             .with_lora(&lora(2, &["qproj"]))
             .err()
             .expect("unknown module")
             .to_string();
-        assert!(e.contains("model.lora.target_modules") && e.contains("q_proj"), "{e}");
-        let e = tiny(12, false, 1).with_lora(&lora(0, &["q_proj"])).err().expect("rank 0");
+        assert!(
+            e.contains("model.lora.target_modules") && e.contains("q_proj"),
+            "{e}"
+        );
+        let e = tiny(12, false, 1)
+            .with_lora(&lora(0, &["q_proj"]))
+            .err()
+            .expect("rank 0");
         assert!(e.to_string().contains("model.lora.rank"), "{e}");
     }
 
@@ -471,21 +489,32 @@ mod tests {
         tch::set_num_threads(1);
         let base = tiny(12, true, 3);
         let want = logits(&base);
-        let m = tiny(12, true, 3).with_lora(&lora(4, &[ALL_LINEAR])).expect("lora");
-        assert!(logits(&m).equal(&want), "B = 0: the base's outputs bit for bit");
+        let m = tiny(12, true, 3)
+            .with_lora(&lora(4, &[ALL_LINEAR]))
+            .expect("lora");
+        assert!(
+            logits(&m).equal(&want),
+            "B = 0: the base's outputs bit for bit"
+        );
         let trained: Vec<String> = m.trained_parameters().into_iter().map(|(n, _)| n).collect();
-        assert!(trained.iter().all(|n| is_adapter(n) || n.starts_with("score.")));
+        assert!(trained
+            .iter()
+            .all(|n| is_adapter(n) || n.starts_with("score.")));
         assert_eq!(trained.len(), 2 * 14 + 2);
         for (n, t) in m.named_parameters() {
             assert_eq!(t.requires_grad(), trained.contains(&n), "{n}");
         }
-        let again = tiny(12, true, 3).with_lora(&lora(4, &[ALL_LINEAR])).expect("lora");
+        let again = tiny(12, true, 3)
+            .with_lora(&lora(4, &[ALL_LINEAR]))
+            .expect("lora");
         for ((n, a), (_, b)) in m.named_parameters().iter().zip(again.named_parameters()) {
             assert!(a.equal(&b), "LO-2: {n} is a pure function of the seed");
         }
         let h1 = m.base_hash().expect("hash").expect("some");
         assert_eq!(Some(h1.clone()), again.base_hash().expect("hash"));
-        let other = tiny(12, true, 4).with_lora(&lora(4, &[ALL_LINEAR])).expect("lora");
+        let other = tiny(12, true, 4)
+            .with_lora(&lora(4, &[ALL_LINEAR]))
+            .expect("lora");
         assert_ne!(Some(h1), other.base_hash().expect("hash"));
     }
 
@@ -497,26 +526,45 @@ mod tests {
         perturb(&m);
         let ours = logits(&m);
         let base = logits(&tiny(12, false, 2));
-        assert!((&ours - &base).abs().max().double_value(&[]) > 1e-4, "adapters act");
+        assert!(
+            (&ours - &base).abs().max().double_value(&[]) > 1e-4,
+            "adapters act"
+        );
         let merged = m.merged().expect("merged");
         assert!(merged.lora().is_none());
         let diff = (logits(&merged) - &ours).abs().max().double_value(&[]);
         assert!(diff < 1e-5, "merged logits differ by {diff}");
         let off = m.adapter_view(false).expect("off");
-        assert!(logits(&off).equal(&base), "adapters off = the base, bit for bit");
+        assert!(
+            logits(&off).equal(&base),
+            "adapters off = the base, bit for bit"
+        );
         let on = m.adapter_view(true).expect("on");
         assert!(logits(&on).equal(&ours), "a view computes the same");
         let (pw, vw) = (&m.layers[0].q.w, &on.layers[0].q.w);
-        assert_eq!(pw.data_ptr(), vw.data_ptr(), "the base is shared, not copied");
+        assert_eq!(
+            pw.data_ptr(),
+            vw.data_ptr(),
+            "the base is shared, not copied"
+        );
         let zeros = off.to_safetensors().expect("zeros");
-        let mut loaded = tiny_spec(12, false, 2).build().expect("b").with_lora(&lora(4, &["q_proj", "v_proj", "up_proj"])).expect("l");
+        let mut loaded = tiny_spec(12, false, 2)
+            .build()
+            .expect("b")
+            .with_lora(&lora(4, &["q_proj", "v_proj", "up_proj"]))
+            .expect("l");
         loaded.load_safetensors(&zeros).expect("load");
-        assert!(logits(&loaded).equal(&base), "zero adapters published = the base");
+        assert!(
+            logits(&loaded).equal(&base),
+            "zero adapters published = the base"
+        );
     }
 
     #[test]
     fn hs3_peft_export_names_and_config() {
-        let m = tiny(12, false, 2).with_lora(&lora(4, &["q_proj", "v_proj"])).expect("lora");
+        let m = tiny(12, false, 2)
+            .with_lora(&lora(4, &["q_proj", "v_proj"]))
+            .expect("lora");
         let dir = tempfile::tempdir().expect("tmp");
         m.save_peft(dir.path(), "/models/base").expect("peft");
         let cfg: Value = serde_json::from_str(
@@ -526,10 +574,9 @@ mod tests {
         assert_eq!(cfg["r"], 4);
         assert_eq!(cfg["target_modules"], json!(["q_proj", "v_proj"]));
         assert_eq!(cfg["base_model_name_or_path"], "/models/base");
-        let back = super::super::weights::read_folder_file(
-            &dir.path().join("adapter_model.safetensors"),
-        )
-        .expect("read");
+        let back =
+            super::super::weights::read_folder_file(&dir.path().join("adapter_model.safetensors"))
+                .expect("read");
         assert!(back.contains_key("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"));
         assert_eq!(back.len(), 8);
     }

@@ -640,7 +640,13 @@ impl HfModel {
     pub(crate) fn linear(&self, l: usize, m: usize) -> &Linear {
         let layer = &self.layers[l];
         [
-            &layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down,
+            &layer.q,
+            &layer.k,
+            &layer.v,
+            &layer.o,
+            &layer.gate,
+            &layer.up,
+            &layer.down,
         ][m]
     }
 

@@ -98,7 +98,8 @@ pub fn read_folder_file(path: &Path) -> Result<HashMap<String, Tensor>, HfError>
 fn read_into(path: &Path, out: &mut HashMap<String, Tensor>) -> Result<(), HfError> {
     let file = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| HfError::io(path, e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::weights(&file, e.to_string()))?;
+    let st =
+        SafeTensors::deserialize(&bytes).map_err(|e| HfError::weights(&file, e.to_string()))?;
     for (name, view) in st.tensors() {
         let kind = kind_of(view.dtype(), &name)?;
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
