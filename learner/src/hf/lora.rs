@@ -378,7 +378,7 @@ impl HfModel {
         let scaling = self.lora.as_ref().map_or(0.0, |s| s.cfg.scaling());
         let mut merged = std::collections::HashMap::new();
         for l in 0..self.layers.len() {
-            for m in 0..LINEAR_MODULES.len() {
+            for (m, module) in LINEAR_MODULES.iter().enumerate() {
                 let lin = self.linear(l, m);
                 if let Some(ad) = &lin.lora {
                     let w = tch::no_grad(|| -> Result<Tensor, HfError> {
@@ -389,7 +389,7 @@ impl HfModel {
                             .f_add(&delta)?
                             .f_to_kind(lin.w.kind())?)
                     })?;
-                    merged.insert(format!("model.layers.{l}.{}.weight", LINEAR_MODULES[m]), w);
+                    merged.insert(format!("model.layers.{l}.{module}.weight"), w);
                 }
             }
         }
@@ -445,7 +445,7 @@ mod tests {
         tch::no_grad(|| {
             for (n, t) in m.named_parameters() {
                 if n.contains(".lora_B.") {
-                    let _ = t.shallow_clone().copy_(&(t.randn_like() * 0.05));
+                    t.shallow_clone().copy_(&(t.randn_like() * 0.05));
                 }
             }
         });
