@@ -1235,6 +1235,33 @@ mod tests {
     }
 
     #[test]
+    fn lora_section_is_checked_and_seeded_by_the_run() {
+        assert!(
+            TrainConfig::default().lora_config().is_none(),
+            "rank 0 = full fine-tune"
+        );
+        let cfg =
+            TrainConfig::from_toml("[run]\nseed = 9\n[model.lora]\nrank = 8\n").expect("lora");
+        let lora = cfg.lora_config().expect("adapters");
+        assert_eq!((lora.rank, lora.seed, lora.alpha), (8, 9, 16.0));
+        assert_eq!(lora.target_modules, ["all-linear"]);
+        for (toml, key) in [
+            ("[model.lora]\nrank = 8\nalpha = 0.0\n", "model.lora.alpha"),
+            ("[model.lora]\nrank = 8\ndropout = 1.0\n", "model.lora.dropout"),
+            ("[model.lora]\nrank = 8\ntarget_modules = []\n", "model.lora.target_modules"),
+            ("[model.lora]\nrank = 8\n[learner]\nalgo = \"sao\"\n", "model.lora.rank"),
+            (
+                "[model.lora]\nrank = 8\ndropout = 0.1\n[learner]\nactivation_checkpointing = true\n",
+                "model.lora.dropout",
+            ),
+            ("[model.lora]\nrnak = 8\n", "rnak"),
+        ] {
+            let err = TrainConfig::from_toml(toml).expect_err(toml).to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_key_is_named() {
         let err = TrainConfig::from_toml("[rollout]\ngroup_sise = 4\n")
             .unwrap_err()

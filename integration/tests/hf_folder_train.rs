@@ -488,6 +488,24 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
     let peft = dir.path().join("peft");
     export(&clean, &head.id, &peft, &["--peft"]);
     assert!(peft.join("adapter_config.json").exists() && !peft.join("model.safetensors").exists());
+    // Another base is refused with the two hashes; nothing is written.
+    let wrong = dir.path().join("wrong");
+    let st = Command::new(keel_bin())
+        .args(["ckpt", "export", &head.id])
+        .arg(&wrong)
+        .arg("--run-root")
+        .arg(&clean)
+        .arg("--peft")
+        .arg("--base")
+        .arg(model.with_file_name("qwen3"))
+        .output()
+        .expect("export");
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(
+        !st.status.success() && err.contains("adapters were trained on sha256:"),
+        "{err}"
+    );
+    assert!(!wrong.exists(), "a refused export writes nothing");
     let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python");
     let merged_out = dir.path().join("merged.safetensors");
     python(&[
