@@ -27,6 +27,9 @@
 //!   episodes are neither all right nor all wrong; other anchor episodes are dropped.
 //! - GN-8 (PATS): training prompts carry the scaffold bank of the message, rendered per task
 //!   type; evaluation never does.
+//! - GN-9 (LoRA): a generator builds the frozen base once; each of its models (agent models,
+//!   the reference) is a view sharing the base's tensors with its own adapters, so a LoRA job
+//!   holds one copy of the base per generator however many models it samples from.
 
 use std::sync::Arc;
 
@@ -256,6 +259,9 @@ pub struct Generator {
     reference: Option<(u64, HfModel)>,
     /// The last trunk record read (RTPO), by key.
     trunks: Option<(String, Arc<TrunkRecord>)>,
+    /// With LoRA: the frozen base, built once; every model of this generator (agent models,
+    /// the reference) is a view on its tensors with its own adapters (GN-9).
+    lora_base: std::cell::OnceCell<HfModel>,
 }
 
 impl Generator {
@@ -267,11 +273,23 @@ impl Generator {
             epoch: 0,
             reference: None,
             trunks: None,
+            lora_base: std::cell::OnceCell::new(),
         }
     }
 
+    /// A model to load published weights into (GN-9: with LoRA, a view on the one base).
     fn fresh_model(&self) -> Result<HfModel, ActorError> {
-        Ok(self.setup.model.blank()?)
+        if self.setup.model.lora.is_none() {
+            return Ok(self.setup.model.blank()?);
+        }
+        let base = match self.lora_base.get() {
+            Some(b) => b,
+            None => {
+                let built = self.setup.model.build()?;
+                self.lora_base.get_or_init(|| built)
+            }
+        };
+        Ok(base.adapter_view(true)?)
     }
 
     /// Loads the newest weights on the board (GN-1) and, when needed, the reference (WB-4).
