@@ -105,6 +105,56 @@ fn finish(child: std::process::Child) -> String {
     err
 }
 
+/// Trains into `root`, SIGKILLs the run after its step-2 checkpoint, resumes it to the end and
+/// returns the final checkpoint.
+fn kill_after_step_2_and_resume(
+    config: &Path,
+    model: &Path,
+    root: &Path,
+) -> keel_store::CheckpointManifest {
+    let mut child = train(config, model, root);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while newest(root).is_none_or(|m| m.step < 2) {
+        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "finished before the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    finish(train(config, model, root));
+    newest(root).expect("head")
+}
+
+/// `keel ckpt export ID OUT --run-root ROOT EXTRA...`, its output.
+fn export_output(
+    root: &Path,
+    id: &str,
+    out: &Path,
+    extra: &[&std::ffi::OsStr],
+) -> std::process::Output {
+    Command::new(keel_bin())
+        .args(["ckpt", "export", id])
+        .arg(out)
+        .arg("--run-root")
+        .arg(root)
+        .args(extra)
+        .output()
+        .expect("export")
+}
+
+/// Exports and requires success.
+fn export(root: &Path, id: &str, out: &Path, extra: &[&std::ffi::OsStr]) {
+    let st = export_output(root, id, out, extra);
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+}
+
 #[test]
 fn a_hugging_face_folder_trains_resumes_and_exports() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -123,20 +173,7 @@ fn a_hugging_face_folder_trains_resumes_and_exports() {
 
     // Killed after its step-2 checkpoint, then resumed: bit-identical weights.
     let killed = dir.path().join("killed");
-    let mut child = train(&config, &model, &killed);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while newest(&killed).is_none_or(|m| m.step < 2) {
-        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "finished before the kill"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-    finish(train(&config, &model, &killed));
-    let resumed = newest(&killed).expect("head");
+    let resumed = kill_after_step_2_and_resume(&config, &model, &killed);
     assert_eq!(resumed.step, 6);
     assert!(
         checkpoint_file(&killed, &resumed, "model.safetensors")
@@ -146,18 +183,7 @@ fn a_hugging_face_folder_trains_resumes_and_exports() {
 
     // The export loads in transformers with keel's logits (tied embeddings, BPE tokenizer).
     let out = dir.path().join("export");
-    let st = Command::new(keel_bin())
-        .args(["ckpt", "export", &head.id])
-        .arg(&out)
-        .arg("--run-root")
-        .arg(&clean)
-        .output()
-        .expect("export");
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
+    export(&clean, &head.id, &out, &[]);
     let inputs = dir.path().join("inputs.safetensors");
     let ids = tch::Tensor::from_slice(&[3i64, 17, 42, 99, 5, 250, 8, 1]).view([1, 8]);
     tch::Tensor::write_safetensors(&[("input_ids", &ids)], &inputs).expect("inputs");
@@ -408,22 +434,6 @@ fn keel_logits(
     tch::no_grad(|| model.forward(ids)).expect("forward").0
 }
 
-fn export(root: &Path, id: &str, out: &Path, extra: &[&str]) {
-    let st = Command::new(keel_bin())
-        .args(["ckpt", "export", id])
-        .arg(out)
-        .arg("--run-root")
-        .arg(root)
-        .args(extra)
-        .output()
-        .expect("export");
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-}
-
 #[test]
 fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and_peft() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -457,20 +467,7 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
 
     // Killed after its step-2 checkpoint, then resumed: bit-identical adapters.
     let killed = dir.path().join("killed");
-    let mut child = train(&config, &model, &killed);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while newest(&killed).is_none_or(|m| m.step < 2) {
-        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "finished before the kill"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-    finish(train(&config, &model, &killed));
-    let resumed = newest(&killed).expect("head");
+    let resumed = kill_after_step_2_and_resume(&config, &model, &killed);
     assert_eq!(resumed.step, 4);
     assert!(
         checkpoint_file(&killed, &resumed, "model.safetensors") == weights,
@@ -486,20 +483,17 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
     let merged = dir.path().join("merged");
     export(&clean, &head.id, &merged, &[]);
     let peft = dir.path().join("peft");
-    export(&clean, &head.id, &peft, &["--peft"]);
+    export(&clean, &head.id, &peft, &["--peft".as_ref()]);
     assert!(peft.join("adapter_config.json").exists() && !peft.join("model.safetensors").exists());
     // Another base is refused with the two hashes; nothing is written.
     let wrong = dir.path().join("wrong");
-    let st = Command::new(keel_bin())
-        .args(["ckpt", "export", &head.id])
-        .arg(&wrong)
-        .arg("--run-root")
-        .arg(&clean)
-        .arg("--peft")
-        .arg("--base")
-        .arg(model.with_file_name("qwen3"))
-        .output()
-        .expect("export");
+    let other = model.with_file_name("qwen3");
+    let st = export_output(
+        &clean,
+        &head.id,
+        &wrong,
+        &["--peft".as_ref(), "--base".as_ref(), other.as_os_str()],
+    );
     let err = String::from_utf8_lossy(&st.stderr);
     assert!(
         !st.status.success() && err.contains("adapters were trained on sha256:"),
