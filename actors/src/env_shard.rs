@@ -14,8 +14,8 @@
 //! - ES-3: up to `concurrency` requests of one shard are served at once; the shard's own thread
 //!   only dispatches, env calls run on the blocking pool, so a slow env call holds nothing but
 //!   its own episode.
-//! - ES-4: an env that reports an error (`try_reset`/`try_step`, e.g. an external server gone
-//!   after its retries) fails only that episode; the shard keeps serving.
+//! - ES-4: an env that reports an error (`try_reset`/`try_step_response`, e.g. an external
+//!   server gone after its retries) fails only that episode; the shard keeps serving.
 //! - ES-5: with a latency model, step `t` of episode `e` first waits `latency.delay(e, t)`
 //!   (LT-1) on a timer, so simulated tool latency of many episodes overlaps.
 //! - ES-6 (RTPO): with `snapshot` set, an answer whose episode goes on carries the env state at
@@ -72,7 +72,8 @@ pub enum EnvOp {
     Reset(u64),
     /// Start it from a snapshot (RTPO branches).
     Restore(EnvSnapshot),
-    /// Apply an agent action; a finished episode is dropped by the shard.
+    /// Apply a sampled response (the raw decoded text of the turn, passed to
+    /// `Env::try_step_response`); a finished episode is dropped by the shard.
     Step(String),
 }
 
@@ -314,7 +315,7 @@ fn serve(
             EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
             EnvOp::Step(action) => {
                 live.turn += 1;
-                live.env.try_step(&action).map(EnvReply::Stepped)
+                live.env.try_step_response(&action).map(EnvReply::Stepped)
             }
         };
         let reply = match reply {

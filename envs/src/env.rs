@@ -107,6 +107,18 @@ pub trait Env: Send {
     fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
         Ok(self.step(action))
     }
+    /// Applies a model's sampled response: the raw decoded text of its turn (special tokens
+    /// dropped, untrimmed, reasoning such as `<think>…</think>` included — verl's
+    /// `solution_str`). Envs read its [`crate::action::visible`] text unless they override this
+    /// (the dataset env sends the raw text to a reward service). Keel's own actions (oracle,
+    /// demonstrations) go through [`Env::step`].
+    fn step_response(&mut self, response: &str) -> StepOutcome {
+        self.step(crate::action::visible(response))
+    }
+    /// [`Env::step_response`] for envs that can fail (remote ones, reward services).
+    fn try_step_response(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
+        self.try_step(crate::action::visible(response))
+    }
 }
 
 /// 64-bit FNV-1a: a stable hash for anchor keys (EN-8).

@@ -1,7 +1,8 @@
 //! keel's built-in multi-turn text environments, their oracles, tokenizer and demonstrations,
 //! and the client of external environments.
 //!
-//! - [`mod@env`]: the [`Env`] trait every environment implements (EN-1..EN-9).
+//! - [`mod@env`]: the [`Env`] trait every environment implements (EN-1..EN-9); [`action`]: the
+//!   visible text of a raw sampled response (AX-1).
 //! - Built-in envs: [`calc`], [`search_qa`], [`household`], [`shop`], [`sokoban`], and the
 //!   multi-agent [`solver_verifier`] and [`search_team`] (Dr. MAS).
 //! - [`dataset`]: [`dataset::DatasetEnv`], the rows of a verl-format prompt dataset (JSONL or
@@ -22,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod action;
 pub mod bm25;
 pub mod calc;
 pub mod dataset;

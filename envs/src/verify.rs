@@ -10,6 +10,7 @@
 //!   `1e-6 · max(1, |truth|)`. Numbers may carry thousands commas (`1,000`), a sign, decimals,
 //!   a `$` or `%`, or be fractions `a/b` and `\frac{a}{b}`. A ground truth that is no number
 //!   (MATH's `x^2+1`) is compared as `exact`.
+//! - `gsm8k`, `math`: verl's scorers of those data sources ([`verl`], VF-3).
 //! - `choice`: the option letter (A–J) of the answer equals the ground truth's first letter.
 //!   The answer letter is the `\boxed{…}` content's, else the last standalone capital letter
 //!   after the last "answer", else the last standalone capital letter A–J of the response.
@@ -19,10 +20,21 @@
 //! - VF-2 [`Verifier::for_data_source`] is a pure function of the name: math sources (gsm8k,
 //!   MATH, AIME, AMC, NuminaMath, DeepScaleR, DAPO-Math) are `numeric`, multiple-choice sources
 //!   (MMLU, GPQA, ARC, CommonsenseQA, HellaSwag, OpenBookQA, RACE, names with `choice`/`mcq`)
-//!   are `choice`, every other name is `exact`.
+//!   are `choice`, every other name is `exact` — except the sources verl's
+//!   `default_compute_score` scores with its gsm8k and MATH scorers, which get those (VF-3).
+//! - VF-3 `auto` gives verl's verdict where verl has a rule-based scorer keel ports:
+//!   `openai/gsm8k` is `gsm8k` (verl's strict `#### N`, compared as a string) and
+//!   `lighteval/MATH`, `DigitalLearningGmbH/MATH-lighteval`, `HuggingFaceH4/MATH-500` are `math`
+//!   (verl's last `\boxed{}` and hendrycks_math normalisation), both in [`verl`] (VV-1); names
+//!   are matched exactly, as verl matches them. Other math sources (verl's `math_dapo`, `aime*`,
+//!   `numina_*`) keep keel's `numeric`.
+//! - VF-4 [`Verifier::oracle_answer`] of a ground truth is what the oracle writes: the truth
+//!   itself, `#### truth` under `gsm8k`, `\boxed{truth}` under `math` (DS-3, DR-4).
 
 use std::fmt;
 use std::str::FromStr;
+
+pub mod verl;
 
 /// One built-in way to score a final answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,10 +45,23 @@ pub enum Verifier {
     Numeric,
     /// Multiple-choice option letter.
     Choice,
+    /// verl's gsm8k scorer, strict `#### N` (VF-3).
+    Gsm8k,
+    /// verl's MATH scorer: the last `\boxed{}`, hendrycks_math normalisation (VF-3).
+    Math,
 }
 
 /// The verifier names [`Verifier::from_str`] accepts.
-pub const VERIFIER_NAMES: &[&str] = &["exact", "numeric", "choice"];
+pub const VERIFIER_NAMES: &[&str] = &["exact", "numeric", "choice", "gsm8k", "math"];
+
+/// The data sources verl's `default_compute_score` scores with its gsm8k scorer (VF-3).
+pub const VERL_GSM8K_SOURCES: &[&str] = &["openai/gsm8k"];
+/// The data sources verl's `default_compute_score` scores with its MATH scorer (VF-3).
+pub const VERL_MATH_SOURCES: &[&str] = &[
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
+];
 
 impl FromStr for Verifier {
     type Err = String;
@@ -46,6 +71,8 @@ impl FromStr for Verifier {
             "exact" => Ok(Verifier::Exact),
             "numeric" => Ok(Verifier::Numeric),
             "choice" => Ok(Verifier::Choice),
+            "gsm8k" => Ok(Verifier::Gsm8k),
+            "math" => Ok(Verifier::Math),
             other => Err(format!(
                 "unknown verifier `{other}`; expected one of {}",
                 VERIFIER_NAMES.join(", ")
@@ -60,6 +87,8 @@ impl fmt::Display for Verifier {
             Verifier::Exact => "exact",
             Verifier::Numeric => "numeric",
             Verifier::Choice => "choice",
+            Verifier::Gsm8k => "gsm8k",
+            Verifier::Math => "math",
         })
     }
 }
@@ -88,6 +117,12 @@ const CHOICE_SOURCES: &[&str] = &[
 impl Verifier {
     /// The verifier a row of `data_source` gets when none is configured (VF-2).
     pub fn for_data_source(data_source: &str) -> Verifier {
+        if VERL_GSM8K_SOURCES.contains(&data_source) {
+            return Verifier::Gsm8k;
+        }
+        if VERL_MATH_SOURCES.contains(&data_source) {
+            return Verifier::Math;
+        }
         let name = data_source.to_ascii_lowercase();
         if CHOICE_SOURCES.iter().any(|s| name.contains(s)) {
             Verifier::Choice
@@ -95,6 +130,15 @@ impl Verifier {
             Verifier::Numeric
         } else {
             Verifier::Exact
+        }
+    }
+
+    /// The answer the oracle writes for `ground_truth` (VF-4).
+    pub fn oracle_answer(self, ground_truth: &str) -> String {
+        match self {
+            Verifier::Gsm8k => format!("#### {ground_truth}"),
+            Verifier::Math => format!("\\boxed{{{ground_truth}}}"),
+            _ => ground_truth.to_string(),
         }
     }
 
@@ -116,6 +160,11 @@ impl Verifier {
                 Some(truth) => answer_letter(response) == Some(truth),
                 None => exact(response, ground_truth),
             },
+            Verifier::Gsm8k => {
+                verl::gsm8k_score(response, ground_truth, verl::Gsm8kMethod::Strict, 0.0, 1.0)
+                    == 1.0
+            }
+            Verifier::Math => verl::math_score(response, ground_truth) == 1.0,
         };
         if hit {
             1.0
@@ -290,9 +339,15 @@ mod tests {
     #[test]
     fn vf2_data_sources_choose_their_verifier() {
         for (source, want) in [
-            ("openai/gsm8k", Verifier::Numeric),
-            ("lighteval/MATH", Verifier::Numeric),
-            ("DigitalLearningGmbH/MATH-lighteval", Verifier::Numeric),
+            ("openai/gsm8k", Verifier::Gsm8k),
+            ("lighteval/MATH", Verifier::Math),
+            ("DigitalLearningGmbH/MATH-lighteval", Verifier::Math),
+            ("HuggingFaceH4/MATH-500", Verifier::Math),
+            // verl matches names exactly: near names keep keel's numeric (VF-3).
+            ("gsm8k", Verifier::Numeric),
+            ("OpenAI/GSM8K", Verifier::Numeric),
+            ("lighteval/math", Verifier::Numeric),
+            ("math_dapo", Verifier::Numeric),
             ("aime2024", Verifier::Numeric),
             ("cais/mmlu", Verifier::Choice),
             ("Idavidrein/gpqa", Verifier::Choice),
@@ -305,7 +360,7 @@ mod tests {
         assert_eq!("numeric".parse::<Verifier>(), Ok(Verifier::Numeric));
         assert_eq!(
             "regex".parse::<Verifier>().unwrap_err(),
-            "unknown verifier `regex`; expected one of exact, numeric, choice"
+            "unknown verifier `regex`; expected one of exact, numeric, choice, gsm8k, math"
         );
     }
 
@@ -333,6 +388,49 @@ mod tests {
         ] {
             assert_eq!(v.score(response, truth), want, "{response:?} vs {truth:?}");
         }
+    }
+
+    #[test]
+    fn vf3_issue_probes_get_verls_verdict_and_numeric_stays_lenient() {
+        for (response, gsm8k, numeric) in [
+            ("The answer is 3460", 0.0, 1.0),
+            ("#### 3460 dollars for 10 laptops", 1.0, 0.0),
+            ("#### 3,460", 1.0, 1.0),
+            ("\\boxed{3460}", 0.0, 1.0),
+        ] {
+            assert_eq!(Verifier::Gsm8k.score(response, "3460"), gsm8k, "{response}");
+            assert_eq!(
+                Verifier::Numeric.score(response, "3460"),
+                numeric,
+                "{response}"
+            );
+        }
+    }
+
+    #[test]
+    fn vf4_the_oracle_answer_passes_its_verifier() {
+        let truths = [
+            "72",
+            "-3.5",
+            "B",
+            "\\frac{1}{2}",
+            "x^2 + 1",
+            "(-\\infty, 2]",
+        ];
+        for (v, passing) in [
+            (Verifier::Exact, &truths[..]),
+            (Verifier::Math, &truths[..]),
+            // verl's gsm8k scorer only reads `#### N` numbers.
+            (Verifier::Gsm8k, &truths[..2]),
+        ] {
+            for truth in truths {
+                let oracle = v.oracle_answer(truth);
+                let ok = v.score(&oracle, truth) == 1.0;
+                assert_eq!(ok, passing.contains(&truth), "{v} {truth:?} as {oracle:?}");
+            }
+        }
+        assert_eq!(Verifier::Gsm8k.oracle_answer("72"), "#### 72");
+        assert_eq!(Verifier::Math.oracle_answer("72"), "\\boxed{72}");
     }
 
     #[test]
@@ -383,7 +481,13 @@ mod tests {
             "3/",
         ];
         for text in hostile {
-            for v in [Verifier::Exact, Verifier::Numeric, Verifier::Choice] {
+            for v in [
+                Verifier::Exact,
+                Verifier::Numeric,
+                Verifier::Choice,
+                Verifier::Gsm8k,
+                Verifier::Math,
+            ] {
                 for truth in ["5", "A", "x", ""] {
                     let s = v.score(text, truth);
                     assert!(s == 0.0 || s == 1.0, "{v} {text:?} {truth:?}: {s}");

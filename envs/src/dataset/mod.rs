@@ -8,7 +8,7 @@
 //! up to `max_turns` turns: a response starting with `calc` (`calc A OP B`, the calculator of
 //! the built-in `calc` env) or `search` (BM25 over the row's documents, as in `search-qa`)
 //! calls that tool and the episode goes on with its result; any other response is the final
-//! answer (a leading `answer` word is dropped).
+//! answer (a leading `answer` word is dropped for the verifiers, DS-7).
 //!
 //! Training task `i` is row `RowOrder::row(i)` of the train file, held-out task `i` is row
 //! `i mod n` of the eval file (see [`crate::row_order`]): the task index a seed encodes
@@ -19,13 +19,24 @@
 //! - DS-1 The files are read and checked once per [`Dataset::load`]; every env instance of one
 //!   builder shares the rows (no per-episode I/O).
 //! - DS-2 `max_turns` is 1 when no row names a tool, else the configured `max_turns`.
-//! - DS-3 The oracle answers a row's first ground truth, which its verifier accepts (DR-4).
-//! - DS-5 With a reward service (`reward.url`), a final answer's reward is the service's
-//!   ([`reward`], RC-1..3) and rows are not held to DR-4; a service failure fails the episode
-//!   (`try_step` errs), it never becomes a reward.
+//! - DS-3 The oracle answers a row's [`Row::oracle`] (its first ground truth written for the
+//!   verifier, VF-4), which its verifier accepts (DR-4).
 //! - DS-4 The vocabulary is the env's action and observation words, then every word of every
-//!   row's messages, ground truths and documents in file order (the built-in word-level model
-//!   can encode every row); with a calculator row, also `calc`'s numbers.
+//!   row's messages, ground truths, oracle answers and documents in file order (the built-in
+//!   word-level model can encode every row); with a calculator row, also `calc`'s numbers.
+//! - DS-5 With a reward service (`reward.url`), the final answer of a model's response
+//!   ([`Env::try_step_response`]) is scored by the service ([`reward`], RC-1..3), which receives
+//!   the raw response unchanged — verl's `solution_str`: untrimmed, reasoning and a leading
+//!   `answer` word included. Its reward is passed through: any finite float (verl's `math_dapo`
+//!   ±1, format penalties; the one exception to EN-5's `[0, 1]`; `success()` is a reward ≥ 1).
+//!   Rows are not held to DR-4. A service failure or a non-finite reward fails the episode
+//!   (`try_step_response` errs), it never becomes a reward.
+//! - DS-6 Keel's own actions ([`Env::step`] / [`Env::try_step`]: the oracle, SFT demonstrations
+//!   and their planted mistakes, the random policy, `keel env play`) are scored by the row's
+//!   verifier and never sent to the service; the oracle's answer scores 1 (DS-3) even on a row
+//!   not held to DR-4.
+//! - DS-7 Tool calls and verifiers read the response's visible text (AX-1: a leading reasoning
+//!   block dropped, trimmed), and verifiers read it without a leading `answer` word.
 
 pub mod file;
 pub mod reward;
@@ -284,19 +295,48 @@ impl DatasetEnv {
         self.data.row(self.state.split, self.state.row)
     }
 
-    /// The reward of a final answer: the service's (DS-5) or the row's verifier's.
-    fn final_reward(&self, answer: &str) -> Result<f32, EnvError> {
+    /// The reward of a final answer: the service's for a model's raw `response` (DS-5), else
+    /// the row's verifier's (DS-6).
+    fn final_reward(&self, answer: &str, response: Option<&str>) -> Result<f32, EnvError> {
         let row = self.row();
-        match &self.reward {
-            Some(client) => client.score(
+        match (&self.reward, response) {
+            (Some(client), Some(raw)) => client.score(
                 &row.data_source,
                 &row.messages,
-                answer,
+                raw,
                 &row.ground_truth,
                 &row.extra_info,
             ),
-            None => Ok(row.score(answer)),
+            (Some(_), None) if answer == row.oracle => Ok(1.0),
+            _ => Ok(row.score(answer)),
         }
+    }
+
+    /// One turn on the visible `action`; `response` is the raw text of a model's response.
+    fn advance(&mut self, action: &str, response: Option<&str>) -> Result<StepOutcome, EnvError> {
+        if self.state.done {
+            return Ok(outcome_of(self, tools::INVALID.into(), 0.0, true, true));
+        }
+        let (observation, reward, invalid) = match tools::call(self.row(), action) {
+            Some(tools::Called { observation, valid }) => (observation, 0.0, !valid),
+            None => {
+                let reward = self.final_reward(tools::answer_text(action), response)?;
+                self.state.done = true;
+                self.state.solved = reward >= 1.0;
+                (String::new(), reward, false)
+            }
+        };
+        self.state.turns += 1;
+        if self.state.turns >= self.turn_limit() {
+            self.state.done = true;
+        }
+        Ok(outcome_of(
+            self,
+            observation,
+            reward,
+            self.state.done,
+            invalid,
+        ))
     }
 
     fn turn_limit(&self) -> usize {
@@ -332,40 +372,31 @@ impl Env for DatasetEnv {
         self.row().preamble().to_vec()
     }
 
-    // keel calls `try_step` (env shards, demonstrations, `keel env`); with a reward service
-    // `step` names the failure if another caller meets one (as `ExternalEnv` does).
+    // keel calls `try_step` / `try_step_response` (env shards, demonstrations, `keel env`);
+    // with a reward service `step_response` names the failure if another caller meets one (as
+    // `ExternalEnv` does).
     fn step(&mut self, action: &str) -> StepOutcome {
         self.try_step(action).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Keel's own action, scored by the row's verifier (DS-6); never fails.
     fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
-        if self.state.done {
-            return Ok(outcome_of(self, tools::INVALID.into(), 0.0, true, true));
-        }
-        let (observation, reward, invalid) = match tools::call(self.row(), action) {
-            Some(tools::Called { observation, valid }) => (observation, 0.0, !valid),
-            None => {
-                let reward = self.final_reward(tools::answer_text(action))?;
-                self.state.done = true;
-                self.state.solved = reward >= 1.0;
-                (String::new(), reward, false)
-            }
-        };
-        self.state.turns += 1;
-        if self.state.turns >= self.turn_limit() {
-            self.state.done = true;
-        }
-        Ok(outcome_of(
-            self,
-            observation,
-            reward,
-            self.state.done,
-            invalid,
-        ))
+        self.advance(crate::action::visible(action), None)
+    }
+
+    fn step_response(&mut self, response: &str) -> StepOutcome {
+        self.try_step_response(response)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A model's response: the visible text for tools and verifiers, the raw text for the
+    /// reward service (DS-5, DS-7).
+    fn try_step_response(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
+        self.advance(crate::action::visible(response), Some(response))
     }
 
     fn oracle_action(&self) -> String {
-        self.row().ground_truths[0].clone()
+        self.row().oracle.clone()
     }
 
     fn max_turns(&self) -> usize {

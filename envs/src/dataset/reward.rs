@@ -1,13 +1,15 @@
-//! The client of a user's reward service (`env.reward_url`): the reward of a dataset episode's
-//! final answer is asked over HTTP instead of computed by a built-in verifier.
+//! The client of a user's reward service (`env.reward_url`): the reward of a model response
+//! that ends a dataset episode is asked over HTTP instead of computed by a built-in verifier.
 //!
-//! Protocol (the reference server is `envs/external/reward_server.py`, stdlib only):
-//! - `GET /health` → any JSON object: asked once when the client starts; a service that does
-//!   not answer is a startup error naming the URL, before any episode runs.
+//! Protocol (the reference server is `envs/external/reward_server.py`, stdlib only, which calls
+//! a verl reward function file exactly as verl does):
+//! - `GET /health` → a JSON object: asked once when the client starts; a service that does not
+//!   answer it with success, or answers `{"ok": false, "error": …}`, is a startup error naming
+//!   the URL and the reason, before any episode runs.
 //! - `POST /score` with `{"items": [{"data_source", "prompt", "response", "ground_truth",
-//!   "extra_info"}, …]}` → `{"rewards": [r, …]}`, one reward in `[0, 1]` per item, in order.
-//!   The fields are verl's `compute_score(data_source, solution_str, ground_truth, extra_info)`
-//!   arguments, plus the prompt's messages.
+//!   "extra_info"}, …]}` → `{"rewards": [r, …]}`, one finite number per item, in order. The
+//!   fields are verl's `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`
+//!   keywords, plus the prompt's messages; `response` is the whole decoded response (DS-5).
 //!
 //! Invariants:
 //! - RC-1 Batching: scoring requests of concurrent episodes are gathered into one `/score`
@@ -17,8 +19,10 @@
 //!   and form the next batches.
 //! - RC-3 Requests follow HJ-1..3 (deadline, retries with backoff on transport errors and 5xx,
 //!   bearer token from `auth_env`). A batch that still fails fails each of its episodes with
-//!   `EnvError::RewardService` naming the service (ES-4: the shard keeps serving); an answer of the
-//!   wrong length or with a reward outside `[0, 1]` fails them too. A reward is never invented.
+//!   `EnvError::RewardService` naming the service (ES-4: the shard keeps serving); an answer of
+//!   the wrong length or with a non-finite reward fails them too. Every finite reward is passed
+//!   through as it is — never clamped to `[0, 1]` (verl's `math_dapo` -1 and format penalties
+//!   keep their meaning) — and a reward is never invented.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -159,11 +163,12 @@ impl RewardClient {
             "reward_auth_env",
         )?;
         let url = crate::redact_url(&cfg.url);
-        http.call::<Value>("health", None)
-            .map_err(|reason| EnvError::RewardService {
+        check_health(http.call::<Value>("health", None)).map_err(|reason| {
+            EnvError::RewardService {
                 url: url.clone(),
-                reason: format!("does not answer: {reason}"),
-            })?;
+                reason,
+            }
+        })?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (batches, batch_queue) = mpsc::sync_channel::<Vec<Job>>(0);
         let batch_queue = Arc::new(Mutex::new(batch_queue));
@@ -268,6 +273,19 @@ fn send_batches(http: &JsonClient, queue: &Mutex<Receiver<Vec<Job>>>) {
     }
 }
 
+/// The `/health` answer: an error unless it succeeded without `"ok": false`.
+fn check_health(answer: Result<Value, String>) -> Result<(), String> {
+    match answer {
+        Err(reason) => Err(format!("GET /health failed: {reason}")),
+        Ok(body) if body.get("ok") == Some(&Value::Bool(false)) => Err(format!(
+            "GET /health says it cannot score: {}",
+            body.get("error").unwrap_or(&body)
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// RC-3: one reward per item, each finite (as `f32` too); any finite value passes through.
 fn check_rewards(rewards: Vec<f64>, items: usize) -> Result<Vec<f32>, String> {
     if rewards.len() != items {
         return Err(format!(
@@ -275,12 +293,46 @@ fn check_rewards(rewards: Vec<f64>, items: usize) -> Result<Vec<f32>, String> {
             rewards.len()
         ));
     }
-    if let Some((i, r)) = rewards
-        .iter()
-        .enumerate()
-        .find(|(_, r)| !(0.0..=1.0).contains(*r))
-    {
-        return Err(format!("score: reward {r} of item {i} is outside [0, 1]"));
+    let rewards: Vec<f32> = rewards.into_iter().map(|r| r as f32).collect();
+    if let Some((i, r)) = rewards.iter().enumerate().find(|(_, r)| !r.is_finite()) {
+        return Err(format!(
+            "score: reward {r} of item {i} is not a finite number"
+        ));
     }
-    Ok(rewards.into_iter().map(|r| r as f32).collect())
+    Ok(rewards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rc3_finite_rewards_pass_through_unclamped_and_non_finite_ones_fail() {
+        assert_eq!(
+            check_rewards(vec![-1.0, 0.5, 2.0, -0.25], 4),
+            Ok(vec![-1.0, 0.5, 2.0, -0.25])
+        );
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e300] {
+            let err = check_rewards(vec![1.0, bad], 2).unwrap_err();
+            assert!(err.contains("of item 1 is not a finite number"), "{err}");
+        }
+        assert_eq!(
+            check_rewards(vec![1.0], 2).unwrap_err(),
+            "score: 1 rewards for 2 items"
+        );
+    }
+
+    #[test]
+    fn rc3_health_must_succeed_without_ok_false() {
+        assert_eq!(check_health(Ok(json!({"ok": true}))), Ok(()));
+        assert_eq!(check_health(Ok(json!({}))), Ok(()));
+        assert_eq!(
+            check_health(Ok(json!({"ok": false, "error": "refused"}))).unwrap_err(),
+            "GET /health says it cannot score: \"refused\""
+        );
+        assert_eq!(
+            check_health(Err("health: HTTP 503: {}".into())).unwrap_err(),
+            "GET /health failed: health: HTTP 503: {}"
+        );
+    }
 }

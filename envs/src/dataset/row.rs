@@ -18,8 +18,10 @@
 //! - DR-2 A parsed row has at least one non-empty ground truth (a string, a number, or a list of
 //!   them: any one of them answers the row).
 //! - DR-3 Every error names the file, the 1-based row and the field (a dotted path).
-//! - DR-4 A row's own ground truth scores 1 under its verifier (the oracle solves every row);
-//!   a row where it does not is refused, since no answer could ever be rewarded.
+//! - DR-4 The oracle's answer to a row (its first ground truth as the verifier expects answers
+//!   written, VF-4: `#### 72` under verl's `gsm8k`) scores 1 under its verifier (the oracle
+//!   solves every row); a row where it does not is refused, since no answer could ever be
+//!   rewarded (verl's gsm8k scorer never matches a ground truth `1,000`).
 //! - DR-5 Tools are `calculator` (alias `calc`) and `search`; `search` needs at least one
 //!   document in `extra_info.documents`.
 
@@ -103,6 +105,8 @@ pub struct Row {
     pub ground_truth: Value,
     /// How answers are scored.
     pub verifier: Verifier,
+    /// The oracle's answer: the first ground truth written for the verifier (VF-4, DR-4).
+    pub oracle: String,
     /// Tools of an agentic row (empty: single-turn).
     pub tools: Vec<Tool>,
     /// The search tool's corpus.
@@ -179,22 +183,24 @@ impl Row {
         let verifier = schema
             .verifier
             .unwrap_or_else(|| Verifier::for_data_source(&data_source));
+        let oracle = verifier.oracle_answer(&ground_truths[0]);
         let row = Row {
             messages,
             data_source,
             ground_truths,
             ground_truth,
             verifier,
+            oracle,
             tools,
             documents,
             extra_info,
         };
-        if !schema.own_reward && row.score(&row.ground_truths[0]) < 1.0 {
+        if !schema.own_reward && row.score(&row.oracle) < 1.0 {
             return Err(err.at(
                 &schema.answer_key,
                 format!(
-                    "the ground truth {:?} does not pass its own `{}` verifier, so no answer could be rewarded; set env.verifier or fix the row",
-                    row.ground_truths[0], row.verifier
+                    "the ground truth {:?} does not pass its own `{}` verifier (answered {:?}), so no answer could be rewarded; set env.verifier or fix the row",
+                    row.ground_truths[0], row.verifier, row.oracle
                 ),
             ));
         }
@@ -225,6 +231,7 @@ impl Row {
             .iter()
             .map(|m| m.content.as_str())
             .chain(self.ground_truths.iter().map(String::as_str))
+            .chain([self.oracle.as_str()])
             .chain(self.documents.iter().map(String::as_str))
     }
 }
@@ -377,10 +384,15 @@ mod tests {
         .unwrap();
         assert_eq!(row.prompt(), "What is 6 times 12?");
         assert_eq!(row.preamble().len(), 1);
-        assert_eq!(row.verifier, Verifier::Numeric);
+        assert_eq!(row.verifier, Verifier::Gsm8k);
         assert_eq!(row.ground_truths, vec!["72"]);
+        assert_eq!(row.oracle, "#### 72");
         assert_eq!(row.score("so #### 72"), 1.0);
-        assert_eq!(row.score("\\boxed{71}"), 0.0);
+        assert_eq!(
+            row.score("\\boxed{72}"),
+            0.0,
+            "verl's gsm8k reads `#### N` only"
+        );
         let row = parse(json!({"prompt": "Capital of France?",
                                "reward_model": {"ground_truth": ["Paris", "paris, france"]}}))
         .unwrap();
@@ -419,6 +431,13 @@ mod tests {
         };
         // A non-number truth falls back to exact under `numeric` (VF) and passes.
         assert!(Row::parse(&v, &schema, "f", 1).is_ok());
+        // verl's gsm8k never matches a truth with a thousands comma: no answer could pass.
+        let v = json!({"data_source": "openai/gsm8k", "prompt": "how many",
+                       "reward_model": {"ground_truth": "1,000"}});
+        assert_eq!(
+            Row::parse(&v, &RowSchema::default(), "f", 2).unwrap_err().to_string(),
+            "dataset f, row 2, field `reward_model.ground_truth`: the ground truth \"1,000\" does not pass its own `gsm8k` verifier (answered \"#### 1,000\"), so no answer could be rewarded; set env.verifier or fix the row"
+        );
     }
 
     #[test]

@@ -46,11 +46,14 @@ fn ds_single_turn_rows_score_by_verifier() {
     assert!(prompt.starts_with("what is "));
     assert_eq!(env.preamble()[0].content, "answer with a number");
     assert_eq!(env.task_type(), "openai/gsm8k");
+    // openai/gsm8k rows get verl's gsm8k scorer (VF-3): the oracle writes `#### N` (DS-3).
     let oracle = env.oracle_action();
-    let out = env.step(&format!("the answer is \\boxed{{{oracle}}}"));
+    let truth = data.train_rows()[data.train_row(0)].ground_truths[0].clone();
+    assert_eq!(oracle, format!("#### {truth}"));
+    let out = env.step(&format!("{truth} apples\n{oracle}"));
     assert!(out.done && out.reward == 1.0 && env.success());
     env.reset(task_seed(Split::Train, 0));
-    let out = env.step("no idea");
+    let out = env.step(&format!("The answer is {truth}"));
     assert!(out.done && out.reward == 0.0 && !out.invalid_action && !env.success());
     // Held-out tasks are the eval file's rows in order, wrapping.
     assert_eq!(env.reset(task_seed(Split::Eval, 3)), "what is 1 plus 1 ?");
@@ -59,6 +62,30 @@ fn ds_single_turn_rows_score_by_verifier() {
     for w in env.reset(task_seed(Split::Train, 2)).split_whitespace() {
         assert!(vocab.iter().any(|v| v == w), "{w}");
     }
+}
+
+#[test]
+fn ds7_sampled_responses_are_read_by_their_visible_text() {
+    let row = serde_json::json!({
+        "data_source": "toolqa",
+        "prompt": "what is 6 * 7 ?",
+        "reward_model": {"ground_truth": "42"},
+        "extra_info": {"tools": ["calculator"]},
+    });
+    let (train, eval) = (jsonl(std::slice::from_ref(&row)), jsonl(&[row]));
+    let data = Arc::new(Dataset::load(&config(&train, &eval)).unwrap());
+    let mut env = DatasetEnv::new(data, None);
+    env.reset(task_seed(Split::Train, 0));
+    let out = env.step_response("<think>I should multiply</think>\n calc 6 * 7 \n");
+    assert_eq!(out.observation, "result 42");
+    let out = env.step_response("<think>answer 41? no</think>  answer 42\n");
+    assert!(out.done && out.reward == 1.0 && env.success());
+    env.reset(task_seed(Split::Train, 0));
+    let out = env.try_step_response("answer 42 <think>").unwrap();
+    assert!(
+        out.done && out.reward == 0.0,
+        "an unclosed block is visible text"
+    );
 }
 
 #[test]
@@ -202,8 +229,13 @@ fn df_parquet_rows_written_by_pyarrow_read_like_jsonl() {
     let data = Dataset::load(&cfg).unwrap();
     assert_eq!((data.train_rows().len(), data.eval_rows().len()), (6, 3));
     let row = &data.train_rows()[1];
-    assert_eq!(row.verifier, Verifier::Numeric);
+    assert_eq!(row.verifier, Verifier::Gsm8k);
     assert_eq!(row.score("3 + 4 = 7 #### 7"), 1.0);
+    assert_eq!(
+        row.score("3 + 4 = 7"),
+        0.0,
+        "verl's strict gsm8k needs `#### N`"
+    );
     assert!(row
         .prompt()
         .starts_with("Tom has 3 apples and buys 4 more."));
