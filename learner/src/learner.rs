@@ -851,6 +851,7 @@ impl Learner {
                 let (l, s) = armor_loss(&inputs, &opt, ratio, p.clip)?;
                 out.set_clip(l.stats);
                 out.armor_mix_ratio = ratio;
+                out.armor_replace_ratio = opt.replace_weight(ratio);
                 out.armor_renorm_weight = s.renorm_weight_mean;
                 out.anchor_mixed_ratio_max = s.anchor_mixed_ratio_max;
                 out.anchor_plain_ratio_max = s.anchor_plain_ratio_max;

@@ -80,8 +80,12 @@ pub struct StepMetrics {
     pub anchor_plain_ratio_max: f64,
     /// ARMOR: model tokens of anchor trajectories in the batch.
     pub anchor_tokens: f64,
-    /// ARMOR: the mixture ratio r in force (`armor.loss.mix_ratio`, or the batch's policy share).
+    /// ARMOR: the ratio mixing's r in force (`armor.loss.mix_ratio`, or the batch's policy
+    /// share); 1 = no ratio mixing.
     pub armor_mix_ratio: f64,
+    /// ARMOR: weight of π_old in the mixture that replaces it (`armor.loss.replace_ratio`, or the
+    /// ratio mixing's r, for `replace_old = "mix"`; 1/2 for `avg`); 0 without such a replacement.
+    pub armor_replace_ratio: f64,
     /// ARMOR: mean advantage weight of `armor.loss.renorm_adv` over model tokens (1 without).
     pub armor_renorm_weight: f64,
     /// Actor optimizer steps taken in this call.
@@ -100,7 +104,7 @@ pub struct StepMetrics {
 
 impl StepMetrics {
     /// The fields averaged over minibatches.
-    pub(crate) fn averaged(&mut self) -> [&mut f64; 24] {
+    pub(crate) fn averaged(&mut self) -> [&mut f64; 25] {
         [
             &mut self.loss,
             &mut self.pg_loss,
@@ -123,6 +127,7 @@ impl StepMetrics {
             &mut self.explained_var,
             &mut self.vf_clipfrac,
             &mut self.armor_mix_ratio,
+            &mut self.armor_replace_ratio,
             &mut self.armor_renorm_weight,
             &mut self.actor_steps,
             &mut self.critic_steps,

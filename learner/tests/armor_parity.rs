@@ -7,12 +7,16 @@
 //! Covered: the mixture with the reference (r = 15/16 and 7/8), with the constant 1 and with
 //! π_old; `mix_probs_on_ref_only`; `replace_old_probs` with each `replace_method` (ref, mix,
 //! avg, max) × `replace_on_ref_only` × `renorm_adv` (none, token, seq) × `replace_on_adv`, with
-//! and without mixing; on a batch with a fully-masked row, an observation gap, garbage at masked
-//! positions, a log-ratio past the ±20 clamp and dual-clip (c = 10) hits.
+//! and without mixing; the `mix` replacement at its own ratio (`replace_ratio`, the replacement's
+//! `mix_probs_main_ratio`): with ratio mixing off (`mix_probs = False`, a configuration one
+//! shared ratio cannot express) and with both on at different ratios (the reference's
+//! replacement and mixing steps run with a ratio each); on a batch with a fully-masked row, an
+//! observation gap, garbage at masked positions, a log-ratio past the ±20 clamp and dual-clip
+//! (c = 10) hits.
 //!
 //! Tolerance as `support::REL`; the metrics differ by verl's `1e-8` in `masked_mean`'s
 //! denominator only. Deliberate difference (not in these vectors, asserted in `algo::armor`'s
-//! AR-4 test): with `renorm_adv = "seq"` a fully-masked *anchor* row makes the reference's loss
+//! AM-4 test): with `renorm_adv = "seq"` a fully-masked *anchor* row makes the reference's loss
 //! NaN (0/0 in its row mean); keel gives that row weight 1.
 
 use std::path::Path;
@@ -118,4 +122,24 @@ fn the_vectors_cover_every_option_value() {
     ] {
         assert_eq!(seen(flag).len(), 2, "{flag}");
     }
+}
+
+#[test]
+fn the_vectors_cover_the_replacements_own_ratio() {
+    let all = vectors();
+    let ratios: Vec<(f64, f64)> = all["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter_map(|c| {
+            let o = &c["options"];
+            Some((o["mix_ratio"].as_f64()?, o["replace_ratio"].as_f64()?))
+        })
+        .collect();
+    let mixing_off = ratios.iter().filter(|(r, rr)| *r == 1.0 && *rr < 1.0);
+    let both_on = ratios
+        .iter()
+        .filter(|(r, rr)| *r < 1.0 && *rr < 1.0 && r != rr);
+    assert!(mixing_off.count() >= 12, "replace = mix, ratio mixing off");
+    assert!(both_on.count() >= 12, "both on at different ratios");
 }

@@ -13,19 +13,35 @@
 //! The partner `q` is the reference (shipped), the constant probability 1 (`one`, the code's
 //! `mix_probs_w_const`) or π_old (`old`, `mix_probs_w_old`). With `mix_on_anchors_only` the
 //! policy's own rows keep the plain ratio. Before mixing, `replace_old` may replace π_old
-//! (on anchor rows only by default) by the reference, the r-mixture or the average of π_old and
-//! the reference, or their maximum; `renorm_adv` then multiplies anchor rows' advantages by
+//! (on anchor rows only by default) by the reference, the mixture
+//! `r_old·π_old + (1 − r_old)·π_ref` (`mix`) or the average of π_old and the reference, or their
+//! maximum; `renorm_adv` then multiplies anchor rows' advantages by
 //! `min(π_new_old/π_old, 20)` per token or its per-row mean, and `replace_on_advantage` keeps
 //! π_old in the ratio and multiplies the advantage by `π_old/π_new_old` instead.
 //! Gradient: `∇ρ̃ = r·π_θ·∇logπ_θ / π̃_old`, bounded because `π̃_old ≥ (1 − r)·π_ref`.
 //!
+//! Two ratios, as in the public code: `update_policy` reads one `mix_probs_main_ratio` twice,
+//! for `replace_method = mix` (always, when `replace_old_probs`) and for the ratio mixing (only
+//! when `mix_probs`). So the reference can mix π_old into its replacement at 15/16 while its
+//! ratio is plain (`mix_probs = False`), which one r cannot say (r = 1 turns both off). keel
+//! therefore gives the replacement its own `replace_ratio` (r_old above) next to `replace_old`,
+//! which already mirrors `replace_old_probs` + `replace_method`: unset, it is the ratio
+//! mixing's r (`mix_ratio` or the auto share: the reference with `mix_probs` on, and today's
+//! behaviour bit for bit); set, it is the replacement's `mix_probs_main_ratio` (the reference
+//! with `mix_probs` off is `mix_ratio = 1` + `replace_ratio`; both on at different ratios is
+//! the reference's two steps with a ratio each). A separate key rather than a `mix_probs`
+//! switch: `mix_ratio = 1` already is that switch, and a ratio of its own names what it sets.
+//!
 //! Invariants:
-//! - AR-1: with `r = 1` (and no replacement) the loss is vanilla PPO on the plain ratio.
-//! - AR-2: mixtures are computed with `logaddexp`, so they are finite whenever an input is.
-//! - AR-3: options only change anchor rows' terms where the public code does: with
+//! - AM-1: with `r = 1` (and no replacement) the loss is vanilla PPO on the plain ratio.
+//! - AM-2: mixtures are computed with `logaddexp`, so they are finite whenever an input is.
+//! - AM-3: options only change anchor rows' terms where the public code does: with
 //!   `mix_on_anchors_only` and `replace_on_anchors_only`, policy rows see plain PPO.
-//! - AR-4: a fully masked row contributes nothing, also to `renorm_adv = "seq"` (the public
+//! - AM-4: a fully masked row contributes nothing, also to `renorm_adv = "seq"` (the public
 //!   code divides 0 by 0 there and turns the whole loss into NaN).
+//! - AM-5: `replace_old = "mix"` mixes with `replace_ratio` when set and with the ratio
+//!   mixing's r otherwise; no other option reads `replace_ratio`, and `validate` refuses it
+//!   with another `replace_old` and refuses a `mix` replacement that would be π_old itself.
 
 use tch::{Kind, Tensor};
 
@@ -61,7 +77,7 @@ pub enum ReplaceOld {
     None,
     /// The reference's log-probs (`ref`).
     Reference,
-    /// The r-mixture of π_old and the reference (`mix`).
+    /// The mixture of π_old and the reference at `replace_ratio`, by default r (`mix`).
     Mix,
     /// Their even mixture (`avg`).
     Avg,
@@ -87,7 +103,7 @@ pub enum RenormAdv {
 #[serde(deny_unknown_fields, default)]
 pub struct ArmorLoss {
     /// Mixture weight r of the policy, in (0, 1]; unset = the batch's share of policy rows
-    /// (`auto_mix_ratio`). 1 turns mixing off.
+    /// (`auto_mix_ratio`). 1 turns the ratio mixing off (`mix_probs = False`).
     pub mix_ratio: Option<f64>,
     /// Mix only on anchor rows (`mix_probs_on_ref_only`).
     pub mix_on_anchors_only: bool,
@@ -95,6 +111,9 @@ pub struct ArmorLoss {
     pub mix_partner: MixPartner,
     /// Replace π_old before mixing.
     pub replace_old: ReplaceOld,
+    /// Weight of π_old in the `mix` replacement, in (0, 1] (the replacement's
+    /// `mix_probs_main_ratio`); unset = the ratio mixing's r.
+    pub replace_ratio: Option<f64>,
     /// The replacement applies to anchor rows only (`replace_on_ref_only`, true in the scripts).
     pub replace_on_anchors_only: bool,
     /// Advantage reweighting of anchor rows after a replacement.
@@ -110,6 +129,7 @@ impl Default for ArmorLoss {
             mix_on_anchors_only: false,
             mix_partner: MixPartner::Reference,
             replace_old: ReplaceOld::None,
+            replace_ratio: None,
             replace_on_anchors_only: true,
             renorm_adv: RenormAdv::None,
             replace_on_advantage: false,
@@ -123,16 +143,32 @@ impl ArmorLoss {
         self.mix_ratio.unwrap_or(policy_share)
     }
 
+    /// Weight of π_old in the mixture that replaces it (AM-5): `mix`: `replace_ratio`, or the
+    /// ratio mixing's `r`; `avg`: 1/2; 0 when no mixture replaces π_old.
+    pub fn replace_weight(&self, r: f64) -> f64 {
+        match self.replace_old {
+            ReplaceOld::Mix => self.replace_ratio.unwrap_or(r),
+            ReplaceOld::Avg => 0.5,
+            ReplaceOld::None | ReplaceOld::Reference | ReplaceOld::Max => 0.0,
+        }
+    }
+
     /// Range checks, naming the key.
     pub fn validate(&self) -> Result<(), LearnerError> {
-        if let Some(r) = self.mix_ratio {
-            if !(r > 0.0 && r <= 1.0) {
-                return Err(LearnerError::config(
-                    "armor.loss.mix_ratio",
-                    format!("must be in (0, 1], got {r}"),
-                ));
+        for (key, value) in [
+            ("armor.loss.mix_ratio", self.mix_ratio),
+            ("armor.loss.replace_ratio", self.replace_ratio),
+        ] {
+            if let Some(r) = value {
+                if !(r > 0.0 && r <= 1.0) {
+                    return Err(LearnerError::config(
+                        key,
+                        format!("must be in (0, 1], got {r}"),
+                    ));
+                }
             }
         }
+        self.validate_replace_ratio()?;
         if self.replace_old == ReplaceOld::None
             && (self.renorm_adv != RenormAdv::None || self.replace_on_advantage)
         {
@@ -142,6 +178,25 @@ impl ArmorLoss {
             ));
         }
         Ok(())
+    }
+
+    /// AM-5: `replace_ratio` only with a `mix` replacement, and a `mix` replacement that is not
+    /// π_old itself.
+    fn validate_replace_ratio(&self) -> Result<(), LearnerError> {
+        let key = "armor.loss.replace_ratio";
+        match (self.replace_old, self.replace_ratio, self.mix_ratio) {
+            (ReplaceOld::Mix, None, Some(r)) if r >= 1.0 => Err(LearnerError::config(
+                key,
+                "replace_old = \"mix\" with mix_ratio = 1 replaces pi_old by itself: set \
+                 replace_ratio (the reference's mix_probs_main_ratio with mix_probs off)",
+            )),
+            (ReplaceOld::Mix, _, _) | (_, None, _) => Ok(()),
+            (_, Some(_), _) => Err(LearnerError::config(
+                key,
+                "weights only replace_old = \"mix\" (avg mixes at 1/2, none, reference and max \
+                 do not mix): unset it or set replace_old = \"mix\"",
+            )),
+        }
     }
 }
 
@@ -174,7 +229,7 @@ pub struct ArmorStats {
     pub renorm_weight_mean: f64,
 }
 
-/// `log(r·exp(a) + (1 − r)·exp(b))`, elementwise (AR-2); `r` in (0, 1].
+/// `log(r·exp(a) + (1 − r)·exp(b))`, elementwise (AM-2); `r` in (0, 1].
 pub fn mixed_logp(logp: &Tensor, partner: &Tensor, r: f64) -> Tensor {
     if r >= 1.0 {
         return logp.shallow_clone();
@@ -200,8 +255,7 @@ fn replaced_old(inp: &ArmorInputs, opt: &ArmorLoss, r: f64) -> (Tensor, Tensor, 
     let new_old = match opt.replace_old {
         ReplaceOld::None => return (old, adv, 1.0),
         ReplaceOld::Reference => rf.shallow_clone(),
-        ReplaceOld::Mix => mixed_logp(&old, &rf, r),
-        ReplaceOld::Avg => mixed_logp(&old, &rf, 0.5),
+        ReplaceOld::Mix | ReplaceOld::Avg => mixed_logp(&old, &rf, opt.replace_weight(r)),
         ReplaceOld::Max => old.maximum(&rf),
     };
     let new_old = new_old.where_self(&rows_where(opt.replace_on_anchors_only, inp), &old);
@@ -214,7 +268,7 @@ fn replaced_old(inp: &ArmorInputs, opt: &ArmorLoss, r: f64) -> (Tensor, Tensor, 
             RenormAdv::Seq => {
                 let m = inp.mask.to_kind(w.kind());
                 let n = m.sum_dim_intlist(1, true, w.kind());
-                // AR-4: an empty row's weight is 1, not 0/0.
+                // AM-4: an empty row's weight is 1, not 0/0.
                 let mean = (select(&w, inp.mask) * &m).sum_dim_intlist(1, true, w.kind())
                     / n.clamp_min(1.0);
                 mean.where_self(&n.gt(0.0), &mean.ones_like()).expand_as(&w)
@@ -320,12 +374,12 @@ mod tests {
             let x = mixed_log_ratio(&inp, &old, &opt, 0.875);
             assert!((values(&x.exp())[0] - mixed).abs() < 1e-6);
             let p = mixed_log_ratio(&inp, &old, &opt, 1.0);
-            assert!((values(&p.exp())[0] - plain).abs() < 1e-6, "AR-1");
+            assert!((values(&p.exp())[0] - plain).abs() < 1e-6, "AM-1");
         }
     }
 
     #[test]
-    fn ar3_anchor_only_options_leave_policy_rows_plain() {
+    fn am3_anchor_only_options_leave_policy_rows_plain() {
         let lp = Tensor::from_slice(&[-1.0f64, -0.5, -2.0, -0.7]).view([2, 2]);
         let old = Tensor::from_slice(&[-1.2f64, -0.4, -2.5, -0.9]).view([2, 2]);
         let rf = Tensor::from_slice(&[-0.3f64, -3.0, -0.2, -1.5]).view([2, 2]);
@@ -347,7 +401,7 @@ mod tests {
     }
 
     #[test]
-    fn ar4_an_empty_row_keeps_seq_renorm_finite() {
+    fn am4_an_empty_row_keeps_seq_renorm_finite() {
         let lp = Tensor::from_slice(&[-1.0f64, -0.5, -2.0, -0.7]).view([2, 2]);
         let old = lp.shallow_clone();
         let rf = lp.f_sub_scalar(1.0).expect("ref");
@@ -386,6 +440,99 @@ mod tests {
         }
         assert_eq!(values(&adv), [1.0, -1.0]);
         assert_eq!(values(&old), [-1.2, -0.4]);
+    }
+
+    #[test]
+    fn am5_replace_ratio_weights_only_the_mix_replacement() {
+        let lp = Tensor::from_slice(&[-1.0f64, -0.5, -2.0, -0.7]).view([2, 2]);
+        let old = Tensor::from_slice(&[-1.2f64, -0.4, -2.5, -0.9]).view([2, 2]);
+        let rf = Tensor::from_slice(&[-0.3f64, -3.0, -0.2, -1.5]).view([2, 2]);
+        let (adv, mask) = (lp.ones_like(), lp.ones_like());
+        let anchor = Tensor::from_slice(&[0.0f64, 1.0]);
+        let inp = one_row(&lp, &old, &rf, &adv, &mask, &anchor);
+        let mix = ArmorLoss {
+            replace_old: ReplaceOld::Mix,
+            ..ArmorLoss::default()
+        };
+        // Unset = the ratio mixing's r, bit for bit.
+        let same = ArmorLoss {
+            replace_ratio: Some(0.875),
+            ..mix
+        };
+        let loss = |o: &ArmorLoss, r: f64| {
+            values(&armor_loss(&inp, o, r, ARMOR_CLIP).expect("loss").0.loss)
+        };
+        assert_eq!(loss(&mix, 0.875), loss(&same, 0.875));
+        // Ratio mixing off, replacement at 3/4: the plain ratio over the replaced π_old.
+        let own = ArmorLoss {
+            mix_ratio: Some(1.0),
+            replace_ratio: Some(0.75),
+            ..mix
+        };
+        let (new_old, _, _) = replaced_old(&inp, &own, 1.0);
+        let want = mixed_logp(&old, &rf, 0.75).where_self(&anchor.gt(0.5).unsqueeze(1), &old);
+        assert_eq!(values(&new_old), values(&want));
+        let x = mixed_log_ratio(&inp, &new_old, &own, 1.0);
+        assert_eq!(values(&x), values(&(&lp - &want)));
+        assert_eq!(
+            (own.replace_weight(1.0), mix.replace_weight(0.9)),
+            (0.75, 0.9)
+        );
+        assert_ne!(
+            loss(&own, 1.0),
+            loss(&mix, 1.0),
+            "mix_ratio = 1 alone: no replacement"
+        );
+    }
+
+    #[test]
+    fn am5_validate_names_replace_ratio() {
+        let key_of = |o: ArmorLoss| match o.validate() {
+            Err(e) => e.to_string(),
+            Ok(()) => "ok".into(),
+        };
+        let mix = ArmorLoss {
+            replace_old: ReplaceOld::Mix,
+            ..ArmorLoss::default()
+        };
+        for bad in [0.0, -0.5, 1.5, f64::NAN] {
+            let e = key_of(ArmorLoss {
+                replace_ratio: Some(bad),
+                ..mix
+            });
+            assert!(
+                e.contains("armor.loss.replace_ratio") && e.contains("(0, 1]"),
+                "{e}"
+            );
+        }
+        for other in [ReplaceOld::None, ReplaceOld::Avg, ReplaceOld::Max] {
+            let e = key_of(ArmorLoss {
+                replace_old: other,
+                replace_ratio: Some(0.5),
+                ..mix
+            });
+            assert!(e.contains("armor.loss.replace_ratio"), "{other:?}: {e}");
+        }
+        let off = ArmorLoss {
+            mix_ratio: Some(1.0),
+            ..mix
+        };
+        assert!(key_of(off).contains("replaces pi_old by itself"));
+        for ok in [
+            ArmorLoss::default(),
+            mix,
+            ArmorLoss {
+                replace_ratio: Some(0.9375),
+                ..off
+            },
+            ArmorLoss {
+                mix_ratio: Some(0.9375),
+                replace_ratio: Some(1.0),
+                ..mix
+            },
+        ] {
+            assert_eq!(key_of(ok), "ok", "{ok:?}");
+        }
     }
 
     #[test]

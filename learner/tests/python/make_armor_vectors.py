@@ -7,18 +7,35 @@ DP_ACTOR.py is `verl/verl/workers/actor/dp_actor.py` and CORE_ALGOS.py is
 ARMOR's update is inline in `DataParallelPPOActor.update_policy`, so this script cuts that block
 out of DP_ACTOR.py as it is (from the `replace_old_probs` branch to the `policy_loss_fn` call),
 and executes it on each case with ARMOR's own `get_policy_loss_fn` (its vanilla dual-clip PPO
-loss) from CORE_ALGOS.py; nothing of the reference is re-typed here. CI does not run this script:
-learner/tests/armor_parity.rs reads the committed OUT.json
-(learner/tests/parity/armor_actor.json).
+loss) from CORE_ALGOS.py; nothing of the reference is re-typed here.
+
+The block is executed in its two parts, cut at `entropy_coeff = self.config.entropy_coeff`: the
+pi_old replacement (which reads `mix_probs_main_ratio` for `replace_method = mix`) and the ratio
+mixing (which reads `mix_probs_main_ratio` again, and only if `mix_probs`). Both parts see the
+same config, except that a case with keel's `replace_ratio` gives the first part that value as
+`mix_probs_main_ratio`. With ratio mixing off (keel's mix_ratio = 1: `mix_probs = False`) that
+is exactly one reference config (`mix_probs=False, mix_probs_main_ratio=replace_ratio,
+replace_method=mix`); with both on at different ratios (not one reference config, since the
+reference has one ratio for both) it is the reference's two parts run in sequence, each with its
+own ratio. CI does not run this script: learner/tests/armor_parity.rs reads the committed
+OUT.json (learner/tests/parity/armor_actor.json).
 
 Needs torch, omegaconf and the `verl` package (0.9.1) importable for CORE_ALGOS.py's imports; the
-venv of make_verl_vectors.py has them. Everything runs in float64 on the CPU.
+venv of make_verl_vectors.py has them (with `pyvers` added, which tensordict 0.15 imports).
+Everything runs in float64 on the CPU.
 
 Edge cases on purpose: a fully-masked policy row, an observation gap inside a response, finite
 garbage at masked positions, log-ratios past the +-20 clamp, dual-clip (c = 10) on negative
 advantages, and every option of the public code: the mixture partner (reference, constant 1,
 pi_old), `mix_probs_on_ref_only`, and `replace_old_probs` with each method, `replace_on_ref_only`,
-`renorm_adv` none/token/seq and `replace_on_adv`.
+`renorm_adv` none/token/seq and `replace_on_adv`, and the replacement's `mix_probs_main_ratio`
+apart from the ratio mixing's (keel's `replace_ratio`: mixing off, or at another ratio).
+
+Regenerate (the reference code stays out of keel's tree):
+    git -C ARMOR show 3e393f7:verl/verl/workers/actor/dp_actor.py > /tmp/armor_dp_actor.py
+    git -C ARMOR show 3e393f7:verl/verl/trainer/ppo/core_algos.py > /tmp/armor_core_algos.py
+    /tmp/verl-venv/bin/python learner/tests/python/make_armor_vectors.py /tmp/armor_dp_actor.py \
+        /tmp/armor_core_algos.py learner/tests/parity/armor_actor.json
 """
 import importlib.util
 import itertools
@@ -36,6 +53,7 @@ torch.set_default_dtype(torch.float64)
 B, T = 6, 7
 START = 'if self.config.replace_old_probs and "source" in micro_batch.non_tensor_batch:'
 END = "config=self.config,"
+SPLIT = "entropy_coeff = self.config.entropy_coeff"
 
 
 def load(name, path):
@@ -46,12 +64,15 @@ def load(name, path):
 
 
 def update_block(path):
-    """The mixed-probability lines of ARMOR's update_policy, dedented, as one code object."""
+    """The mixed-probability lines of ARMOR's update_policy, dedented, as two code objects: the
+    pi_old replacement and the rest (ratio mixing and the loss), cut at SPLIT."""
     lines = open(path).read().splitlines()
     start = next(i for i, l in enumerate(lines) if l.strip() == START)
     end = next(i for i in range(start, len(lines)) if lines[i].strip() == END) + 1
     assert lines[end].strip() == ")", lines[end]
-    return compile(textwrap.dedent("\n".join(lines[start : end + 1])), path, "exec")
+    split = next(i for i in range(start, end) if lines[i].strip() == SPLIT)
+    parts = (lines[start:split], lines[split : end + 1])
+    return tuple(compile(textwrap.dedent("\n".join(p)), path, "exec") for p in parts)
 
 
 def inputs():
@@ -78,7 +99,7 @@ def inputs():
     return mask, logp, old, ref, adv, source
 
 
-def armor_config(opt):
+def armor_config(opt, main_ratio):
     return OmegaConf.create(
         {
             "clip_ratio": 0.2,
@@ -90,7 +111,7 @@ def armor_config(opt):
             "loss_agg_mode": "token-mean",
             "use_dynamic_bsz": False,
             "mix_probs": opt["mix_ratio"] < 1.0,
-            "mix_probs_main_ratio": opt["mix_ratio"],
+            "mix_probs_main_ratio": main_ratio,
             "mix_probs_on_ref_only": opt["mix_on_anchors_only"],
             "mix_probs_w_const": opt["mix_partner"] == "one",
             "mix_probs_w_old": opt["mix_partner"] == "old",
@@ -106,14 +127,16 @@ def armor_config(opt):
 def run_case(block, core, opt, batch):
     mask, logp0, old, ref, adv, source = (x.copy() if isinstance(x, np.ndarray) else x.clone() for x in batch)
     logp = logp0.clone().requires_grad_(True)
-    cfg = armor_config(opt)
+    # keel's replace_ratio is the replacement's own mix_probs_main_ratio (module doc).
+    cfg_replace = armor_config(opt, opt.get("replace_ratio", opt["mix_ratio"]))
+    cfg_mix = armor_config(opt, opt["mix_ratio"])
 
     def forward(model_inputs, temperature, calculate_entropy):
         return None, logp
 
     scope = {
         "torch": torch,
-        "self": SimpleNamespace(config=cfg, gradient_accumulation=1, _forward_micro_batch=forward),
+        "self": SimpleNamespace(config=cfg_replace, gradient_accumulation=1, _forward_micro_batch=forward),
         "micro_batch": SimpleNamespace(non_tensor_batch={"source": source}),
         "model_inputs": {"ref_log_prob": ref},
         "response_mask": mask,
@@ -123,7 +146,10 @@ def run_case(block, core, opt, batch):
         "temperature": 1.0,
         "get_policy_loss_fn": core.get_policy_loss_fn,
     }
-    exec(block, scope)
+    replace_part, mix_part = block
+    exec(replace_part, scope)
+    scope["self"].config = cfg_mix
+    exec(mix_part, scope)
     loss = scope["pg_loss"]
     (grad,) = torch.autograd.grad(loss, logp)
     metrics = scope["micro_batch_metrics"]
@@ -167,6 +193,23 @@ def options():
             renorm_adv=renorm,
             replace_on_advantage=on_adv,
         )
+    # The replacement's own ratio: ratio mixing off (the reference's mix_probs = False with
+    # mix_probs_main_ratio = 15/16 and replace_method = mix), and both on at different ratios.
+    for (r, rr), on_anchors, renorm, on_adv in itertools.product(
+        [(1.0, 0.9375), (0.9375, 0.75), (0.875, 0.9375)], [True, False], ["none", "token", "seq"], [False, True]
+    ):
+        yield dict(
+            base,
+            mix_ratio=r,
+            replace_old="mix",
+            replace_ratio=rr,
+            replace_on_anchors_only=on_anchors,
+            renorm_adv=renorm,
+            replace_on_advantage=on_adv,
+        )
+    yield dict(base, mix_ratio=0.875, mix_partner="old", replace_old="mix", replace_ratio=0.75)
+    yield dict(base, mix_ratio=0.875, mix_on_anchors_only=True, replace_old="mix", replace_ratio=0.5)
+    yield dict(base, mix_ratio=0.9375, replace_old="mix", replace_ratio=1.0)  # a no-op replacement
 
 
 def main():
