@@ -306,6 +306,10 @@ pub struct ModelSection {
     pub n_head: usize,
     /// `[model.lora]`: LoRA adapters on the frozen model (rank 0 = full fine-tuning).
     pub lora: LoraSection,
+    /// Extra variables of the chat template (HT-2), e.g. `enable_thinking = false`.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// How turn-by-turn rendering must agree with the whole conversation's (CC-5).
+    pub chat_template_check: keel_learner::hf::TemplateCheck,
 }
 
 /// `[model.lora]`: train low-rank adapters instead of the whole model (verl's `lora_rank`,
@@ -345,6 +349,8 @@ impl Default for ModelSection {
             d_model: 64,
             n_head: 4,
             lora: LoraSection::default(),
+            chat_template_kwargs: serde_json::Map::new(),
+            chat_template_check: keel_learner::hf::TemplateCheck::default(),
         }
     }
 }
@@ -1040,7 +1046,7 @@ impl TrainConfig {
         &self,
         tokenizer: &keel_envs::Tokenizer,
     ) -> Result<keel_learner::hf::ChatCodec, keel_learner::hf::HfError> {
-        codec_from_files(&self.tokenizer_files(tokenizer)?)
+        codec_from_files(&self.tokenizer_files(tokenizer)?, &self.model)
     }
 
     /// The local folder of `model.path`: the path itself, or for `s3://…` its cache folder
@@ -1135,6 +1141,52 @@ impl TrainConfig {
         Ok(spec)
     }
 
+    /// Everything about a local model folder that a run would refuse, checked without loading
+    /// a weight and before anything is written (`keel train` before it opens the run root,
+    /// `keel data check --model`): config.json (architecture, RoPE), the weights' names and
+    /// shapes, `model.context_len` against its positions, the tokenizer and the chat template
+    /// (CC-4, CC-5), and the same for `model.critic_path`. A folder still to be synced from
+    /// s3:// is checked when the run loads it. Returns the policy folder's config.
+    pub fn preflight(
+        &self,
+    ) -> Result<Option<keel_learner::hf::HfConfig>, keel_learner::LearnerError> {
+        use keel_learner::hf::{HfModel, LoadOptions};
+        let value_head = self.learner.resolve().policy_value_head();
+        let local =
+            |d: Option<std::path::PathBuf>| d.filter(|_| !self.model.path.starts_with("s3://"));
+        let Some(dir) = local(self.model_dir()) else {
+            return Ok(None);
+        };
+        let mut opts = LoadOptions::policy(tch::Device::Cpu, tch::Kind::Float);
+        opts.value_head = value_head;
+        let cfg = HfModel::check_folder(&dir, opts)?;
+        if self.model.context_len > cfg.max_position_embeddings {
+            return Err(keel_learner::LearnerError::InvalidConfig {
+                key: "model.context_len".into(),
+                reason: format!(
+                    "{} exceeds the {} positions of {}",
+                    self.model.context_len,
+                    cfg.max_position_embeddings,
+                    dir.display()
+                ),
+            });
+        }
+        codec_from_files(
+            &keel_learner::hf::tokenizer::folder_files(&dir)?,
+            &self.model,
+        )?;
+        if let Some(critic) = self
+            .critic_dir()
+            .filter(|_| !self.model.critic_path.starts_with("s3://"))
+        {
+            HfModel::check_folder(
+                &critic,
+                LoadOptions::critic(tch::Device::Cpu, tch::Kind::Float),
+            )?;
+        }
+        Ok(Some(cfg))
+    }
+
     /// The staleness bound in force: 0 in sync mode.
     pub fn staleness_bound(&self) -> u64 {
         match self.run.mode {
@@ -1204,9 +1256,10 @@ fn local_model_dir(path: &str) -> Option<std::path::PathBuf> {
 }
 
 /// A chat codec from `tokenizer.json` + `tokenizer_config.json` contents (a checkpoint's
-/// files, or the built-in model's).
+/// files, or the built-in model's), rendering with `model`'s template kwargs and check.
 pub fn codec_from_files(
     files: &[(String, Vec<u8>)],
+    model: &ModelSection,
 ) -> Result<keel_learner::hf::ChatCodec, keel_learner::hf::HfError> {
     use keel_learner::hf::tokenizer::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
     use keel_learner::hf::{ChatCodec, HfError, HfTokenizer};
@@ -1218,10 +1271,17 @@ pub fn codec_from_files(
             .ok_or_else(|| HfError::Tokenizer(format!("{name} is missing")))?;
         std::str::from_utf8(bytes).map_err(|e| HfError::Tokenizer(format!("{name}: {e}")))
     };
-    ChatCodec::new(HfTokenizer::from_json(
-        text(TOKENIZER_FILE)?,
-        text(TOKENIZER_CONFIG_FILE)?,
-    )?)
+    let tok = HfTokenizer::from_json(text(TOKENIZER_FILE)?, text(TOKENIZER_CONFIG_FILE)?)?
+        .with_template_kwargs(model.chat_template_kwargs.clone());
+    let name = if model.path.is_empty() {
+        "the built-in model"
+    } else {
+        model.path.as_str()
+    };
+    ChatCodec::new(tok, model.chat_template_check).map_err(|e| match e {
+        HfError::Tokenizer(reason) => HfError::Tokenizer(format!("{name}: {reason}")),
+        other => other,
+    })
 }
 
 #[cfg(test)]

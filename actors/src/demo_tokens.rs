@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - DT-1: tokens = `codec.prompt(preamble, prompt)` (mask 0), then per turn `codec.action(action)`
-//!   (mask 1) and, unless it was the last turn, `codec.observation(observation)` (mask 0).
+//!   (mask 1) and, unless it was the last turn, `codec.observation(last token, observation)`
+//!   (mask 0).
 //! - DT-2: a scaffolded prompt is `scaffold + " " + prompt` (PATS, RO-6), for demonstrations
 //!   and generators alike ([`scaffolded_prompt`]).
 
@@ -47,7 +48,7 @@ pub fn render_demonstration(
         mask.extend(std::iter::repeat_n(1u8, action.len()));
         tokens.extend(action);
         if let Some(obs) = &turn.observation {
-            let ids = codec.observation(obs)?;
+            let ids = codec.observation(tokens.last().copied(), obs)?;
             mask.extend(std::iter::repeat_n(0u8, ids.len()));
             tokens.extend(ids);
         }
@@ -69,7 +70,7 @@ mod tests {
     /// CC-3 on the built-in tokenizer: a sampled turn decodes up to its first end-of-turn token
     /// with special tokens dropped (what TK-4 asked of the old word-level decoder).
     #[test]
-    fn cc3_action_text_stops_at_end_of_turn() {
+    fn cc3_response_text_stops_at_end_of_turn() {
         let (t, c) = codec();
         let s = t.special();
         assert_eq!(c.end_of_turn(), s.eot);
@@ -78,9 +79,9 @@ mod tests {
         ids.push(s.pad);
         ids.push(s.eot);
         ids.extend(t.encode("result 3").unwrap());
-        assert_eq!(c.action_text(&ids).unwrap(), "answer 12");
-        assert_eq!(c.action_text(&[s.eot]).unwrap(), "");
-        assert_eq!(c.action_text(&[]).unwrap(), "");
+        assert_eq!(c.response_text(&ids).unwrap(), "answer 12");
+        assert_eq!(c.response_text(&[s.eot]).unwrap(), "");
+        assert_eq!(c.response_text(&[]).unwrap(), "");
     }
 
     /// DT-1 on the built-in tokenizer: keel's word layout `<bos> prompt <agent>`, then per

@@ -81,6 +81,9 @@ pub struct GeneratorSetup {
     pub temperature: f64,
     /// Most tokens per turn.
     pub max_turn_tokens: usize,
+    /// Longest episode in tokens (`model.context_len`): an episode that cannot fit another
+    /// turn ends truncated (RO-5).
+    pub context_len: usize,
     /// ARMOR: episodes per task sampled from the reference policy (0 = none).
     pub anchor_episodes: usize,
     /// Dynamic sampling (DAPO, SAMPO, ARMOR): re-roll uninformative groups.
@@ -404,7 +407,7 @@ impl Generator {
             temperature: setup.temperature,
             greedy: msg.purpose == Purpose::Eval(Decoding::Greedy),
             max_turn_tokens: setup.max_turn_tokens,
-            context_len: setup.model.config.max_position_embeddings,
+            context_len: setup.context_len,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
             first_id: msg.batch_seq * 1_000_000,
             scaffold,

@@ -45,7 +45,8 @@ pub fn episode_record(
                 .trim()
                 .to_string();
             Ok(TurnRecord {
-                action: codec.action_text(&tokens[start..end])?,
+                action: keel_envs::action::visible(&codec.response_text(&tokens[start..end])?)
+                    .to_string(),
                 observation,
                 invalid,
             })

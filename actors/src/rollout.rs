@@ -39,6 +39,11 @@
 //!   (so the learner's staleness check, LA-2, is conservative). The batch records the version it
 //!   started with. The admission bound (AS-1) is taken on that start version, so no token of the
 //!   batch can ever be older than the bound allows and no episode has to be restarted.
+//! - RO-11 (context bound): no trajectory holds more than `model.context_len` tokens. An episode
+//!   whose context cannot fit another turn (`tokens + max_turn_tokens + 8 > context_len`) ends
+//!   truncated with reward 0, its turns trained as sampled and an observation past the bound
+//!   cut off (it is mask-0 context after the last sampled token); one whose first prompt
+//!   already leaves no room for a turn fails (RO-4: excluded and counted, with the lengths).
 
 use actix::Addr;
 
@@ -213,7 +218,7 @@ pub struct RolloutSpec {
     pub greedy: bool,
     /// Most tokens per agent turn.
     pub max_turn_tokens: usize,
-    /// The model's context length: episodes that would exceed it are truncated (reward 0).
+    /// `model.context_len`: episodes that would exceed it are truncated (reward 0, RO-11).
     pub context_len: usize,
     /// Seed of the sampling RNG (RO-3).
     pub rng_seed: u64,

@@ -61,7 +61,10 @@ impl ModelSetup {
         let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
         let spec = cfg.model_spec(&tokenizer, device)?;
         let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
-        let codec = Arc::new(crate::config::codec_from_files(&tokenizer_files)?);
+        let codec = Arc::new(crate::config::codec_from_files(
+            &tokenizer_files,
+            &cfg.model,
+        )?);
         Ok(ModelSetup {
             tokenizer,
             spec,
@@ -191,6 +194,7 @@ fn generator_setup(
         group_size: cfg.rollout.group_size,
         temperature: cfg.rollout.temperature,
         max_turn_tokens: cfg.rollout.max_turn_tokens,
+        context_len: cfg.model.context_len,
         anchor_episodes: if cfg.learner.algo == keel_learner::Algo::Armor {
             cfg.armor.anchor_episodes
         } else {

@@ -268,7 +268,7 @@ fn episodes_render_as_transformers_renders_the_conversation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = tiny_qwen2(dir.path());
     let files = keel_learner::hf::tokenizer::folder_files(&model).expect("files");
-    let codec = keel_actors::config::codec_from_files(&files).expect("codec");
+    let codec = keel_actors::config::codec_from_files(&files, &Default::default()).expect("codec");
     let (prompt, action, obs) = ("task 3 + 4 * 5", "calc 3 + 4", "result 7");
     let out = dir.path().join("chat.json");
     python(&[
@@ -288,14 +288,18 @@ fn episodes_render_as_transformers_renders_the_conversation() {
     assert_eq!(first, want_first, "CC-1: the first prompt");
     let mut episode = first;
     episode.extend(codec.action(action).expect("action"));
-    episode.extend(codec.observation(obs).expect("observation"));
+    episode.extend(
+        codec
+            .observation(episode.last().copied(), obs)
+            .expect("observation"),
+    );
     let want_episode: Vec<u32> = serde_json::from_value(want["episode"].clone()).expect("ids");
     assert_eq!(
         episode, want_episode,
         "CC-2/3: turn by turn = the whole conversation"
     );
     let sampled = codec.action(action).expect("action");
-    assert_eq!(codec.action_text(&sampled).expect("text"), action);
+    assert_eq!(codec.response_text(&sampled).expect("text"), action);
 }
 
 #[test]

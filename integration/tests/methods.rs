@@ -808,6 +808,7 @@ fn eval_has_no_scaffold(
             group_size: 1,
             temperature: 1.0,
             max_turn_tokens: 5,
+            context_len: cfg.model.context_len,
             anchor_episodes: 0,
             dynamic_sampling: None,
             keep_anchor_states: false,

@@ -56,6 +56,18 @@ fn check(args: &CheckArgs) -> Result<()> {
     let mut cfg = crate::load_config(args.config.as_deref())?;
     if let Some(dir) = &args.model {
         cfg.model.path = dir.to_string_lossy().into_owned();
+        crate::default_context_to_model(&mut cfg, args.config.as_deref())?;
+        // Everything `keel train` would refuse about the folder, before the rows.
+        if let Some(m) = cfg.preflight().context("the model cannot be trained")? {
+            println!(
+                "model    {} ({:?}, {} layers, {} positions; model.context_len {}): config, weights and chat template pass",
+                dir.display(),
+                m.arch,
+                m.num_hidden_layers,
+                m.max_position_embeddings,
+                cfg.model.context_len
+            );
+        }
     }
     let data_cfg = DatasetConfig {
         train_file: args.file.clone(),

@@ -119,6 +119,41 @@ pub(crate) fn load_config(path: Option<&Path>) -> Result<TrainConfig> {
     }
 }
 
+/// Whether the config file at `path` sets `[section] key` itself.
+fn config_sets(path: Option<&Path>, section: &str, key: &str) -> bool {
+    path.and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get(section)?.get(key).cloned())
+        .is_some()
+}
+
+/// The run root when `--run-root` is not given: `runs/<run.name>`, or with a model folder and
+/// no `run.name` in the config, `runs/<the folder's name>` (a Hugging Face run never resumes
+/// into the quickstart's root by accident).
+fn default_run_root(cfg: &TrainConfig, config: Option<&Path>) -> String {
+    let folder = cfg
+        .model_dir()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .filter(|n| !n.is_empty() && !config_sets(config, "run", "name"));
+    format!("runs/{}", folder.as_deref().unwrap_or(&cfg.run.name))
+}
+
+/// `model.context_len` defaults to the positions of a local model folder (`--model DIR`)
+/// when the config file does not set it; the built-in model keeps its default.
+pub(crate) fn default_context_to_model(cfg: &mut TrainConfig, config: Option<&Path>) -> Result<()> {
+    if config_sets(config, "model", "context_len") {
+        return Ok(());
+    }
+    let Some(dir) = cfg.model_dir().filter(|d| d.join("config.json").is_file()) else {
+        return Ok(());
+    };
+    let positions = keel_learner::hf::HfConfig::load(&dir)
+        .with_context(|| format!("model folder {}", dir.display()))?
+        .max_position_embeddings;
+    cfg.model.context_len = positions;
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train(args, Role::Train),
@@ -278,10 +313,12 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     if let Some(port) = args.metrics_port {
         cfg.metrics.port = port;
     }
+    default_context_to_model(&mut cfg, args.config.as_deref())?;
     cfg.validate().context("invalid configuration")?;
+    cfg.preflight().context("the model cannot be trained")?;
     let run_root = args
         .run_root
-        .unwrap_or_else(|| format!("runs/{}", cfg.run.name));
+        .unwrap_or_else(|| default_run_root(&cfg, args.config.as_deref()));
     let store =
         RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
     let metrics = TrainMetrics::new(&cfg.run.name).context("cannot register metrics")?;

@@ -128,7 +128,7 @@ impl<'a> Engine<'a> {
             params: SamplingParams {
                 temperature: if spec.greedy { 0.0 } else { spec.temperature },
                 max_new_tokens: spec.max_turn_tokens,
-                stop_token_ids: vec![codec.end_of_turn()],
+                stop_token_ids: codec.stop_ids().to_vec(),
                 ..SamplingParams::default()
             },
             answers: mpsc::channel(),
@@ -256,7 +256,7 @@ impl<'a> Engine<'a> {
         let start = self.episodes[i].turn_start;
         let action = self
             .codec
-            .action_text(&self.episodes[i].traj.tokens[start..])
+            .response_text(&self.episodes[i].traj.tokens[start..])
             .unwrap_or_default();
         self.send_to_env(i, EnvOp::Step(action));
     }
@@ -355,7 +355,9 @@ impl<'a> Engine<'a> {
             self.end(i);
             return Ok(false);
         }
-        let ids = self.codec.observation(&outcome.observation)?;
+        let ids = self
+            .codec
+            .observation(ep.traj.tokens.last().copied(), &outcome.observation)?;
         push_context(&mut ep.traj, &ids);
         Ok(true)
     }
@@ -366,6 +368,25 @@ impl<'a> Engine<'a> {
         let spec = self.spec;
         let ep = &mut self.episodes[i];
         if ep.traj.tokens.len() + spec.max_turn_tokens + 8 > spec.context_len {
+            if ep.traj.turns.is_empty() {
+                // RO-11: a prompt that leaves no room for a turn never reaches the learner.
+                let e = EpisodeError::Failed(
+                    ep.id,
+                    format!(
+                        "its prompt of {} tokens leaves no room for a turn of rollout.max_turn_tokens = {} within model.context_len = {}",
+                        ep.traj.tokens.len(),
+                        spec.max_turn_tokens,
+                        spec.context_len
+                    ),
+                );
+                self.fail(i, &e);
+                return Ok(());
+            }
+            // RO-11: the observation past the bound is cut; no sampled token is.
+            let keep = ep.traj.tokens.len().min(spec.context_len);
+            ep.traj.tokens.truncate(keep);
+            ep.traj.loss_mask.truncate(keep);
+            ep.traj.behaviour_logprobs.truncate(keep);
             self.end(i);
             return Ok(());
         }

@@ -26,7 +26,7 @@ pub mod tokenizer;
 pub mod train_pass;
 pub mod weights;
 
-pub use chat_codec::ChatCodec;
+pub use chat_codec::{ChatCodec, TemplateCheck};
 pub use config::{Arch, HfConfig, RopeScaling};
 pub use error::HfError;
 pub use lora::LoraConfig;

@@ -377,6 +377,53 @@ impl HfModel {
         Ok(model)
     }
 
+    /// Checks `dir` as [`HfModel::load`] would with `opts`, without loading a weight: its
+    /// config.json (architecture, RoPE) and every parameter's name and shape in the safetensors
+    /// headers. The config on success.
+    pub fn check_folder(dir: &Path, opts: LoadOptions) -> Result<HfConfig, HfError> {
+        let cfg = HfConfig::load(dir)?;
+        let mut stored = super::weights::folder_shapes(dir)?;
+        let mut src = |name: &str, shape: &[i64], _init: Init| -> Result<Tensor, HfError> {
+            match stored.remove(name) {
+                Some(s) if s == shape => {}
+                Some(s) => {
+                    return Err(HfError::weights(
+                        name,
+                        format!("shape {s:?} in the folder, expected {shape:?}"),
+                    ))
+                }
+                None if name.starts_with("score.") => {}
+                None => {
+                    return Err(HfError::weights(
+                        name,
+                        format!("missing from {}", dir.display()),
+                    ))
+                }
+            }
+            // Nothing is allocated: the model built here only names its parameters.
+            Ok(Tensor::f_zeros([0], (Kind::Float, Device::Cpu))?)
+        };
+        let cpu = LoadOptions {
+            device: Device::Cpu,
+            kind: Kind::Float,
+            ..opts
+        };
+        let model = Self::build(cfg.clone(), cpu, &mut src)?;
+        let ignorable = |n: &str| {
+            (n == "lm_head.weight" && (!opts.lm_head || model.cfg.tie_word_embeddings))
+                || (n.starts_with("score.") && !opts.value_head)
+        };
+        let mut extra: Vec<&String> = stored.keys().filter(|n| !ignorable(n)).collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            return Err(HfError::weights(
+                name,
+                "present in the folder but not a parameter of this architecture",
+            ));
+        }
+        Ok(cfg)
+    }
+
     /// A freshly initialised model of `cfg` (HM-3).
     pub fn random(cfg: HfConfig, opts: LoadOptions, seed: u64) -> Result<Self, HfError> {
         let std = cfg

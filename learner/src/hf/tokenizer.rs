@@ -6,10 +6,19 @@
 //!   `tokenizer_config.json`'s `chat_template` (a string, or the entry named `default` of a
 //!   list), exactly as transformers picks it.
 //! - HT-2: templates render with `trim_blocks` and `lstrip_blocks`, Python string methods
-//!   (`strip`, `startswith`, `split`, …), `raise_exception(msg)` as an error and `tojson`, with
-//!   `messages`, `add_generation_prompt`, `bos_token` and `eos_token` in the context.
-//! - HT-3: the chat template is for building the first prompt only; later turns append
-//!   observation tokens to the sampled sequence (token-in/token-out), never re-render history.
+//!   (`strip`, `startswith`, `split`, …), `raise_exception(msg)` as an error, `tojson` (as
+//!   transformers' `json.dumps`: key order kept, `", "`/`": "` separators, `indent=N`) and
+//!   `strftime_now(format)` (today's local date, as transformers provides it), with
+//!   `messages`, `add_generation_prompt`, `bos_token`, `eos_token` and the template kwargs
+//!   (`model.chat_template_kwargs`, e.g. `enable_thinking`; verl's
+//!   `data.apply_chat_template_kwargs`) in the context. A kwarg named like a built-in
+//!   variable overrides it (`date_string` pins Llama 3's date).
+//! - HT-3: the chat template renders messages; it never re-renders an episode's history
+//!   (token-in/token-out, CC-2).
+//! - HT-4 (stop tokens): the ids that end a turn are the union of the tokenizer's eos token
+//!   and the `eos_token_id` (one id or a list) of config.json and generation_config.json, as
+//!   transformers' `generate` stops on them. A checkpoint carries them folded into its
+//!   tokenizer_config.json as `keel_stop_token_ids` (with the chat template, HT-1).
 
 use std::path::Path;
 
@@ -23,32 +32,75 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// The tokenizer settings (special tokens, chat template) of a Hugging Face folder.
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 
+/// The key under which a checkpoint's tokenizer_config.json carries the model's stop token
+/// ids (HT-4).
+pub const STOP_IDS_KEY: &str = "keel_stop_token_ids";
+
+/// Reads `dir/name`, `None` when it does not exist.
+fn read_optional(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, HfError> {
+    let path = dir.join(name);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(HfError::io(&path, e)),
+    }
+}
+
+/// Parses `dir/name` as JSON, `Null` when it does not exist.
+fn read_json(dir: &Path, name: &str) -> Result<Value, HfError> {
+    match read_optional(dir, name)? {
+        Some(b) => serde_json::from_slice(&b).map_err(|source| HfError::Json {
+            path: dir.join(name),
+            source,
+        }),
+        None => Ok(Value::Null),
+    }
+}
+
+/// The `eos_token_id` ids (one id or a list) of a config.json or generation_config.json.
+fn eos_ids_of(v: &Value) -> Vec<u32> {
+    let one = |x: &Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+    match v.get("eos_token_id") {
+        Some(Value::Array(list)) => list.iter().filter_map(one).collect(),
+        Some(x) => one(x).into_iter().collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The stop ids that config.json and generation_config.json of `dir` name (HT-4).
+pub fn folder_stop_ids(dir: &Path) -> Result<Vec<u32>, HfError> {
+    let mut ids = eos_ids_of(&read_json(dir, "config.json")?);
+    ids.extend(eos_ids_of(&read_json(dir, "generation_config.json")?));
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
 /// The tokenizer files of model folder `dir` as a checkpoint carries them: `tokenizer.json`
 /// and `tokenizer_config.json`, with `chat_template.jinja` (when present) folded into the
-/// config's `chat_template` so that the pair is self-contained (HT-1).
+/// config's `chat_template` (HT-1) and the folder's stop ids into `keel_stop_token_ids`
+/// (HT-4), so that the pair is self-contained.
 pub fn folder_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, HfError> {
-    let read = |name: &str| -> Result<Option<Vec<u8>>, HfError> {
-        let path = dir.join(name);
-        match std::fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(HfError::io(&path, e)),
-        }
-    };
-    let tokenizer = read(TOKENIZER_FILE)?
+    let tokenizer = read_optional(dir, TOKENIZER_FILE)?
         .ok_or_else(|| HfError::Tokenizer(format!("{} has no {TOKENIZER_FILE}", dir.display())))?;
-    let mut cfg: Value = match read(TOKENIZER_CONFIG_FILE)? {
-        Some(b) => serde_json::from_slice(&b).map_err(|source| HfError::Json {
-            path: dir.join(TOKENIZER_CONFIG_FILE),
-            source,
-        })?,
-        None => Value::Object(Default::default()),
+    let mut cfg = match read_json(dir, TOKENIZER_CONFIG_FILE)? {
+        Value::Null => Value::Object(Default::default()),
+        v => v,
     };
-    if let Some(jinja) = read("chat_template.jinja")? {
-        let text = String::from_utf8(jinja)
-            .map_err(|e| HfError::Tokenizer(format!("chat_template.jinja: {e}")))?;
-        if let Value::Object(map) = &mut cfg {
+    let template = match read_optional(dir, "chat_template.jinja")? {
+        Some(jinja) => Some(
+            String::from_utf8(jinja)
+                .map_err(|e| HfError::Tokenizer(format!("chat_template.jinja: {e}")))?,
+        ),
+        None => None,
+    };
+    let stop_ids = folder_stop_ids(dir)?;
+    if let Value::Object(map) = &mut cfg {
+        if let Some(text) = template {
             map.insert("chat_template".into(), Value::String(text));
+        }
+        if !stop_ids.is_empty() {
+            map.insert(STOP_IDS_KEY.into(), serde_json::json!(stop_ids));
         }
     }
     Ok(vec![
@@ -58,6 +110,76 @@ pub fn folder_files(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, HfError> {
             cfg.to_string().into_bytes(),
         ),
     ])
+}
+
+/// `strftime_now(format)` of transformers' template context: the local date and time in a
+/// strftime `format`; a format chrono cannot write is a template error, never a panic.
+fn strftime_now(format: String) -> Result<String, JinjaError> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format {format:?}"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// Python's `json.dumps` separators with no indent: `", "` between items, `": "` after keys.
+struct PythonCompact;
+
+impl serde_json::ser::Formatter for PythonCompact {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// transformers' `tojson` filter (`json.dumps(x, ensure_ascii=False, indent=indent)`): keys in
+/// their order, non-ASCII kept, Python's separators, nothing HTML-escaped (HT-2).
+fn tojson(value: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Result<String, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            serde::Serialize::serialize(
+                &value,
+                &mut serde_json::Serializer::with_formatter(&mut out, fmt),
+            )
+        }
+        None => serde::Serialize::serialize(
+            &value,
+            &mut serde_json::Serializer::with_formatter(&mut out, PythonCompact),
+        ),
+    };
+    written.map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    String::from_utf8(out)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
 }
 
 /// One chat message.
@@ -85,6 +207,10 @@ pub struct HfTokenizer {
     template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The config files' eos ids (HT-4), without the tokenizer's own eos token.
+    config_stop_ids: Vec<u32>,
+    /// Extra template variables (HT-2).
+    template_kwargs: serde_json::Map<String, Value>,
 }
 
 fn special(cfg: &Value, key: &str) -> Option<String> {
@@ -100,27 +226,27 @@ fn tok_err(what: &str, e: impl std::fmt::Display) -> HfError {
 }
 
 impl HfTokenizer {
-    /// Loads `dir/tokenizer.json`, `dir/tokenizer_config.json` and the chat template (HT-1).
+    /// Loads `dir/tokenizer.json`, `dir/tokenizer_config.json`, the chat template (HT-1) and
+    /// the stop ids of `dir`'s config files (HT-4).
     pub fn load(dir: &Path) -> Result<Self, HfError> {
         let path = dir.join(TOKENIZER_FILE);
         let tok = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| tok_err(&path.display().to_string(), e))?;
-        let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
-        let cfg: Value = if cfg_path.exists() {
-            let text = std::fs::read_to_string(&cfg_path).map_err(|e| HfError::io(&cfg_path, e))?;
-            serde_json::from_str(&text).map_err(|source| HfError::Json {
-                path: cfg_path.clone(),
-                source,
-            })?
-        } else {
-            Value::Null
-        };
+        let mut cfg = read_json(dir, TOKENIZER_CONFIG_FILE)?;
         let jinja = dir.join("chat_template.jinja");
         let template = if jinja.exists() {
             Some(std::fs::read_to_string(&jinja).map_err(|e| HfError::io(&jinja, e))?)
         } else {
             None
         };
+        if let Value::Object(map) = &mut cfg {
+            map.insert(
+                STOP_IDS_KEY.into(),
+                serde_json::json!(folder_stop_ids(dir)?),
+            );
+        } else {
+            cfg = serde_json::json!({ STOP_IDS_KEY: folder_stop_ids(dir)? });
+        }
         Ok(Self::assemble(tok, &cfg, template))
     }
 
@@ -147,12 +273,47 @@ impl HfTokenizer {
                 .map(str::to_string),
             _ => None,
         });
+        let config_stop_ids = cfg
+            .get(STOP_IDS_KEY)
+            .and_then(Value::as_array)
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
         HfTokenizer {
             tok,
             template,
             bos_token: special(cfg, "bos_token"),
             eos_token: special(cfg, "eos_token"),
+            config_stop_ids,
+            template_kwargs: serde_json::Map::new(),
         }
+    }
+
+    /// The same tokenizer rendering its chat template with the extra variables `kwargs`
+    /// (HT-2), e.g. `{"enable_thinking": false}`.
+    pub fn with_template_kwargs(mut self, kwargs: serde_json::Map<String, Value>) -> Self {
+        self.template_kwargs = kwargs;
+        self
+    }
+
+    /// The turn-ending ids (HT-4): the eos token's id first (when in the vocabulary), then the
+    /// config files' other eos ids, each once.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .eos_token
+            .as_deref()
+            .and_then(|t| self.token_id(t))
+            .into_iter()
+            .collect();
+        for &id in &self.config_stop_ids {
+            if !ids.contains(&id) && (id as usize) < self.vocab_size() {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     /// Whether a chat template was found.
@@ -211,17 +372,34 @@ impl HfTokenizer {
                 Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template("chat", template)
             .map_err(|e| tok_err("chat template", e))?;
         let tmpl = env
             .get_template("chat")
             .map_err(|e| tok_err("chat template", e))?;
-        let ctx = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-        };
+        let mut ctx = serde_json::Map::new();
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(messages).map_err(|e| tok_err("messages", e))?,
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(add_generation_prompt),
+        );
+        ctx.insert(
+            "bos_token".into(),
+            Value::String(self.bos_token.clone().unwrap_or_default()),
+        );
+        ctx.insert(
+            "eos_token".into(),
+            Value::String(self.eos_token.clone().unwrap_or_default()),
+        );
+        for (k, v) in &self.template_kwargs {
+            ctx.insert(k.clone(), v.clone());
+        }
+        let ctx = minijinja::Value::from_serialize(&ctx);
         tmpl.render(ctx).map_err(|e| tok_err("chat template", e))
     }
 

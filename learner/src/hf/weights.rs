@@ -87,6 +87,48 @@ pub fn read_folder(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
     Ok(out)
 }
 
+/// The name and shape of every tensor of the folder's weight files, read from the files'
+/// headers only (nothing is loaded): what [`super::HfModel::check_folder`] compares.
+pub fn folder_shapes(dir: &Path) -> Result<HashMap<String, Vec<i64>>, HfError> {
+    use std::io::Read;
+    let mut out = HashMap::new();
+    for file in weight_files(dir)? {
+        let path = dir.join(&file);
+        let mut f = std::fs::File::open(&path).map_err(|e| HfError::io(&path, e))?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).map_err(|e| HfError::io(&path, e))?;
+        let len = u64::from_le_bytes(len);
+        let size = f.metadata().map_err(|e| HfError::io(&path, e))?.len();
+        if len > size.saturating_sub(8) || len > 100 << 20 {
+            return Err(HfError::weights(
+                &file,
+                format!("header length {len} does not fit the file of {size} bytes"),
+            ));
+        }
+        let mut header = vec![0u8; len as usize];
+        f.read_exact(&mut header)
+            .map_err(|e| HfError::io(&path, e))?;
+        let v: serde_json::Map<String, Value> =
+            serde_json::from_slice(&header).map_err(|source| HfError::Json {
+                path: path.clone(),
+                source,
+            })?;
+        for (name, t) in v.into_iter().filter(|(n, _)| n != "__metadata__") {
+            let shape = t
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|s| s.iter().map(|d| d.as_i64()).collect::<Option<Vec<i64>>>())
+                .ok_or_else(|| {
+                    HfError::weights(&name, format!("{file}: no shape in the header"))
+                })?;
+            if out.insert(name.clone(), shape).is_some() {
+                return Err(HfError::weights(&name, "stored twice (HW-3)"));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads every tensor of one safetensors file (HW-1).
 pub fn read_folder_file(path: &Path) -> Result<HashMap<String, Tensor>, HfError> {
     let mut out = HashMap::new();

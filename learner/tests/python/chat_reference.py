@@ -34,6 +34,15 @@ OUT.json gets:
   eos_token_ids         sorted union of GenerationConfig.from_pretrained(MODEL_DIR).eos_token_id,
                         the model config's eos_token_id and tokenizer.eos_token_id
   bos_token_id, pad_token_id, eos_token (tokenizer's), template_kwargs (the kwargs used, date included)
+  turns_ids             the episode turn by turn, token-in/token-out, every piece rendered by
+                        transformers: the prompt before the first assistant message; each assistant
+                        message as the template renders it when it is the last one (rendering through
+                        it without a generation prompt, less the prompt before it, up to and including
+                        its eos token); the text the template puts after that eos token (Qwen's "\n");
+                        the messages up to the next assistant message rendered alone with the
+                        generation prompt, less system_prefix_ids_with_kwargs (verl's agent loop:
+                        apply_chat_template(add_messages, remove_system_prompt=True)). Null with
+                        "turns_error" when a piece does not fit (the template cannot be appended to).
 """
 import json
 import sys
@@ -67,6 +76,26 @@ def system_prefix(render):
     t1 = render([{"role": "user", "content": ""}])
     t2 = render([{"role": "user", "content": ""}] * 2)
     return t1[: -(len(t2) - len(t1))]
+
+
+def turns(messages, render, system, eos):
+    """The episode turn by turn with verl's method plus the template's separator (see turns_ids)."""
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    seq = render(messages[: assistants[0]], True, True)
+    for k, i in enumerate(assistants):
+        before = render(messages[:i], True, True)
+        closed = render(messages[: i + 1], False, True)
+        assert closed[: len(before)] == before, f"assistant message {i}: its prompt is not a prefix"
+        rest = closed[len(before):]
+        end = rest.index(eos) + 1
+        seq += rest[:end]
+        stop = assistants[k + 1] if k + 1 < len(assistants) else len(messages)
+        new = messages[i + 1: stop]
+        if new:
+            alone = render(new, True, True)
+            assert alone[: len(system)] == system, f"messages {i + 1}..{stop} alone lack the system prefix"
+            seq += rest[end:] + alone[len(system):]
+    return seq
 
 
 def main(model_dir, conversation_path, out_path):
@@ -125,6 +154,11 @@ def main(model_dir, conversation_path, out_path):
     result["eos_token"] = tok.eos_token
     result["bos_token_id"] = tok.bos_token_id
     result["pad_token_id"] = tok.pad_token_id
+
+    try:
+        result["turns_ids"] = turns(messages, render, result["system_prefix_ids_with_kwargs"], tok.eos_token_id)
+    except (AssertionError, ValueError) as e:
+        result["turns_ids"], result["turns_error"] = None, str(e)
 
     with open(out_path, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1, ensure_ascii=False)
