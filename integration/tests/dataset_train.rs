@@ -4,12 +4,18 @@
 //! (the data frontier is the dataset position: no row trained twice or skipped); `keel data
 //! check` shows a good file and names the file, row and field of a bad one; `env.reward_url`
 //! drives a run through the reference reward service (a verl-signature reward function file),
-//! batched and retried, and a service that is down stops the run before it starts.
+//! batched and retried, and a service that is down, or whose reward function fits no verl
+//! signature, stops the run before it starts. The reference service calls reward functions as
+//! verl does (issue 31): by keyword, with the raw response, `--reward-kwargs`, either verl
+//! signature, rewards passed through unclamped (a NaN fails the episode); SFT demonstrations
+//! never reach it.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use keel_envs::dataset::{DatasetConfig, RewardConfig};
+use keel_envs::{task_seed, Env, EnvConfig, EnvError, Split};
 use keel_integration::{head_weights, keel_bin, PythonServer};
 use keel_store::RunStore;
 
@@ -295,37 +301,227 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
 }
 
 #[test]
-fn a_reward_service_that_is_down_stops_the_run_before_it_starts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = keel_integration::free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let cfg = config(
-        dir.path(),
-        2,
-        &format!("reward_url = {url:?}\nreward_retries = 1"),
+fn a_reward_service_that_is_down_or_refuses_its_function_stops_the_run_before_it_starts() {
+    let misfit = PythonServer::start(
+        "reward_server.py",
+        &["--reward-fn", &test_data("reward_fn_misfit.py")],
     );
-    let out = train(&cfg, &dir.path().join("run"), &dir.path().join("s.json"))
-        .wait_with_output()
-        .expect("wait");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let down = format!("http://127.0.0.1:{}", keel_integration::free_port());
+    for (url, why) in [
+        (down.as_str(), "GET /health failed: health:"),
+        (
+            misfit.url.as_str(),
+            "GET /health failed: health: HTTP 503: {\"ok\": false, \"error\": \"reward function ",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = config(
+            dir.path(),
+            2,
+            &format!("reward_url = {url:?}\nreward_retries = 1"),
+        );
+        let out = train(&cfg, &dir.path().join("run"), &dir.path().join("s.json"))
+            .wait_with_output()
+            .expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains(&format!("reward service at {url} (env.reward_url): {why}")),
+            "{err}"
+        );
+        let store = RunStore::open(dir.path().join("run").to_str().expect("utf8")).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        assert!(
+            rt.block_on(store.latest_checkpoint())
+                .expect("head")
+                .is_none(),
+            "nothing was trained"
+        );
+    }
+    assert_eq!(
+        stats(&misfit)["requests"],
+        0,
+        "no episode reached the service"
+    );
+}
+
+/// A test file of `envs/tests/data`.
+fn test_data(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../envs/tests/data")
+        .join(name)
+        .to_str()
+        .expect("utf8")
+        .to_string()
+}
+
+/// A dataset env over the rows of `file` (train and eval), scored by the service at `url`.
+fn served_env(file: &Path, url: &str) -> Result<Box<dyn Env>, EnvError> {
+    let dataset = DatasetConfig {
+        train_file: file.into(),
+        eval_file: file.into(),
+        shuffle: false,
+        reward: RewardConfig {
+            url: url.into(),
+            retries: 1,
+            ..RewardConfig::default()
+        },
+        ..DatasetConfig::default()
+    };
+    keel_envs::build_env(&EnvConfig {
+        name: "dataset".into(),
+        difficulty: 0,
+        external: None,
+        dataset: Some(dataset),
+    })
+}
+
+/// One row of `data_source` whose answer is 42, written to `dir/rows.jsonl`.
+fn answer_42_row(dir: &Path, data_source: &str) -> std::path::PathBuf {
+    let path = dir.join("rows.jsonl");
+    let row = serde_json::json!({"data_source": data_source, "prompt": "what is 6 times 7 ?",
+                                 "reward_model": {"ground_truth": "42"}});
+    std::fs::write(&path, format!("{row}\n")).expect("rows");
+    path
+}
+
+/// The reward of `response` as the one answer of a fresh episode.
+fn reward_of(env: &mut Box<dyn Env>, response: &str) -> Result<f32, EnvError> {
+    env.try_reset(task_seed(Split::Train, 0))?;
+    let out = env.try_step_response(response)?;
+    assert!(out.done, "{response:?} ends the episode");
+    Ok(out.reward)
+}
+
+#[test]
+fn reward_functions_are_called_by_keyword_with_the_raw_response_and_rewards_pass_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = answer_42_row(dir.path(), "probe");
+    // compute_score(solution_str, ground_truth, data_source, extra_info=None, *, offset=0.0)
+    // returns len(solution_str) + offset: only keyword calls fit its parameter order.
+    let server = PythonServer::start(
+        "reward_server.py",
+        &[
+            "--reward-fn",
+            &test_data("reward_fn_keywords.py"),
+            "--reward-kwargs",
+            r#"{"offset": -100}"#,
+        ],
+    );
+    let mut env = served_env(&rows, &server.url).expect("env");
+    for response in [
+        "answer 42\n",
+        "  answer 42",
+        "<think>6 * 7 = 42</think>\n\nanswer 42 ",
+        "42",
+    ] {
+        // verl's solution_str: untrimmed, the leading `answer` word and reasoning included;
+        // the reward_kwargs reach the function; -98 stays -98 (no clamp into [0, 1]).
+        let want = response.chars().count() as f32 - 100.0;
+        assert_eq!(
+            reward_of(&mut env, response).expect("reward"),
+            want,
+            "{response:?}"
+        );
+        assert!(!env.success());
+    }
+    let err = reward_of(&mut env, " nan ")
+        .expect_err("a NaN reward")
+        .to_string();
     assert!(
-        err.contains(&format!(
-            "reward service at {url} (env.reward_url): does not answer: health:"
-        )),
+        err.contains(&format!("reward service at {}", server.url))
+            && err.contains("returned the non-finite reward nan"),
         "{err}"
     );
-    let store = RunStore::open(dir.path().join("run").to_str().expect("utf8")).expect("open");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    assert!(
-        rt.block_on(store.latest_checkpoint())
-            .expect("head")
-            .is_none(),
-        "nothing was trained"
+    assert_eq!(
+        stats(&server)["items"],
+        4,
+        "the failed batch is not counted"
     );
+}
+
+#[test]
+fn a_reward_file_with_verls_per_source_signature_scores_with_its_reward_kwargs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = answer_42_row(dir.path(), "openai/gsm8k");
+    let file = test_data("reward_fn_gsm8k_signature.py");
+    // compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+    let strict = PythonServer::start("reward_server.py", &["--reward-fn", &file]);
+    let health: serde_json::Value = serde_json::from_str(
+        &ureq::get(&format!("{}/health", strict.url))
+            .call()
+            .expect("health")
+            .body_mut()
+            .read_to_string()
+            .expect("body"),
+    )
+    .expect("json");
+    assert_eq!(health["signature"], "per-source", "{health}");
+    let mut env = served_env(&rows, &strict.url).expect("env");
+    for (response, want) in [
+        ("so #### 42", 1.0),
+        ("#### 41", 0.0),
+        ("The answer is 42", 0.0),
+    ] {
+        assert_eq!(
+            reward_of(&mut env, response).expect("reward"),
+            want,
+            "{response}"
+        );
+    }
+    let flexible = PythonServer::start(
+        "reward_server.py",
+        &[
+            "--reward-fn",
+            &file,
+            "--reward-kwargs",
+            r#"{"method": "flexible", "format_score": -0.5, "score": 2}"#,
+        ],
+    );
+    let mut env = served_env(&rows, &flexible.url).expect("env");
+    for (response, want) in [("The answer is 41", -0.5), ("The answer is 42", 2.0)] {
+        assert_eq!(
+            reward_of(&mut env, response).expect("reward"),
+            want,
+            "{response}"
+        );
+    }
+    assert!(env.success(), "a reward of 2 is a success (DS-5)");
+}
+
+#[test]
+fn sft_demonstrations_never_reach_the_reward_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rows = dir.path().join("rows.jsonl");
+    write_rows(&rows, 12, 0);
+    let server = PythonServer::start("reward_server.py", &[]);
+    let mut env = served_env(&rows, &server.url).expect("env");
+    // What the SFT warm start runs (actors::job make_demos): noised oracle demonstrations.
+    let tokenizer = keel_envs::Tokenizer::for_env(env.as_ref());
+    let seeds: Vec<u64> = (0..24).map(|i| task_seed(Split::Train, i)).collect();
+    let demos = keel_envs::demonstrations(env.as_mut(), &tokenizer, &seeds, 0.5, 7).expect("demos");
+    assert!(
+        demos.iter().any(|d| d.success),
+        "oracle answers score 1 (DS-3)"
+    );
+    assert!(
+        demos.iter().any(|d| !d.success),
+        "planted mistakes score 0 (DS-6)"
+    );
+    let s = stats(&server);
+    assert_eq!(
+        (s["requests"].clone(), s["items"].clone()),
+        (0.into(), 0.into()),
+        "{s}"
+    );
+    // A sampled response is the service's to score.
+    env.try_reset(task_seed(Split::Train, 1)).expect("reset");
+    let answer = env.oracle_action();
+    env.try_step_response(&answer).expect("step");
+    assert_eq!(stats(&server)["items"], 1);
 }
 
 #[test]

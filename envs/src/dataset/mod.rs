@@ -66,7 +66,7 @@ pub struct DatasetConfig {
     pub train_file: PathBuf,
     /// The held-out rows.
     pub eval_file: PathBuf,
-    /// `auto` (by `data_source`), `exact`, `numeric` or `choice`.
+    /// `auto` (by `data_source`, VF-2/3), `exact`, `numeric`, `choice`, `gsm8k` or `math`.
     pub verifier: String,
     /// Dotted path of the prompt in a row.
     pub prompt_key: String,
@@ -130,7 +130,7 @@ impl DatasetConfig {
             return bad(
                 "verifier",
                 self.verifier.clone(),
-                "auto, exact, numeric or choice",
+                "auto, exact, numeric, choice, gsm8k or math",
             );
         }
         if self.prompt_key.is_empty() {

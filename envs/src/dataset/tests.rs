@@ -166,7 +166,7 @@ fn ds_config_and_file_errors_are_clear() {
     };
     assert_eq!(
         Dataset::load(&cfg).unwrap_err().to_string(),
-        "invalid dataset config: verifier = fuzzy, expected auto, exact, numeric or choice; fix the `verifier` key"
+        "invalid dataset config: verifier = fuzzy, expected auto, exact, numeric, choice, gsm8k or math; fix the `verifier` key"
     );
     let cfg = DatasetConfig {
         train_file: "/nowhere/train.csv".into(),
