@@ -54,6 +54,10 @@ pub struct StepOutcome {
     /// The canonical text the key hashes ([`Env::anchor_state`]; GiGPO similarity groups).
     #[serde(default)]
     pub anchor_state: String,
+    /// The chat role the observation is shown with: empty for `user`, `tool` for the answer
+    /// to a function call (the chat template renders it, e.g. Qwen's `<tool_response>`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub observation_role: String,
 }
 
 /// A multi-turn text environment.
@@ -83,6 +87,12 @@ pub trait Env: Send {
     /// The messages that come before the prompt in the chat of the current task (a system
     /// prompt, few-shot turns: a dataset row's earlier messages); empty for the built-in envs.
     fn preamble(&self) -> Vec<crate::dataset::PromptMessage> {
+        Vec::new()
+    }
+    /// The function tools of the current task as OpenAI function schemas, which the chat
+    /// template renders into the first prompt (a verl tool row's `calc_gsm8k_reward`); empty
+    /// for the built-in envs.
+    fn tools(&self) -> Vec<serde_json::Value> {
         Vec::new()
     }
     /// The agent that acts next (0 in single-agent envs).
@@ -148,6 +158,7 @@ pub(crate) fn outcome_of(
         agent_id: env.agent_id(),
         anchor_key: fnv1a64(anchor_state.as_bytes()),
         anchor_state,
+        observation_role: String::new(),
     }
 }
 

@@ -369,6 +369,7 @@ impl Env for ExternalEnv {
                 agent_id: self.view.agent_id,
                 anchor_key: self.anchor_key(),
                 anchor_state: self.anchor_state(),
+                observation_role: String::new(),
             });
         }
         let turn = self.view.turns + 1;
@@ -385,6 +386,7 @@ impl Env for ExternalEnv {
             agent_id: self.view.agent_id,
             anchor_key: fnv1a64(self.view.anchor_state.as_bytes()),
             anchor_state: self.view.anchor_state.clone(),
+            observation_role: String::new(),
         })
     }
 

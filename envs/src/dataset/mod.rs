@@ -8,7 +8,11 @@
 //! up to `max_turns` turns: a response starting with `calc` (`calc A OP B`, the calculator of
 //! the built-in `calc` env) or `search` (BM25 over the row's documents, as in `search-qa`)
 //! calls that tool and the episode goes on with its result; any other response is the final
-//! answer (a leading `answer` word is dropped for the verifiers, DS-7).
+//! answer (a leading `answer` word is dropped for the verifiers, DS-7). A verl tool row
+//! (`extra_info.tools_kwargs`, DR-6) is a multi-turn episode with verl's function tools
+//! ([`functions`]): the template shows their schemas ([`Env::tools`]), a response holding a
+//! Hermes `<tool_call>` is answered by a `tool` message, and a response without one is the
+//! final answer (verl's `ToolAgentLoop`).
 //!
 //! Training task `i` is row `RowOrder::row(i)` of the train file, held-out task `i` is row
 //! `i mod n` of the eval file (see [`crate::row_order`]): the task index a seed encodes
@@ -18,7 +22,8 @@
 //! Invariants (beside EN-1..EN-10 of `env`):
 //! - DS-1 The files are read and checked once per [`Dataset::load`]; every env instance of one
 //!   builder shares the rows (no per-episode I/O).
-//! - DS-2 `max_turns` is 1 when no row names a tool, else the configured `max_turns`.
+//! - DS-2 `max_turns` is 1 when no row names a tool (word or function tool), else the
+//!   configured `max_turns`.
 //! - DS-3 The oracle answers a row's [`Row::oracle`] (its first ground truth written for the
 //!   verifier, VF-4), which its verifier accepts (DR-4).
 //! - DS-4 The vocabulary is the env's action and observation words, then every word of every
@@ -35,10 +40,19 @@
 //!   and their planted mistakes, the random policy, `keel env play`) are scored by the row's
 //!   verifier and never sent to the service; the oracle's answer scores 1 (DS-3) even on a row
 //!   not held to DR-4.
-//! - DS-7 Tool calls and verifiers read the response's visible text (AX-1: a leading reasoning
-//!   block dropped, trimmed), and verifiers read it without a leading `answer` word.
+//! - DS-7 Word tool calls and verifiers read the response's visible text (AX-1: a leading
+//!   reasoning block dropped, trimmed), and verifiers read it without a leading `answer` word.
+//! - DS-8 On a verl tool row, function calls are parsed from the raw response (verl's Hermes
+//!   parser reads the whole decoded turn, reasoning included; VT-1); the turn's observation
+//!   has role `tool` and reward 0 (VT-4). A response without a parsed call, or any response on
+//!   the row's last allowed turn (verl's `max_assistant_turns` ends the loop before parsing),
+//!   is the final answer, scored as DS-5/DS-6 score a single-turn answer: the final response
+//!   alone, where verl scores the decoded text of every turn after the prompt (the same
+//!   verdict when the final turn holds the last `#### N`). The oracle first calls
+//!   `calc_gsm8k_reward` with the tool's ground truth, then answers (DS-3).
 
 pub mod file;
+pub mod functions;
 pub mod reward;
 pub mod row;
 mod tools;
@@ -202,7 +216,7 @@ impl Dataset {
                     "holds more rows than keel can order (2^32 - 1)",
                 )
             })?;
-        let agentic = train.iter().chain(&eval).any(|r| !r.tools.is_empty());
+        let agentic = train.iter().chain(&eval).any(Row::agentic);
         let max_turns = if agentic { cfg.max_turns } else { 1 };
         let vocabulary = vocabulary(&train, &eval);
         Ok(Dataset {
@@ -266,6 +280,9 @@ struct State {
     turns: usize,
     done: bool,
     solved: bool,
+    /// Function tool calls made this episode (the oracle calls once, DS-8).
+    #[serde(default)]
+    calls: usize,
 }
 
 /// The `dataset` env: one episode per row. Until the first `reset` it is terminal (EN-4).
@@ -287,6 +304,7 @@ impl DatasetEnv {
                 turns: 0,
                 done: true,
                 solved: false,
+                calls: 0,
             },
         }
     }
@@ -317,7 +335,16 @@ impl DatasetEnv {
         if self.state.done {
             return Ok(outcome_of(self, tools::INVALID.into(), 0.0, true, true));
         }
-        let (observation, reward, invalid) = match tools::call(self.row(), action) {
+        let mut role = "";
+        let called = match self.function_call(response.unwrap_or(action)) {
+            Some(answered) => {
+                role = "tool";
+                Some(answered)
+            }
+            None if self.final_turn_of_function_row() => None,
+            None => tools::call(self.row(), action),
+        };
+        let (observation, reward, invalid) = match called {
             Some(tools::Called { observation, valid }) => (observation, 0.0, !valid),
             None => {
                 let reward = self.final_reward(tools::answer_text(action), response)?;
@@ -330,17 +357,34 @@ impl DatasetEnv {
         if self.state.turns >= self.turn_limit() {
             self.state.done = true;
         }
-        Ok(outcome_of(
-            self,
-            observation,
-            reward,
-            self.state.done,
-            invalid,
-        ))
+        let mut out = outcome_of(self, observation, reward, self.state.done, invalid);
+        out.observation_role = role.into();
+        Ok(out)
+    }
+
+    /// Whether this turn of a verl tool row is its last allowed one: its response is the final
+    /// answer whatever it holds (DS-8).
+    fn final_turn_of_function_row(&self) -> bool {
+        !self.row().functions.is_empty() && self.state.turns + 1 >= self.turn_limit()
+    }
+
+    /// The answer to the first function call of `raw` on a verl tool row (VT-2, DS-8); `None`
+    /// when the row has no function tools, the response holds no call, or the turn is the last.
+    fn function_call(&mut self, raw: &str) -> Option<tools::Called> {
+        if self.row().functions.is_empty() || self.final_turn_of_function_row() {
+            return None;
+        }
+        let call = functions::parse_calls(raw).into_iter().next()?;
+        let answered = functions::execute(&self.row().functions, &call);
+        self.state.calls += 1;
+        Some(tools::Called {
+            observation: answered.text,
+            valid: answered.ran,
+        })
     }
 
     fn turn_limit(&self) -> usize {
-        if self.row().tools.is_empty() {
+        if !self.row().agentic() {
             1
         } else {
             self.data.max_turns
@@ -364,12 +408,17 @@ impl Env for DatasetEnv {
             turns: 0,
             done: false,
             solved: false,
+            calls: 0,
         };
         self.row().prompt().to_string()
     }
 
     fn preamble(&self) -> Vec<PromptMessage> {
         self.row().preamble().to_vec()
+    }
+
+    fn tools(&self) -> Vec<serde_json::Value> {
+        self.row().tool_schemas()
     }
 
     // keel calls `try_step` / `try_step_response` (env shards, demonstrations, `keel env`);
@@ -395,8 +444,16 @@ impl Env for DatasetEnv {
         self.advance(crate::action::visible(response), Some(response))
     }
 
+    /// The row's answer; on a verl tool row, first a call of its tool with the tool's
+    /// ground truth (DS-8), so demonstrations show the call format.
     fn oracle_action(&self) -> String {
-        self.row().oracle.clone()
+        let row = self.row();
+        match row.functions.first() {
+            Some(f) if self.state.calls == 0 && self.state.turns + 1 < self.turn_limit() => {
+                f.oracle_call()
+            }
+            _ => row.oracle.clone(),
+        }
     }
 
     fn max_turns(&self) -> usize {
@@ -432,7 +489,14 @@ impl Env for DatasetEnv {
             Split::Train => "train",
             Split::Eval => "eval",
         };
-        format!("{split} row {} done {}", self.state.row, self.state.done)
+        let calls = match self.state.calls {
+            0 => String::new(),
+            n => format!(" calls {n}"),
+        };
+        format!(
+            "{split} row {} done {}{calls}",
+            self.state.row, self.state.done
+        )
     }
 
     fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {

@@ -14,7 +14,8 @@
 //!
 //! Invariants:
 //! - DR-1 A parsed row has at least one message, its last message is the user's, every role is
-//!   `system`, `user` or `assistant`, and every content is a non-empty string.
+//!   `system`, `user`, `assistant` or `tool` (a tool response of an earlier turn, rendered by
+//!   the chat template), and every content is a non-empty string.
 //! - DR-2 A parsed row has at least one non-empty ground truth (a string, a number, or a list of
 //!   them: any one of them answers the row).
 //! - DR-3 Every error names the file, the 1-based row and the field (a dotted path).
@@ -24,17 +25,27 @@
 //!   rewarded (verl's gsm8k scorer never matches a ground truth `1,000`).
 //! - DR-5 Tools are `calculator` (alias `calc`) and `search`; `search` needs at least one
 //!   document in `extra_info.documents`.
+//! - DR-6 verl's tool rows (`extra_info.tools_kwargs`, written by verl's
+//!   `gsm8k_multiturn_w_tool.py`) get the function tools they name that keel has
+//!   ([`super::functions`]: `calc_gsm8k_reward`, whose `create_kwargs.ground_truth` must be a
+//!   string); a tool keel does not have, `need_tools_kwargs = true` with no tool, and an
+//!   `interaction_kwargs.name` (a verl interaction, `multi_turn.interaction_config_path`) are
+//!   refused, naming the field and what keel runs. `interaction_kwargs` without a `name` (verl's
+//!   tool rows carry `{query, ground_truth}` there) is ignored, as verl's tool agent loop does
+//!   when no interaction is configured; `execute_kwargs`, `calc_reward_kwargs` and
+//!   `release_kwargs` are ignored as verl's agent loop ignores them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::functions::{FunctionTool, GSM8K_REWARD};
 use crate::error::EnvError;
 use crate::verify::Verifier;
 
 /// One chat message of a prompt.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PromptMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// Its text.
     pub content: String,
@@ -109,6 +120,8 @@ pub struct Row {
     pub oracle: String,
     /// Tools of an agentic row (empty: single-turn).
     pub tools: Vec<Tool>,
+    /// verl function tools of a `tools_kwargs` row (DR-6; empty: none).
+    pub functions: Vec<FunctionTool>,
     /// The search tool's corpus.
     pub documents: Vec<String>,
     /// `extra_info` as given (`null` when absent); sent to a reward service.
@@ -169,6 +182,7 @@ impl Row {
         };
         let extra_info = at(value, "extra_info").cloned().unwrap_or(Value::Null);
         let tools = parse_tools(value, &err)?;
+        let functions = parse_functions(value, &err)?;
         let documents = match at(value, "extra_info.documents") {
             None => Vec::new(),
             Some(v) => string_list(v)
@@ -192,6 +206,7 @@ impl Row {
             verifier,
             oracle,
             tools,
+            functions,
             documents,
             extra_info,
         };
@@ -225,14 +240,35 @@ impl Row {
             .fold(0.0, f32::max)
     }
 
-    /// The text of every field the model reads or may write, for a word-level vocabulary.
-    pub fn texts(&self) -> impl Iterator<Item = &str> {
+    /// Whether the episode is multi-turn (word tools or verl function tools).
+    pub fn agentic(&self) -> bool {
+        !self.tools.is_empty() || !self.functions.is_empty()
+    }
+
+    /// The OpenAI function schemas of the row's verl tools (rendered by the chat template).
+    pub fn tool_schemas(&self) -> Vec<Value> {
+        self.functions.iter().map(FunctionTool::schema).collect()
+    }
+
+    /// The text of every field the model reads or may write, for a word-level vocabulary
+    /// (with the oracle's tool calls and their answers).
+    pub fn texts(&self) -> impl Iterator<Item = String> + '_ {
+        let calls = self.functions.iter().flat_map(|f| {
+            let call = f.oracle_call();
+            let answer = super::functions::parse_calls(&call)
+                .first()
+                .map(|c| super::functions::execute(&self.functions, c).text)
+                .unwrap_or_default();
+            [call, answer]
+        });
         self.messages
             .iter()
             .map(|m| m.content.as_str())
             .chain(self.ground_truths.iter().map(String::as_str))
             .chain([self.oracle.as_str()])
             .chain(self.documents.iter().map(String::as_str))
+            .map(str::to_string)
+            .chain(calls)
     }
 }
 
@@ -261,10 +297,10 @@ fn parse_prompt(
                     .get("role")
                     .and_then(Value::as_str)
                     .ok_or_else(|| err.at(&format!("{field}.role"), "missing or not a string"))?;
-                if !["system", "user", "assistant"].contains(&role) {
+                if !["system", "user", "assistant", "tool"].contains(&role) {
                     return Err(err.at(
                         &format!("{field}.role"),
-                        format!("must be system, user or assistant, got {role:?}"),
+                        format!("must be system, user, assistant or tool, got {role:?}"),
                     ));
                 }
                 let content = m.get("content").and_then(Value::as_str).ok_or_else(|| {
@@ -345,6 +381,81 @@ fn parse_tools(value: &Value, err: &RowError<'_>) -> Result<Vec<Tool>, EnvError>
     Ok(tools)
 }
 
+/// What keel runs of verl's tools, said when a row names another (DR-6).
+const KEEL_FUNCTIONS: &str = "keel runs verl's calc_gsm8k_reward (Gsm8kTool) as a function tool, and calculator and search as word tools in extra_info.tools";
+
+/// verl's `extra_info.tools_kwargs` and `interaction_kwargs` (DR-6).
+fn parse_functions(value: &Value, err: &RowError<'_>) -> Result<Vec<FunctionTool>, EnvError> {
+    if let Some(name) = at(value, "extra_info.interaction_kwargs.name") {
+        return Err(err.at(
+            "extra_info.interaction_kwargs.name",
+            format!(
+                "names the verl interaction {name}, which keel does not have (verl's multi_turn.interaction_config_path); remove interaction_kwargs.name to train the row without one; {KEEL_FUNCTIONS}"
+            ),
+        ));
+    }
+    let field = "extra_info.tools_kwargs";
+    let mut functions = Vec::new();
+    match at(value, field) {
+        None => {}
+        Some(Value::Object(tools)) => {
+            // Parquet gives every row the struct's every tool; absent ones are null.
+            for (name, kwargs) in tools.iter().filter(|(_, v)| !v.is_null()) {
+                functions.push(parse_function(
+                    name,
+                    kwargs,
+                    &format!("{field}.{name}"),
+                    err,
+                )?);
+            }
+        }
+        Some(other) => {
+            return Err(err.at(
+                field,
+                format!(
+                    "must be an object of tool name to its kwargs, got {}",
+                    kind(other)
+                ),
+            ))
+        }
+    }
+    if functions.is_empty() && at(value, "extra_info.need_tools_kwargs") == Some(&Value::Bool(true))
+    {
+        return Err(err.at(
+            "extra_info.need_tools_kwargs",
+            format!("is true but extra_info.tools_kwargs names no tool; {KEEL_FUNCTIONS}"),
+        ));
+    }
+    Ok(functions)
+}
+
+fn parse_function(
+    name: &str,
+    kwargs: &Value,
+    field: &str,
+    err: &RowError<'_>,
+) -> Result<FunctionTool, EnvError> {
+    if name != GSM8K_REWARD {
+        return Err(err.at(
+            field,
+            format!("unknown verl tool {name:?}; {KEEL_FUNCTIONS}"),
+        ));
+    }
+    let truth_field = format!("{field}.create_kwargs.ground_truth");
+    match at(kwargs, "create_kwargs.ground_truth") {
+        Some(Value::String(truth)) if !truth.trim().is_empty() => Ok(FunctionTool::Gsm8kReward {
+            ground_truth: truth.clone(),
+        }),
+        other => Err(err.at(
+            &truth_field,
+            format!(
+                "must be a non-empty string (verl's Gsm8kTool compares the parsed answer with it as a string), got {}",
+                other.map_or("nothing", kind)
+            ),
+        )),
+    }
+}
+
 fn string_list(v: &Value) -> Option<Vec<String>> {
     v.as_array()?
         .iter()
@@ -406,7 +517,7 @@ mod tests {
         let cases = [
             (json!({"reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt`: missing (the prompt: a list of {role, content} messages or a string)"),
             (json!({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt`: the last message must be the user's (the model answers it), got \"assistant\""),
-            (json!({"prompt": [{"role": "robot", "content": "hi"}], "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt.0.role`: must be system, user or assistant, got \"robot\""),
+            (json!({"prompt": [{"role": "robot", "content": "hi"}], "reward_model": {"ground_truth": "1"}}), "dataset train.jsonl, row 3, field `prompt.0.role`: must be system, user, assistant or tool, got \"robot\""),
             (json!({"prompt": "hi", "reward_model": {"ground_truth": ""}}), "dataset train.jsonl, row 3, field `reward_model.ground_truth`: must be a non-empty string, a number, or a non-empty list of them"),
             (json!({"prompt": "hi", "reward_model": {"ground_truth": "1"}, "tools": ["browser"]}), "dataset train.jsonl, row 3, field `tools`: unknown tool \"browser\"; the built-in tools are calculator and search"),
             (json!({"prompt": "hi", "reward_model": {"ground_truth": "1"}, "tools": ["search"]}), "dataset train.jsonl, row 3, field `extra_info.documents`: a row with the search tool needs at least one non-empty document to search"),

@@ -174,7 +174,7 @@ fn ds_config_and_file_errors_are_clear() {
     };
     assert_eq!(
         Dataset::load(&cfg).unwrap_err().to_string(),
-        "dataset /nowhere/train.csv: unknown format; expected a .jsonl (JSON Lines) or .parquet file"
+        "dataset /nowhere/train.csv: unknown format; expected a .jsonl (JSON Lines), .json (JSON Lines or a JSON array of rows) or .parquet file"
     );
     let mut bad = tempfile::Builder::new()
         .suffix(".jsonl")
@@ -239,4 +239,213 @@ fn df_parquet_rows_written_by_pyarrow_read_like_jsonl() {
     assert!(row
         .prompt()
         .starts_with("Tom has 3 apples and buys 4 more."));
+}
+
+fn tool_rows() -> DatasetConfig {
+    let file =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gsm8k_tool_rows.parquet");
+    DatasetConfig {
+        train_file: file.clone(),
+        eval_file: file,
+        shuffle: false,
+        ..DatasetConfig::default()
+    }
+}
+
+const CALL_72: &str = "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>";
+
+#[test]
+fn ds8_verl_tool_row_is_a_multi_turn_episode_with_verls_tool() {
+    let data = Arc::new(Dataset::load(&tool_rows()).unwrap());
+    assert_eq!(data.max_turns, 4, "verl tool rows are agentic (DS-2)");
+    let row = &data.train_rows()[0];
+    assert_eq!(row.functions.len(), 1);
+    let mut env = DatasetEnv::new(data.clone(), None);
+    let prompt = env.reset(task_seed(Split::Train, 0));
+    assert!(prompt.starts_with("Natalia sold clips"), "{prompt}");
+    assert!(env.preamble()[0]
+        .content
+        .contains("`calc_gsm8k_reward` tool"));
+    let tools = env.tools();
+    assert_eq!(tools.len(), 1);
+    assert_eq!(tools[0]["function"]["name"], "calc_gsm8k_reward");
+    assert_eq!(tools[0]["function"]["parameters"]["required"][0], "answer");
+    // A scripted model: reasoning and a call, then a wrong call, then the final answer.
+    let out = env.step_response(&format!(
+        "<think>48 + 24</think>\n48/2 = 24, 48 + 24 = 72.\n{CALL_72}"
+    ));
+    assert_eq!(out.observation, "Current parsed answer='72' reward=1.0");
+    assert_eq!(out.observation_role, "tool");
+    assert!(!out.done && out.reward == 0.0 && !out.invalid_action);
+    let out = env.step_response("<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"71\"}}\n</tool_call>");
+    assert_eq!(out.observation, "Current parsed answer='71' reward=0.0");
+    let out = env.step_response("So the answer is 72.\n#### 72");
+    assert!(out.done && out.reward == 1.0 && env.success());
+    assert_eq!(
+        out.observation_role, "",
+        "the final turn has no observation"
+    );
+}
+
+#[test]
+fn ds8_malformed_and_unknown_calls_are_answered_as_verl_answers_them() {
+    let data = Arc::new(Dataset::load(&tool_rows()).unwrap());
+    let mut env = DatasetEnv::new(data, None);
+    env.reset(task_seed(Split::Train, 0));
+    // An unknown function: verl's KeyError text, as a tool message; the episode goes on.
+    let out = env.step_response(
+        "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+    );
+    assert_eq!(out.observation, "Error when executing tool: 'calculator'");
+    assert!(out.invalid_action && !out.done && out.observation_role == "tool");
+    // A call that does not parse is dropped by verl's Hermes parser: with no call left the
+    // response is the final answer, scored by the row's verifier (no `#### N`: 0).
+    let out = env.step_response("<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}\n</tool_call>");
+    assert!(out.done && out.reward == 0.0 && !out.invalid_action && !env.success());
+    // verl's `max_assistant_turns`: the last allowed turn is final whatever it holds.
+    env.reset(task_seed(Split::Train, 0));
+    for _ in 0..3 {
+        assert!(!env.step_response(CALL_72).done);
+    }
+    let out = env.step_response(&format!("#### 72 {CALL_72}"));
+    assert!(out.done && out.reward == 1.0, "{out:?}");
+}
+
+#[test]
+fn ds8_oracle_calls_the_tool_then_answers_and_snapshots_keep_the_call() {
+    let data = Arc::new(Dataset::load(&tool_rows()).unwrap());
+    let mut env = DatasetEnv::new(data, None);
+    env.reset(task_seed(Split::Train, 3));
+    let call = env.oracle_action();
+    assert_eq!(call, "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"950\"}}\n</tool_call>");
+    assert_eq!(env.admissible_actions(), vec![call.clone()]);
+    let first_anchor = env.anchor_state();
+    let out = env.step(&call);
+    assert_eq!(out.observation, "Current parsed answer='950' reward=1.0");
+    assert_ne!(
+        out.anchor_state, first_anchor,
+        "a call changes the oracle (EN-8)"
+    );
+    let vocab = env.vocabulary();
+    for w in call
+        .split_whitespace()
+        .chain(out.observation.split_whitespace())
+    {
+        assert!(vocab.iter().any(|v| v == w), "{w} (DS-4)");
+    }
+    let snap = env.snapshot().unwrap();
+    let mut other = DatasetEnv::new(env.data.clone(), None);
+    other.restore(&snap).unwrap();
+    assert_eq!(other.oracle_action(), "#### 950");
+    let out = other.step(&other.oracle_action());
+    assert!(out.done && out.reward == 1.0 && other.success());
+}
+
+#[test]
+fn dr6_verl_rows_keel_cannot_run_are_refused_by_name() {
+    let base = || {
+        serde_json::json!({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "how many?"}],
+            "reward_model": {"ground_truth": "72"},
+            "extra_info": {"need_tools_kwargs": true,
+                           "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}},
+        })
+    };
+    let parse = |v: &serde_json::Value| Row::parse(v, &RowSchema::default(), "rows.parquet", 2);
+    // verl's gsm8k_multiturn_w_interaction.py rows name an interaction.
+    let mut v = base();
+    v["extra_info"]["interaction_kwargs"] =
+        serde_json::json!({"name": "gsm8k", "query": "q", "ground_truth": "72"});
+    assert_eq!(
+        parse(&v).unwrap_err().to_string(),
+        "dataset rows.parquet, row 2, field `extra_info.interaction_kwargs.name`: names the verl interaction \"gsm8k\", which keel does not have (verl's multi_turn.interaction_config_path); remove interaction_kwargs.name to train the row without one; keel runs verl's calc_gsm8k_reward (Gsm8kTool) as a function tool, and calculator and search as word tools in extra_info.tools"
+    );
+    // Without a name (verl's tool rows), verl's tool loop ignores them, and so does keel.
+    v["extra_info"]["interaction_kwargs"] = serde_json::json!({"query": "q", "ground_truth": "72"});
+    assert_eq!(parse(&v).unwrap().functions.len(), 1);
+    let mut v = base();
+    v["extra_info"]["tools_kwargs"]["search"] = serde_json::json!({"create_kwargs": {}});
+    assert_eq!(
+        parse(&v).unwrap_err().to_string(),
+        "dataset rows.parquet, row 2, field `extra_info.tools_kwargs.search`: unknown verl tool \"search\"; keel runs verl's calc_gsm8k_reward (Gsm8kTool) as a function tool, and calculator and search as word tools in extra_info.tools"
+    );
+    let mut v = base();
+    v["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"] = serde_json::json!({"create_kwargs": {}});
+    assert!(parse(&v).unwrap_err().to_string().starts_with(
+        "dataset rows.parquet, row 2, field `extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs.ground_truth`: must be a non-empty string"
+    ));
+    let mut v = base();
+    v["extra_info"]["tools_kwargs"] = serde_json::json!({"calc_gsm8k_reward": null});
+    assert!(parse(&v).unwrap_err().to_string().contains(
+        "field `extra_info.need_tools_kwargs`: is true but extra_info.tools_kwargs names no tool"
+    ));
+    // A tool message of an earlier turn in the prompt is accepted (DR-1).
+    let mut v = base();
+    v["prompt"] = serde_json::json!([
+        {"role": "user", "content": "how many?"},
+        {"role": "assistant", "content": CALL_72},
+        {"role": "tool", "content": "Current parsed answer='72' reward=1.0"},
+        {"role": "user", "content": "now answer"}]);
+    assert_eq!(parse(&v).unwrap().preamble()[2].role, "tool");
+}
+
+#[test]
+fn df_f3_bom_and_json_arrays_are_read() {
+    let rows = math_rows(3);
+    let mut bom = tempfile::Builder::new()
+        .suffix(".jsonl")
+        .tempfile()
+        .unwrap();
+    write!(bom, "\u{feff}").unwrap();
+    for r in &rows {
+        writeln!(bom, "{r}").unwrap();
+    }
+    let raw = file::read(bom.path()).unwrap();
+    assert_eq!(raw.rows.len(), 3);
+    assert_eq!(raw.rows[0].value, rows[0]);
+    let mut array = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    write!(
+        array,
+        "\u{feff}{}",
+        serde_json::to_string_pretty(&rows).unwrap()
+    )
+    .unwrap();
+    let raw = file::read(array.path()).unwrap();
+    assert_eq!(raw.format, file::Format::JsonArray);
+    assert_eq!((raw.rows.len(), raw.rows[2].number), (3, 3));
+    assert_eq!(raw.rows[1].value, rows[1]);
+    let cfg = DatasetConfig {
+        train_file: array.path().into(),
+        eval_file: bom.path().into(),
+        ..DatasetConfig::default()
+    };
+    assert_eq!(Dataset::load(&cfg).unwrap().train_rows().len(), 3);
+    // JSON Lines in a .json file still read; a pretty-printed object says what keel reads.
+    let mut lines = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    writeln!(lines, "{}\n{}", rows[0], rows[1]).unwrap();
+    assert_eq!(
+        file::read(lines.path()).unwrap().format,
+        file::Format::JsonLines
+    );
+    let mut object = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    write!(
+        object,
+        "{}",
+        serde_json::to_string_pretty(&rows[0]).unwrap()
+    )
+    .unwrap();
+    let err = file::read(object.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("row 1: not a JSON object on one line (JSON Lines)"),
+        "{err}"
+    );
+    assert!(err.ends_with("keel reads a .json file as a JSON array of row objects or as JSON Lines (one JSON object per line)"), "{err}");
+    let mut broken = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    write!(broken, "[{}, ", rows[0]).unwrap();
+    let err = file::read(broken.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("starts with `[` but is not one JSON array"),
+        "{err}"
+    );
 }
