@@ -3,9 +3,10 @@
 //! samples in.
 //!
 //! Invariants:
-//! - DT-1: tokens = `codec.prompt(preamble, prompt)` (mask 0), then per turn `codec.action(action)`
-//!   (mask 1) and, unless it was the last turn, `codec.observation(last token, observation)`
-//!   (mask 0).
+//! - DT-1: tokens = `codec.prompt_with_tools(preamble, prompt, tools)` (mask 0), then per turn
+//!   `codec.action(action)` (mask 1) and, unless it was the last turn, the observation as a
+//!   message of its role (`user`, or `tool` answering a function call) through
+//!   `codec.observation_messages(last token, …)` (mask 0).
 //! - DT-2: a scaffolded prompt is `scaffold + " " + prompt` (PATS, RO-6), for demonstrations
 //!   and generators alike ([`scaffolded_prompt`]).
 
@@ -41,14 +42,20 @@ pub fn render_demonstration(
     scaffold: &str,
 ) -> Result<SftSequence, ActorError> {
     let preamble = chat_messages(&d.preamble);
-    let mut tokens = codec.prompt(&preamble, &scaffolded_prompt(scaffold, &d.prompt))?;
+    let prompt = scaffolded_prompt(scaffold, &d.prompt);
+    let mut tokens = codec.prompt_with_tools(&preamble, &prompt, &d.tools)?;
     let mut mask = vec![0u8; tokens.len()];
     for turn in &d.turns {
         let action = codec.action(&turn.action)?;
         mask.extend(std::iter::repeat_n(1u8, action.len()));
         tokens.extend(action);
         if let Some(obs) = &turn.observation {
-            let ids = codec.observation(tokens.last().copied(), obs)?;
+            let role = match turn.observation_role.as_str() {
+                "" => "user",
+                role => role,
+            };
+            let message = ChatMessage::new(role, obs);
+            let ids = codec.observation_messages(tokens.last().copied(), &[message])?;
             mask.extend(std::iter::repeat_n(0u8, ids.len()));
             tokens.extend(ids);
         }

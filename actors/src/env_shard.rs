@@ -55,6 +55,9 @@ pub struct ResetOutcome {
     pub preamble: Vec<keel_envs::PromptMessage>,
     /// The prompt text.
     pub prompt: String,
+    /// The task's function tools as OpenAI schemas, rendered by the chat template into the
+    /// first prompt (`Env::tools`; a verl tool row's; usually none).
+    pub tools: Vec<serde_json::Value>,
     /// The task's type (EN-10; PATS keys its scaffold and success EMA by it).
     pub task_type: String,
     /// The agent that acts first.
@@ -306,6 +309,7 @@ fn serve(
                 EnvReply::Started(ResetOutcome {
                     preamble: live.env.preamble(),
                     prompt,
+                    tools: live.env.tools(),
                     task_type: live.env.task_type(),
                     agent_id: live.env.agent_id(),
                     anchor_key: live.env.anchor_key(),

@@ -39,6 +39,8 @@ pub struct DemoTurn {
     pub action: String,
     /// The env's answer; `None` after the last turn (DM-1).
     pub observation: Option<String>,
+    /// The observation's chat role (`StepOutcome::observation_role`: empty for `user`).
+    pub observation_role: String,
 }
 
 /// One demonstrated episode (text; the runtime renders it into tokens).
@@ -48,6 +50,8 @@ pub struct Demonstration {
     pub preamble: Vec<crate::dataset::PromptMessage>,
     /// The env's first prompt.
     pub prompt: String,
+    /// The task's function tools ([`Env::tools`]; usually none), rendered with the prompt.
+    pub tools: Vec<serde_json::Value>,
     /// The turns in order.
     pub turns: Vec<DemoTurn>,
     /// Whether the episode was solved.
@@ -86,6 +90,7 @@ fn demonstrate(
 ) -> Result<Demonstration, EnvError> {
     let prompt = env.try_reset(task_seed)?;
     let preamble = env.preamble();
+    let tools = env.tools();
     let mut turns = Vec::new();
     // An env honouring EN-3 is done within max_turns; the bound guards against one that isn't.
     for _ in 0..env.max_turns() {
@@ -100,6 +105,7 @@ fn demonstrate(
         turns.push(DemoTurn {
             action,
             observation: (!done).then_some(out.observation),
+            observation_role: out.observation_role,
         });
         if done {
             break;
@@ -108,6 +114,7 @@ fn demonstrate(
     Ok(Demonstration {
         preamble,
         prompt,
+        tools,
         turns,
         success: env.success(),
     })

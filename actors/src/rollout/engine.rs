@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 use keel_envs::{EnvSnapshot, StepOutcome};
-use keel_learner::hf::{ChatCodec, Completion, GenRequest, Sampler, SamplingParams};
+use keel_learner::hf::{ChatCodec, ChatMessage, Completion, GenRequest, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
 use super::{
@@ -307,9 +307,10 @@ impl<'a> Engine<'a> {
             Some(render) => render(&start.task_type),
             None => (String::new(), 0),
         };
-        let ids = self.codec.prompt(
+        let ids = self.codec.prompt_with_tools(
             &chat_messages(&start.preamble),
             &scaffolded_prompt(&scaffold, &start.prompt),
+            &start.tools,
         )?;
         self.stats.prompt_tokens += ids.len();
         let ep = &mut self.episodes[i];
@@ -355,9 +356,15 @@ impl<'a> Engine<'a> {
             self.end(i);
             return Ok(false);
         }
-        let ids = self
-            .codec
-            .observation(ep.traj.tokens.last().copied(), &outcome.observation)?;
+        // The env's role for the observation: `tool` answers a function call (DS-8).
+        let role = match outcome.observation_role.as_str() {
+            "" => "user",
+            role => role,
+        };
+        let ids = self.codec.observation_messages(
+            ep.traj.tokens.last().copied(),
+            &[ChatMessage::new(role, &outcome.observation)],
+        )?;
         push_context(&mut ep.traj, &ids);
         Ok(true)
     }
