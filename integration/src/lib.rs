@@ -728,3 +728,17 @@ pub fn head_weights(rt: &tokio::runtime::Runtime, root: &std::path::Path) -> (u6
         .expect("weights");
     (m.step, w.to_vec())
 }
+
+/// Tiny random models of four families with their real chat templates, special tokens and eos
+/// lists (learner/tests/python/make_family_models.py): `qwen2.5`, `qwen3`, `llama3.1` and
+/// `llama3.2` under the returned folder, made once per test binary.
+pub fn family_models() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("keel-families-{}", std::process::id()));
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../learner/tests/python/make_family_models.py");
+        python(&[script.as_os_str(), dir.as_os_str()]);
+        dir
+    })
+}

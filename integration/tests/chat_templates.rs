@@ -10,25 +10,12 @@
 //! refused at start-up under `strict`. A Qwen3 folder runs `keel train --env calc` through
 //! multi-turn episodes.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use keel_actors::config::{codec_from_files, ModelSection};
-use keel_integration::{keel_bin, python};
+use keel_integration::{family_models, keel_bin, python};
 use keel_learner::hf::{ChatCodec, ChatMessage, TemplateCheck};
 use serde_json::{json, Value};
-
-/// The four tiny family folders, made once per test binary.
-fn families() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("keel-families-{}", std::process::id()));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../learner/tests/python/make_family_models.py");
-        python(&[script.as_os_str(), dir.as_os_str()]);
-        dir
-    })
-}
 
 fn model_section(kwargs: &Value, check: TemplateCheck) -> ModelSection {
     ModelSection {
@@ -39,7 +26,7 @@ fn model_section(kwargs: &Value, check: TemplateCheck) -> ModelSection {
 }
 
 fn codec(family: &str, kwargs: &Value, check: TemplateCheck) -> Result<ChatCodec, String> {
-    let dir = families().join(family);
+    let dir = family_models().join(family);
     let files = keel_learner::hf::tokenizer::folder_files(&dir).map_err(|e| e.to_string())?;
     codec_from_files(&files, &model_section(kwargs, check)).map_err(|e| e.to_string())
 }
@@ -68,7 +55,7 @@ fn reference(family: &str, kwargs: &Value) -> Value {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python/chat_reference.py");
     python(&[
         script.as_os_str(),
-        families().join(family).as_os_str(),
+        family_models().join(family).as_os_str(),
         conv.as_os_str(),
         out.as_os_str(),
     ]);
@@ -232,7 +219,7 @@ fn qwen3_trains_through_multi_turn_calc_episodes() {
         .args(["train", "--no-progress", "--config"])
         .arg(&config)
         .arg("--model")
-        .arg(families().join("qwen3"))
+        .arg(family_models().join("qwen3"))
         .arg("--run-root")
         .arg(&root)
         .output()

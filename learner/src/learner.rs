@@ -1076,8 +1076,10 @@ impl Learner {
             return Err(LearnerError::mismatch(
                 "learner.json",
                 format!(
-                    "the checkpoint's model {} differs from the running {running}",
-                    state.model
+                    "this run root holds a run of another model ({}) than this one ({}){}: start a new run in another run root (keel train --run-root DIR)",
+                    model_summary(&state.model),
+                    model_summary(&running),
+                    model_differences(&state.model, &running),
                 ),
             ));
         }
@@ -1120,5 +1122,46 @@ impl Learner {
         self.updates = state.updates;
         self.seed = state.seed;
         Ok(())
+    }
+}
+
+/// A model identity (`ModelSpec::identity`) in a few words: architecture, depth, width, vocab.
+fn model_summary(identity: &serde_json::Value) -> String {
+    let c = &identity["config"];
+    let arch = c["architectures"][0].as_str().unwrap_or("?");
+    format!(
+        "{arch}, {} layers, hidden {}, vocab {}",
+        c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    )
+}
+
+/// The names of the first config keys (and identity fields) on which two identities differ.
+fn model_differences(a: &serde_json::Value, b: &serde_json::Value) -> String {
+    let mut keys: Vec<String> = Vec::new();
+    let (ca, cb) = (&a["config"], &b["config"]);
+    if let (Some(x), Some(y)) = (ca.as_object(), cb.as_object()) {
+        let mut names: Vec<&String> = x.keys().chain(y.keys()).collect();
+        names.sort();
+        names.dedup();
+        keys.extend(
+            names
+                .into_iter()
+                .filter(|k| x.get(*k) != y.get(*k))
+                .cloned(),
+        );
+    }
+    for field in ["dtype", "value_head"] {
+        if a[field] != b[field] {
+            keys.push(field.to_string());
+        }
+    }
+    match keys.len() {
+        0 => String::new(),
+        n if n > 4 => format!(
+            "; they differ in {} and {} more",
+            keys[..4].join(", "),
+            n - 4
+        ),
+        _ => format!("; they differ in {}", keys.join(", ")),
     }
 }

@@ -68,6 +68,9 @@ fn check(args: &CheckArgs) -> Result<()> {
                 cfg.model.context_len
             );
         }
+        if let Some(line) = crate::generation_defaults(&cfg) {
+            println!("sampling {line}");
+        }
     }
     let data_cfg = DatasetConfig {
         train_file: args.file.clone(),

@@ -151,7 +151,33 @@ pub(crate) fn default_context_to_model(cfg: &mut TrainConfig, config: Option<&Pa
         .with_context(|| format!("model folder {}", dir.display()))?
         .max_position_embeddings;
     cfg.model.context_len = positions;
+    eprintln!(
+        "model.context_len = {positions}, the positions of {} (set it in the config to bound episodes lower: the sampler's memory, and with rollout.batch_invariant its cost, grow with it)",
+        dir.display()
+    );
     Ok(())
+}
+
+/// The sampling defaults of the model folder's generation_config.json, reported next to what
+/// keel samples with: keel samples the full distribution at `rollout.temperature` (the
+/// learner's log-probs assume exactly that, RO-2), so top_p/top_k are reported, not applied;
+/// the temperature applies by setting `rollout.temperature`.
+pub(crate) fn generation_defaults(cfg: &TrainConfig) -> Option<String> {
+    let dir = cfg.model_dir()?;
+    let text = std::fs::read_to_string(dir.join("generation_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let keys = ["temperature", "top_p", "top_k", "repetition_penalty"];
+    let found: Vec<String> = keys
+        .iter()
+        .filter_map(|k| v.get(*k).map(|x| format!("{k} {x}")))
+        .collect();
+    (!found.is_empty()).then(|| {
+        format!(
+            "generation_config.json suggests {}; keel samples the full distribution at rollout.temperature = {} (set it to use the model's temperature; top_p/top_k would make the samples off-policy for the learner)",
+            found.join(", "),
+            cfg.rollout.temperature
+        )
+    })
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -316,6 +342,9 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     default_context_to_model(&mut cfg, args.config.as_deref())?;
     cfg.validate().context("invalid configuration")?;
     cfg.preflight().context("the model cannot be trained")?;
+    if let Some(line) = generation_defaults(&cfg) {
+        eprintln!("{line}");
+    }
     let run_root = args
         .run_root
         .unwrap_or_else(|| default_run_root(&cfg, args.config.as_deref()));

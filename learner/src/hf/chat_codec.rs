@@ -149,9 +149,23 @@ impl ChatCodec {
 
     /// The first prompt of an episode after its `preamble` messages (CC-1).
     pub fn prompt(&self, preamble: &[ChatMessage], text: &str) -> Result<Vec<u32>, HfError> {
+        self.prompt_with_tools(preamble, text, &[])
+    }
+
+    /// The first prompt with `tools` (OpenAI function schemas) rendered by the template, as
+    /// transformers' `apply_chat_template(tools=...)` (CC-1). Later turns never repeat them.
+    pub fn prompt_with_tools(
+        &self,
+        preamble: &[ChatMessage],
+        text: &str,
+        tools: &[serde_json::Value],
+    ) -> Result<Vec<u32>, HfError> {
         let mut messages = preamble.to_vec();
         messages.push(ChatMessage::new("user", text));
-        self.tok.encode_chat(&messages, true)
+        let rendered = self
+            .tok
+            .apply_chat_template_with_tools(&messages, tools, true)?;
+        self.tok.encode(&rendered, false)
     }
 
     /// The tokens a user observation appends after a turn whose last token is `last` (CC-2).

@@ -192,6 +192,28 @@ fn add_var(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) -> Tensor 
     path.add(last, t, trainable)
 }
 
+/// A folder's tensors left after the model took its parameters must be ones it may ignore:
+/// a tied or unused `lm_head`, or a `score` head a policy does not build (HM-2).
+fn no_leftovers<'a>(
+    names: impl Iterator<Item = &'a String>,
+    cfg: &HfConfig,
+    opts: LoadOptions,
+) -> Result<(), HfError> {
+    let ignorable = |n: &str| {
+        (n == "lm_head.weight" && (!opts.lm_head || cfg.tie_word_embeddings))
+            || (n.starts_with("score.") && !opts.value_head)
+    };
+    let mut extra: Vec<&String> = names.filter(|n| !ignorable(n)).collect();
+    extra.sort();
+    match extra.first() {
+        Some(name) => Err(HfError::weights(
+            name,
+            "present in the folder but not a parameter of this architecture",
+        )),
+        None => Ok(()),
+    }
+}
+
 impl HfModel {
     fn build(cfg: HfConfig, opts: LoadOptions, src: &mut Source<'_>) -> Result<Self, HfError> {
         Self::build_with(cfg, opts, src, true)
@@ -361,18 +383,7 @@ impl HfModel {
             }
         };
         let mut model = Self::build(cfg, opts, &mut src)?;
-        let ignorable = |n: &str| {
-            (n == "lm_head.weight" && (!opts.lm_head || model.cfg.tie_word_embeddings))
-                || (n.starts_with("score.") && !opts.value_head)
-        };
-        let mut extra: Vec<&String> = tensors.keys().filter(|n| !ignorable(n)).collect();
-        extra.sort();
-        if let Some(name) = extra.first() {
-            return Err(HfError::weights(
-                name,
-                "present in the folder but not a parameter of this architecture",
-            ));
-        }
+        no_leftovers(tensors.keys(), &model.cfg, opts)?;
         model.source_dir = Some(dir.to_path_buf());
         Ok(model)
     }
@@ -408,19 +419,8 @@ impl HfModel {
             kind: Kind::Float,
             ..opts
         };
-        let model = Self::build(cfg.clone(), cpu, &mut src)?;
-        let ignorable = |n: &str| {
-            (n == "lm_head.weight" && (!opts.lm_head || model.cfg.tie_word_embeddings))
-                || (n.starts_with("score.") && !opts.value_head)
-        };
-        let mut extra: Vec<&String> = stored.keys().filter(|n| !ignorable(n)).collect();
-        extra.sort();
-        if let Some(name) = extra.first() {
-            return Err(HfError::weights(
-                name,
-                "present in the folder but not a parameter of this architecture",
-            ));
-        }
+        Self::build(cfg.clone(), cpu, &mut src)?;
+        no_leftovers(stored.keys(), &cfg, opts)?;
         Ok(cfg)
     }
 

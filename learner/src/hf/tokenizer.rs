@@ -129,28 +129,29 @@ fn strftime_now(format: String) -> Result<String, JinjaError> {
 /// Python's `json.dumps` separators with no indent: `", "` between items, `": "` after keys.
 struct PythonCompact;
 
+/// `", "` before every item but the first.
+fn comma<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 impl serde_json::ser::Formatter for PythonCompact {
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        comma(w, first)
     }
     fn begin_object_key<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        comma(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
@@ -358,6 +359,17 @@ impl HfTokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, HfError> {
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// Renders the chat template with `tools` (OpenAI function schemas, as transformers'
+    /// `apply_chat_template(tools=...)`; none = the variable is undefined) (HT-2).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, HfError> {
         let template = self
             .template
             .as_deref()
@@ -396,6 +408,9 @@ impl HfTokenizer {
             "eos_token".into(),
             Value::String(self.eos_token.clone().unwrap_or_default()),
         );
+        if !tools.is_empty() {
+            ctx.insert("tools".into(), Value::Array(tools.to_vec()));
+        }
         for (k, v) in &self.template_kwargs {
             ctx.insert(k.clone(), v.clone());
         }
