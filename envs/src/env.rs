@@ -17,7 +17,8 @@
 //! - EN-4 Once done — and before the first `reset` — every `step` returns `done = true`,
 //!   `invalid_action = true` and reward 0, and changes nothing.
 //! - EN-5 Reward is 0 on every step except possibly the last, and lies in `[0, 1]`; `success()`
-//!   is true exactly when the final reward was 1.
+//!   is true exactly when the final reward was 1. The one exception is a dataset env scored by
+//!   a user's reward service, whose finite rewards pass through unclamped (DS-5, RC-3).
 //! - EN-6 Every string an environment emits (prompts, observations, oracle and admissible
 //!   actions) consists of words of its `vocabulary()`.
 //! - EN-7 `restore(snapshot())` at any turn boundary, into any instance of the same env, makes the

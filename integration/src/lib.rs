@@ -731,14 +731,28 @@ pub fn head_weights(rt: &tokio::runtime::Runtime, root: &std::path::Path) -> (u6
 
 /// Tiny random models of four families with their real chat templates, special tokens and eos
 /// lists (learner/tests/python/make_family_models.py): `qwen2.5`, `qwen3`, `llama3.1` and
-/// `llama3.2` under the returned folder, made once per test binary.
+/// `llama3.2` under the returned folder. Built once per version of the script into the temp
+/// folder and shared by every test process (the script is deterministic); a build goes to a
+/// private folder first and is renamed into place, so concurrent tests never see half of one.
 pub fn family_models() -> &'static std::path::Path {
+    use std::hash::{Hash, Hasher};
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("keel-families-{}", std::process::id()));
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../learner/tests/python/make_family_models.py");
-        python(&[script.as_os_str(), dir.as_os_str()]);
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        std::fs::read(&script)
+            .expect("make_family_models.py")
+            .hash(&mut hash);
+        let dir = std::env::temp_dir().join(format!("keel-families-{:016x}", hash.finish()));
+        if !dir.exists() {
+            let own =
+                std::env::temp_dir().join(format!("keel-families-build-{}", std::process::id()));
+            python(&[script.as_os_str(), own.as_os_str()]);
+            // Another test process may have won the race: its folder is the same.
+            let _ = std::fs::rename(&own, &dir);
+            let _ = std::fs::remove_dir_all(&own);
+        }
         dir
     })
 }

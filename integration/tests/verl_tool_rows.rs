@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use keel_integration::{keel_bin, python};
+use keel_integration::{family_models, keel_bin};
 use keel_learner::hf::HfTokenizer;
 
 fn fixture() -> std::path::PathBuf {
@@ -20,11 +20,7 @@ fn fixture() -> std::path::PathBuf {
 #[test]
 fn verl_tool_rows_train_as_multi_turn_episodes_with_the_tool() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let families = dir.path().join("families");
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../learner/tests/python/make_family_models.py");
-    python(&[script.as_os_str(), families.as_os_str()]);
-    let model = families.join("qwen2.5");
+    let model = family_models().join("qwen2.5");
     let config = dir.path().join("tools.toml");
     let data = fixture();
     std::fs::write(

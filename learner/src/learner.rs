@@ -1125,13 +1125,17 @@ impl Learner {
     }
 }
 
-/// A model identity (`ModelSpec::identity`) in a few words: architecture, depth, width, vocab.
+/// A model identity (`ModelSpec::identity`) in a few words: architecture, depth, width, vocab,
+/// parameter kind.
 fn model_summary(identity: &serde_json::Value) -> String {
     let c = &identity["config"];
     let arch = c["architectures"][0].as_str().unwrap_or("?");
     format!(
-        "{arch}, {} layers, hidden {}, vocab {}",
-        c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+        "{arch}, {} layers, hidden {}, vocab {}, {}",
+        c["num_hidden_layers"],
+        c["hidden_size"],
+        c["vocab_size"],
+        identity["dtype"].as_str().unwrap_or("?")
     )
 }
 
