@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use keel_actors::config::{codec_from_files, ModelSection};
-use keel_integration::{family_models, keel_bin, python};
+use keel_integration::{family_models, python, run_train};
 use keel_learner::hf::{ChatCodec, ChatMessage, TemplateCheck};
 use serde_json::{json, Value};
 
@@ -215,17 +215,8 @@ fn qwen3_trains_through_multi_turn_calc_episodes() {
     )
     .expect("config");
     let root = dir.path().join("run");
-    let out = std::process::Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&config)
-        .arg("--model")
-        .arg(family_models().join("qwen3"))
-        .arg("--run-root")
-        .arg(&root)
-        .output()
-        .expect("keel train");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let model = family_models().join("qwen3");
+    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
     let turns: usize = keel_integration::stored_batches(&root)
         .iter()
         .flat_map(|b| b.trajectories.iter())

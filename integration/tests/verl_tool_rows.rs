@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use keel_integration::{family_models, keel_bin};
+use keel_integration::{family_models, run_train};
 use keel_learner::hf::HfTokenizer;
 
 fn fixture() -> std::path::PathBuf {
@@ -67,17 +67,7 @@ algo = "grpo"
     )
     .expect("config");
     let root = dir.path().join("run");
-    let out = std::process::Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&config)
-        .arg("--model")
-        .arg(&model)
-        .arg("--run-root")
-        .arg(&root)
-        .output()
-        .expect("keel train");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
 
     let tok = HfTokenizer::load(&model).expect("tokenizer");
     let batches = keel_integration::stored_batches(&root);

@@ -8,7 +8,7 @@ use super::text::normalise;
 /// One agent turn of a rollout.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TurnRecord {
-    /// The decoded action text (the chat codec's `action_text`, CC-3).
+    /// The decoded action text (the visible part of the chat codec's `response_text`, CC-3, AX-1).
     pub action: String,
     /// The environment's answer (may be empty on the last turn).
     pub observation: String,

@@ -417,16 +417,4 @@ impl HfTokenizer {
         let ctx = minijinja::Value::from_serialize(&ctx);
         tmpl.render(ctx).map_err(|e| tok_err("chat template", e))
     }
-
-    /// Renders the chat template and encodes it without adding special tokens again.
-    pub fn encode_chat(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, HfError> {
-        self.encode(
-            &self.apply_chat_template(messages, add_generation_prompt)?,
-            false,
-        )
-    }
 }
