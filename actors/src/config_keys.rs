@@ -133,7 +133,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("faults.lr_blowup_at_step", ">= 0 (0 = off)", "TESTING AID: before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     k("faults.lr_blowup_to", "(0, 1]", "TESTING AID: the blown-up learning rate."),
     k("faults.learner_panic_at_step", ">= 0 (0 = off)", "TESTING AID: panic in the learner before the update producing this policy version (the run must end naming it)."),
-    k("distributed.order_timeout_s", ">= 1", "keel trainer: seconds a work order may go unanswered before its task range is issued again (a generator rank that died and did not come back); the silent rank gets no order until it writes again."),
+    k("distributed.order_timeout_s", ">= 1", "keel trainer: seconds a work order may go unanswered before it is withdrawn and its task range (or evaluation pass) is issued again to a rank that answers; the silent rank gets work again once it is heard from (a process start, or a live process finding its order withdrawn)."),
     k("distributed.poll_ms", ">= 1", "keel trainer / keel generator: how often (ms) a process looks at the run root for work orders, results and weights."),
     k("armor.anchor_episodes", ">= 1 with algo armor", "ARMOR: episodes per task sampled from the reference policy; the first successful one joins the group (source = anchor) when the policy's episodes are neither all right nor all wrong."),
     k("armor.reference_reset_every", ">= 0", "ARMOR: copy the policy into the reference every this many steps (0 = never); each reset is a checkpoint tagged reference-reset that later checkpoints name as their reference."),

@@ -515,8 +515,8 @@ impl Controller {
                         tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
                         give_back(act);
                     }
-                    Err(e @ ActorError::RankSilent { .. }) => {
-                        // RM-5: the range is issued again, to a rank that answers.
+                    Err(e @ (ActorError::RankSilent { .. } | ActorError::OrderVoid { .. })) => {
+                        // RM-5, RM-6: the range is issued again, to a rank that answers.
                         tracing::warn!(batch_seq = seq, error = %e, "re-issuing a work order");
                         give_back(act);
                     }

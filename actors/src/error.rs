@@ -66,6 +66,17 @@ pub enum ActorError {
         /// Seconds waited.
         waited_s: f64,
     },
+    /// A work order cannot be served as written (its weights are gone, RM-6); its range is
+    /// issued again and the rank stays available.
+    #[error("generator rank {rank} could not serve work order {batch_seq} ({reason}); its tasks are issued again")]
+    OrderVoid {
+        /// The rank.
+        rank: u32,
+        /// The order's batch.
+        batch_seq: u64,
+        /// Why, in words.
+        reason: String,
+    },
     /// A generator process answered a work order with an error it cannot retry.
     #[error("generator rank {rank} failed work order {batch_seq}: {message}")]
     RemoteFailed {

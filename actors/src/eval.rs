@@ -10,6 +10,11 @@
 //!   weights and the env. avg@k is the mean success of k episodes per task sampled at the
 //!   rollout temperature. Every report names its decoding; k = 0 skips the sampled pass.
 //! - EV-6: intervals are 95% Wilson score intervals over the episodes of each pass.
+//! - EV-7 (RM-7): a pass goes to the first generator that may be given work; when a rank does not
+//!   answer it (`RankSilent`) or cannot serve it (`OrderVoid`), the pass is issued again to the
+//!   next rank that may, under batch number `batch_seq + k·EVAL_RETRY_STRIDE` for the k-th
+//!   retry (a withdrawn batch number is never reused). While no rank may be given work, it
+//!   waits for one to be heard from.
 
 use std::sync::Arc;
 
@@ -128,32 +133,71 @@ impl EvalReport {
     }
 }
 
-/// Evaluates the weights `generator` samples with (EV-4, EV-5).
+/// The distance between the batch numbers of an eval pass and its retry (EV-7): more than any
+/// `2 · version` of an eval plan.
+pub const EVAL_RETRY_STRIDE: u64 = 1 << 32;
+
+/// How long an eval pass waits between looks for a generator that may be given work (EV-7).
+const EVAL_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Runs one eval pass on the first generator that answers it (EV-7).
+async fn eval_pass(
+    generators: &[Arc<dyn GeneratorHandle>],
+    tasks: &[TaskRef],
+    seq: u64,
+    decoding: Decoding,
+) -> Result<RolloutStats, ActorError> {
+    let mut retry = 0u64;
+    let mut next = 0usize;
+    loop {
+        let Some(g) = (0..generators.len())
+            .map(|k| (next + k) % generators.len())
+            .find(|&g| generators[g].available())
+        else {
+            tokio::time::sleep(EVAL_WAIT).await;
+            continue;
+        };
+        let msg = Generate::groups(
+            seq + retry * EVAL_RETRY_STRIDE,
+            tasks.to_vec(),
+            Purpose::Eval(decoding),
+        );
+        match generators[g].generate(msg).await {
+            Ok(generated) => return Ok(generated.stats),
+            Err(e @ (ActorError::RankSilent { .. } | ActorError::OrderVoid { .. })) => {
+                tracing::warn!(error = %e, "issuing the evaluation pass again");
+                retry += 1;
+                next = g + 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Evaluates the weights the generators sample with (EV-4, EV-5, EV-7).
 pub async fn evaluate(
-    generator: &dyn GeneratorHandle,
+    generators: &[Arc<dyn GeneratorHandle>],
     plan: &EvalPlan,
 ) -> Result<EvalReport, ActorError> {
+    if generators.is_empty() {
+        return Err(ActorError::Internal(
+            "evaluation without a generator".into(),
+        ));
+    }
     let tasks: Vec<TaskRef> = (0..plan.tasks as u64)
         .map(|i| TaskRef {
             task_id: i,
             task_seed: task_seed(Split::Eval, i),
         })
         .collect();
-    let pass = |seq: u64, decoding: Decoding| {
-        generator.generate(Generate::groups(
-            seq,
-            tasks.clone(),
-            Purpose::Eval(decoding),
-        ))
-    };
-    let greedy = PassResult::of(&pass(plan.batch_seq, Decoding::Greedy).await?.stats);
+    let greedy = eval_pass(generators, &tasks, plan.batch_seq, Decoding::Greedy).await?;
+    let greedy = PassResult::of(&greedy);
     let sampled = if plan.samples > 0 {
         let decoding = Decoding::Sampled {
             samples: plan.samples,
         };
-        Some(PassResult::of(
-            &pass(plan.batch_seq + 1, decoding).await?.stats,
-        ))
+        let stats = eval_pass(generators, &tasks, plan.batch_seq + 1, decoding).await?;
+        Some(PassResult::of(&stats))
     } else {
         None
     };
@@ -194,6 +238,6 @@ pub fn evaluate_weights(
                 .cloned()
                 .ok_or_else(|| ActorError::Internal("no generator".into()))?,
         );
-        evaluate(generator.as_ref(), plan).await
+        evaluate(&[generator], plan).await
     })
 }

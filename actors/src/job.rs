@@ -505,7 +505,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         return Ok(outcome);
     }
     outcome.eval_after = evaluate(
-        &handles[0],
+        &handles,
         &cfg,
         loop_outcome.version,
         "after_rl",
@@ -660,7 +660,7 @@ async fn warm_start(
         loss: sft.loss,
     });
     board.publish(ask(learner, CurrentWeights).await??);
-    let eval_before = evaluate(&generators[0], cfg, 0, "before_rl", &job.events).await?;
+    let eval_before = evaluate(generators, cfg, 0, "before_rl", &job.events).await?;
     job.metrics.eval_success.set(eval_before);
     let carried = BTreeMap::from([("eval_success_before".to_string(), eval_before)]);
     let files = ask(learner, crate::learner_actor::Snapshot).await??;
@@ -904,14 +904,14 @@ async fn find_start(
 /// Held-out evaluation of the published weights (`crate::eval`, EV-4..6): pass@1 (greedy) and
 /// avg@k (sampled); returns pass@1, the run's eval success.
 async fn evaluate(
-    generator: &Arc<dyn GeneratorHandle>,
+    generators: &[Arc<dyn GeneratorHandle>],
     cfg: &TrainConfig,
     version: u64,
     phase: &str,
     events: &EventSink,
 ) -> Result<f64, ActorError> {
     let plan = EvalPlan::of(cfg, EVAL_BATCH_SEQ + 2 * version);
-    let report = eval::evaluate(generator.as_ref(), &plan).await?;
+    let report = eval::evaluate(generators, &plan).await?;
     events(&TrainEvent::Eval {
         phase: phase.into(),
         version,

@@ -4,8 +4,9 @@
 //! Invariants:
 //! - GH-1: both kinds answer a [`Generate`] with the same `Result<Generated, ActorError>`, so the
 //!   controller's accounting (CT-3, CT-6, CT-8) is one code path for both.
-//! - GH-2 (RM-5): a remote order unanswered for the timeout is `RankSilent`; the rank is then
-//!   unavailable until a result of it appears or a process of it starts again.
+//! - GH-2 (RM-5): a remote order unanswered for the timeout is withdrawn and answered
+//!   `RankSilent`; the rank is then unavailable until it is heard from: a new record of it under
+//!   `ranks/` (a process start, or a live process that found the withdrawal) or an answer.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use actix::Addr;
 use futures::future::BoxFuture;
 use keel_store::{RunStore, StoreError};
 
-use super::{LifeKeys, OrderResult, Outcome, StoreBoard, WorkOrder};
+use super::{LifeKeys, OrderResult, Outcome, StoreBoard, WorkOrder, WITHDRAWN_BY};
 use crate::error::ActorError;
 use crate::generator::{Generate, Generated, Generator, Purpose};
 use crate::metrics::TrainMetrics;
@@ -96,11 +97,17 @@ impl RemoteGenerator {
         }
     }
 
-    /// Writes the order and waits for its result (RM-1, RM-5).
+    /// Writes the order and waits for its result (RM-1, RM-5, RM-6).
     async fn run(self: Arc<Self>, msg: Generate) -> Result<Generated, ActorError> {
-        let weights = self.board.ready_policy().await?;
-        let reference = self.board.ready_reference().await?;
-        let order = WorkOrder::new(self.keys.life(), self.rank, weights, reference, &msg);
+        // RM-6: the named weights stay stored until this order is answered or withdrawn.
+        let pinned = self.board.pin_for_order(msg.batch_seq).await?;
+        let order = WorkOrder::new(
+            self.keys.life(),
+            self.rank,
+            pinned.policy,
+            pinned.reference,
+            &msg,
+        );
         let key = self.keys.order(self.rank, msg.batch_seq);
         let body = serde_json::to_vec_pretty(&order)
             .map_err(|e| ActorError::Internal(format!("work order: {e}")))?;
@@ -114,31 +121,56 @@ impl RemoteGenerator {
         let started = Instant::now();
         loop {
             match self.store.get_object(&result_key).await {
-                Ok(bytes) => {
-                    self.silent.store(false, Ordering::SeqCst);
-                    let result = OrderResult::from_bytes(&result_key, &bytes)?;
-                    return self.answer(result, &msg);
-                }
+                Ok(bytes) => return self.heard(&result_key, &bytes, &msg),
                 Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
             let waited = started.elapsed();
             if waited >= self.timeout {
-                // GH-2: the process starts known now; only a later one ends the silence.
-                let known = self.rank_starts().await.unwrap_or_default();
-                if let Ok(mut seen) = self.starts.lock() {
-                    *seen = known;
-                }
-                self.silent.store(true, Ordering::SeqCst);
-                self.metrics.orders_reissued.inc();
-                return Err(ActorError::RankSilent {
-                    rank: self.rank,
-                    batch_seq: msg.batch_seq,
-                    waited_s: waited.as_secs_f64(),
-                });
+                return self.withdraw(&msg, waited).await;
             }
             tokio::time::sleep(self.poll).await;
         }
+    }
+
+    /// A stored answer of this rank: the rank is heard from (GH-2).
+    fn heard(&self, key: &str, bytes: &[u8], msg: &Generate) -> Result<Generated, ActorError> {
+        self.silent.store(false, Ordering::SeqCst);
+        let result = OrderResult::from_bytes(key, bytes)?;
+        self.answer(result, msg)
+    }
+
+    /// RM-5: gives the order up by storing its result first. A generator answer stored before
+    /// the withdrawal wins the create-only race and is taken instead.
+    async fn withdraw(&self, msg: &Generate, waited: Duration) -> Result<Generated, ActorError> {
+        // GH-2: the records of the rank known now; only a later one ends the silence (a process
+        // start, or a live process saying it found this withdrawal).
+        let known = self.rank_starts().await.unwrap_or_default();
+        let result_key = self.keys.result(msg.batch_seq);
+        let withdrawal =
+            OrderResult::new(self.rank, WITHDRAWN_BY, msg.batch_seq, Outcome::Withdrawn);
+        let body = serde_json::to_vec_pretty(&withdrawal)
+            .map_err(|e| ActorError::Internal(format!("withdrawal: {e}")))?;
+        match self.store.create_object(&result_key, body.into()).await {
+            Ok(()) => {}
+            Err(StoreError::AlreadyExists { .. }) => {
+                let bytes = self.store.get_object(&result_key).await?;
+                if OrderResult::from_bytes(&result_key, &bytes)?.process != WITHDRAWN_BY {
+                    return self.heard(&result_key, &bytes, msg);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if let Ok(mut seen) = self.starts.lock() {
+            *seen = known;
+        }
+        self.silent.store(true, Ordering::SeqCst);
+        self.metrics.orders_reissued.inc();
+        Err(ActorError::RankSilent {
+            rank: self.rank,
+            batch_seq: msg.batch_seq,
+            waited_s: waited.as_secs_f64(),
+        })
     }
 
     fn answer(&self, result: OrderResult, msg: &Generate) -> Result<Generated, ActorError> {
@@ -180,6 +212,17 @@ impl RemoteGenerator {
                 rank: self.rank,
                 batch_seq: msg.batch_seq,
                 message,
+            }),
+            Outcome::Void(reason) => Err(ActorError::OrderVoid {
+                rank: self.rank,
+                batch_seq: msg.batch_seq,
+                reason,
+            }),
+            // Only a trainer withdraws, and a trainer takes its own withdrawal as silence.
+            Outcome::Withdrawn => Err(ActorError::OrderVoid {
+                rank: self.rank,
+                batch_seq: msg.batch_seq,
+                reason: "the order was withdrawn".into(),
             }),
         }
     }

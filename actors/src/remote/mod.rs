@@ -7,6 +7,9 @@
 //! orders/<life>/r<rank>/<seq>.json           a work order: one Generate for one rank
 //! results/<life>/<seq>.json                  its answer, written after the batch
 //! ranks/<life>/r<rank>-<process>.json        a generator process of that rank started
+//! ranks/<life>/r<rank>-<process>-heard-<seq>.json
+//!                                            that process is alive although order <seq> was
+//!                                            withdrawn (RM-5)
 //! ```
 //! (all under `branches/<b>/` for a branch other than `main`).
 //!
@@ -22,9 +25,22 @@
 //! - RM-4: batch keys carry the writing process's tag (ST-12), so a re-executed order, a zombie
 //!   generator and a new trainer life never race for one key; the trainer trains exactly the key
 //!   the result names.
-//! - RM-5: an order unanswered for `distributed.order_timeout_s` gives its task range back to the
-//!   controller (CT-3), and its rank gets no new order until a process of that rank answers or
-//!   starts again.
+//! - RM-5: an order unanswered for `distributed.order_timeout_s` is withdrawn: the trainer writes
+//!   its result itself ([`Outcome::Withdrawn`]). The create-only result decides the race: when a
+//!   generator's answer was stored first the trainer takes that answer, otherwise the range goes
+//!   back to the controller (CT-3) and the generator's late answer is dropped. The rank gets no
+//!   new order until it is heard from: a process of it starts, or a live process finds one of
+//!   its orders withdrawn and writes a `heard` record. So a late, restarted or stalled rank gets
+//!   work again, and a dead one never stalls the others.
+//! - RM-6: the weights an order names stay in the run root until the order is answered or
+//!   withdrawn (the trainer's board pins them, SB-3), however far training has moved on; an
+//!   order whose weights are gone all the same, or that cannot be read, is answered
+//!   [`Outcome::Void`] and its range is issued again: a generator never crash-loops on one.
+//! - RM-7: orders of every purpose follow RM-5; an evaluation pass a rank did not answer is
+//!   issued again to a rank that answers, under a fresh batch number (EV-7).
+//! - RM-8: generators serve the branch the trainer trains: from their `--branch` (default
+//!   `main`) they follow the collapse guard's rewinds (GD-6) to the branch that has the newest
+//!   trainer life, as a restarted trainer does.
 
 use std::sync::Arc;
 
@@ -92,6 +108,14 @@ impl LifeKeys {
     /// The start record of process `process` of `rank`.
     pub fn rank_start(&self, rank: u32, process: &str) -> String {
         format!("{}/r{rank:04}-{process}.json", self.ranks_dir())
+    }
+
+    /// The record that process `process` of `rank` found its order `seq` withdrawn (RM-5).
+    pub fn rank_heard(&self, rank: u32, process: &str, seq: u64) -> String {
+        format!(
+            "{}/r{rank:04}-{process}-heard-{seq:020}.json",
+            self.ranks_dir()
+        )
     }
 }
 
@@ -191,7 +215,16 @@ pub enum Outcome {
     },
     /// An error retrying cannot fix (a model that does not load, a bad config): the run ends.
     Failed(String),
+    /// The trainer gave the order up before any answer was stored (RM-5); written by the
+    /// trainer, never by a generator.
+    Withdrawn,
+    /// The order cannot be served as written: its weights are gone from the run root (RM-6),
+    /// or the order itself is unreadable. The range is owed again.
+    Void(String),
 }
+
+/// The process name a trainer signs its withdrawals with.
+pub const WITHDRAWN_BY: &str = "trainer";
 
 /// A stored answer to an order.
 #[derive(Debug, Clone, Serialize, Deserialize)]

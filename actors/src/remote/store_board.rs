@@ -8,14 +8,17 @@
 //! - SB-2: versions published faster than they upload are coalesced: only the newest waiting
 //!   version is uploaded, so a slow store delays orders but never queues stale weights.
 //! - SB-3: after a policy upload, the weights no order can still name are pruned: older epochs,
-//!   and versions more than `keep` behind (an admitted order is at most `bound` behind, AS-1).
+//!   and versions more than `keep` behind, except those a pending order names: an order pins its
+//!   weights from the moment it names them until it is answered or withdrawn (RM-6), since
+//!   orders complete out of order and a restarted rank answers late.
 //! - SB-4: an upload failure is sticky: every later order fails with it (the run ends with the
 //!   store's error, as a failed batch write would).
 //! - SB-5: a policy version is stored as a delta against the last full version of its epoch
 //!   (WT-5) unless it is the first of the epoch or `FULL_EVERY` versions have passed since the
 //!   last full one; pruning never removes a kept delta's base.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -43,11 +46,33 @@ enum Upload {
     Reference(PublishedReference),
 }
 
+/// The weights each pending order names, by batch (SB-3, RM-6).
+type Pins = Arc<Mutex<BTreeMap<u64, Vec<WeightsId>>>>;
+
 /// The store-backed board (see the module doc).
 pub struct StoreBoard {
     memory: WeightBoard,
     queue: mpsc::UnboundedSender<Upload>,
     uploaded: watch::Receiver<Uploaded>,
+    pins: Pins,
+}
+
+/// The weights an order names, pinned until this is dropped (SB-3).
+pub struct PinnedWeights {
+    /// The policy weights.
+    pub policy: WeightsId,
+    /// The reference, if one was published.
+    pub reference: Option<WeightsId>,
+    seq: u64,
+    pins: Pins,
+}
+
+impl Drop for PinnedWeights {
+    fn drop(&mut self) {
+        if let Ok(mut pins) = self.pins.lock() {
+            pins.remove(&self.seq);
+        }
+    }
 }
 
 /// The id of published policy weights.
@@ -69,11 +94,18 @@ impl StoreBoard {
     ) -> Arc<StoreBoard> {
         let (queue, rx) = mpsc::unbounded_channel();
         let (tx, uploaded) = watch::channel(Uploaded::default());
-        io.spawn(upload_loop(store, life, keep, metrics, rx, tx));
+        let pins = Pins::default();
+        let pruning = Pruning {
+            life,
+            keep,
+            pins: pins.clone(),
+        };
+        io.spawn(upload_loop(store, pruning, metrics, rx, tx));
         Arc::new(StoreBoard {
             memory: WeightBoard::default(),
             queue,
             uploaded,
+            pins,
         })
     }
 
@@ -118,6 +150,24 @@ impl StoreBoard {
         let want = WeightsId::Reference { serial: r.serial };
         self.ready(want, |u| u.reference).await.map(Some)
     }
+
+    /// The stored weights order `seq` names, pinned against pruning while the returned value
+    /// lives (SB-3, RM-6). The newest stored version is never pruned, so nothing can go between
+    /// naming it and pinning it.
+    pub async fn pin_for_order(&self, seq: u64) -> Result<PinnedWeights, ActorError> {
+        let policy = self.ready_policy().await?;
+        let reference = self.ready_reference().await?;
+        let ids = std::iter::once(policy).chain(reference).collect();
+        if let Ok(mut pins) = self.pins.lock() {
+            pins.insert(seq, ids);
+        }
+        Ok(PinnedWeights {
+            policy,
+            reference,
+            seq,
+            pins: self.pins.clone(),
+        })
+    }
 }
 
 impl Board for StoreBoard {
@@ -147,10 +197,16 @@ impl Board for StoreBoard {
     }
 }
 
-async fn upload_loop(
-    store: RunStore,
+/// What the uploader prunes by (SB-3).
+struct Pruning {
     life: u64,
     keep: u64,
+    pins: Pins,
+}
+
+async fn upload_loop(
+    store: RunStore,
+    pruning: Pruning,
     metrics: TrainMetrics,
     mut rx: mpsc::UnboundedReceiver<Upload>,
     tx: watch::Sender<Uploaded>,
@@ -170,7 +226,17 @@ async fn upload_loop(
         if let Some(r) = reference {
             let id = WeightsId::Reference { serial: r.serial };
             let models = [Bytes::from(r.safetensors.as_ref().clone())];
-            match timed(&store, life, id, r.copied_at, &models, None, &metrics).await {
+            match timed(
+                &store,
+                pruning.life,
+                id,
+                r.copied_at,
+                &models,
+                None,
+                &metrics,
+            )
+            .await
+            {
                 Ok(_) => tx.send_modify(|u| u.reference = Some(id)),
                 Err(e) => return tx.send_modify(|u| u.error = Some(e)),
             }
@@ -182,7 +248,7 @@ async fn upload_loop(
                 .collect();
             let base = last_full.as_ref().filter(|(b, _)| delta_base_ok(*b, id));
             let base = base.map(|(b, m)| (*b, m.as_slice()));
-            match timed(&store, life, id, 0, &models, base, &metrics).await {
+            match timed(&store, pruning.life, id, 0, &models, base, &metrics).await {
                 Ok(full) => {
                     if full {
                         last_full = Some((id, models));
@@ -191,7 +257,7 @@ async fn upload_loop(
                 }
                 Err(e) => return tx.send_modify(|u| u.error = Some(e)),
             }
-            prune(&store, life, id, keep, &tx).await;
+            prune(&store, &pruning, id, &tx).await;
         }
     }
 }
@@ -241,23 +307,32 @@ async fn timed(
 /// SB-3: weights no order can name any more go; a failed prune only leaves garbage behind.
 async fn prune(
     store: &RunStore,
-    life: u64,
+    pruning: &Pruning,
     newest: WeightsId,
-    keep: u64,
     tx: &watch::Sender<Uploaded>,
 ) {
     let WeightsId::Policy { epoch, version } = newest else {
         return;
     };
     let reference = tx.borrow().reference;
-    let keep_id = |id: &WeightsId| match *id {
-        WeightsId::Policy {
-            epoch: e,
-            version: v,
-        } => e == epoch && v + keep >= version,
-        r @ WeightsId::Reference { .. } => Some(r) == reference,
+    let keep = pruning.keep;
+    let pins = pruning.pins.clone();
+    let pinned = move |id: &WeightsId| {
+        pins.lock()
+            .map(|p| p.values().any(|ids| ids.contains(id)))
+            .unwrap_or(true)
     };
-    if let Err(e) = store.prune_weights(life, keep_id).await {
+    let keep_id = |id: &WeightsId| {
+        pinned(id)
+            || match *id {
+                WeightsId::Policy {
+                    epoch: e,
+                    version: v,
+                } => e == epoch && v + keep >= version,
+                r @ WeightsId::Reference { .. } => Some(r) == reference,
+            }
+    };
+    if let Err(e) = store.prune_weights(pruning.life, keep_id).await {
         tracing::warn!(error = %e, "could not prune old weights from the run root");
     }
 }

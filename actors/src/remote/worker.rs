@@ -8,7 +8,10 @@
 //!   checked (WT-2), and installed on the process's board before sampling (RM-2).
 //! - GW-3: a store error while executing ends the process non-zero without a result: the engine
 //!   restarts it, and the restarted process executes the order again (RM-3). An order whose
-//!   weights are gone was given up by the trainer (RM-5): it is skipped, not answered.
+//!   weights are gone, or that cannot be read, is answered [`Outcome::Void`] (RM-6) unless the
+//!   trainer withdrew it already.
+//! - GW-6: a process that finds one of its rank's orders withdrawn (RM-5), or loses the race to
+//!   answer one, writes a `heard` record, so the trainer gives the live rank work again.
 //! - GW-4: the process ends with [`GeneratorExit::Finished`] once the newest life recorded that
 //!   the run finished, and with [`GeneratorExit::Stopped`] on SIGTERM between orders.
 //! - GW-5: while it samples (and while it waits for orders) the process loads the newest
@@ -60,7 +63,8 @@ pub fn run_generator(
         .map_err(|e| ActorError::Internal(format!("cannot start the I/O runtime: {e}")))?;
     let io = io_runtime.handle().clone();
     let poll = Duration::from_millis(config.as_ref().map_or(100, |c| c.distributed.poll_ms));
-    let Some(first) = io.block_on(wait_for_life(&store, &stop, poll))? else {
+    let from_branch = store.branch().to_string();
+    let Some((store, first)) = io.block_on(wait_for_life(&store, &stop, poll))? else {
         return Ok(GeneratorExit::Stopped);
     };
     let cfg = config_of(config, &first)?;
@@ -86,6 +90,8 @@ pub fn run_generator(
             loaded_reference: None,
             full: None,
             prefetch: None,
+            from_branch,
+            branch_checked: Instant::now(),
         };
         worker.serve(first, &stop).await
     });
@@ -95,19 +101,41 @@ pub fn run_generator(
     result
 }
 
-/// The newest life of the branch, once a trainer has claimed one (`None`: stopped first).
+/// RM-8: the branch to serve, starting from `from`, and its newest trainer life: the branch the
+/// collapse guard's rewinds lead to once a trainer claimed a life there, else `from`'s own.
+async fn newest_served_life(
+    store: &RunStore,
+    from: &str,
+) -> Result<Option<(RunStore, LifeRecord)>, ActorError> {
+    let to = crate::guard::follow_rewinds(store, from).await?;
+    let branches = if to == from {
+        vec![from]
+    } else {
+        vec![to.as_str(), from]
+    };
+    for branch in branches {
+        let on = store.on_branch(branch)?;
+        if let Some(life) = on.newest_life().await? {
+            return Ok(Some((on, life)));
+        }
+    }
+    Ok(None)
+}
+
+/// The served branch and its newest life, once a trainer has claimed one (`None`: stopped
+/// first).
 async fn wait_for_life(
     store: &RunStore,
     stop: &StopSignal,
     poll: Duration,
-) -> Result<Option<LifeRecord>, ActorError> {
+) -> Result<Option<(RunStore, LifeRecord)>, ActorError> {
     let mut said = false;
     loop {
         if stop.requested() {
             return Ok(None);
         }
-        if let Some(life) = store.newest_life().await? {
-            return Ok(Some(life));
+        if let Some(found) = newest_served_life(store, store.branch()).await? {
+            return Ok(Some(found));
         }
         if !said {
             tracing::info!(
@@ -163,7 +191,14 @@ struct Worker {
     full: Option<(WeightsId, Vec<bytes::Bytes>)>,
     /// Newer policy weights being loaded ahead of the order that will name them (GW-5).
     prefetch: Option<Prefetch>,
+    /// The branch the process was started on (`--branch`); RM-8 follows rewinds from it.
+    from_branch: String,
+    /// When RM-8's rewinds were last followed.
+    branch_checked: Instant,
 }
+
+/// How often a generator follows the collapse guard's rewinds (RM-8).
+const BRANCH_CHECK: Duration = Duration::from_secs(1);
 
 /// Policy weights read and decoded: their pointer and their models.
 type Fetched = (WeightsPointer, Vec<bytes::Bytes>);
@@ -206,12 +241,17 @@ impl Worker {
             if stop.requested() {
                 return Ok(GeneratorExit::Stopped);
             }
-            // RM-3: only the newest life is served.
-            if let Some(newest) = self.store.newest_life().await? {
-                if newest.life > serving.life.life {
-                    config_of(Some(self.cfg.clone()), &newest)?;
-                    serving = self.begin(newest).await?;
+            // RM-3: only the newest life is served; RM-8: on the branch the trainer trains.
+            if let Some((store, newest)) = self.newer_life(&serving).await? {
+                config_of(Some(self.cfg.clone()), &newest)?;
+                if store.branch() != self.store.branch() {
+                    tracing::info!(
+                        branch = store.branch(),
+                        "following the trainer to its branch"
+                    );
                 }
+                self.store = store;
+                serving = self.begin(newest).await?;
             }
             if let Some(seq) = self.next_order(&mut serving).await? {
                 self.execute(&mut serving, seq).await?;
@@ -229,6 +269,29 @@ impl Worker {
             tokio::time::sleep(self.poll).await;
             self.look_ahead(serving.life.life).await;
         }
+    }
+
+    /// A life to serve instead of `serving`'s: a newer one of this branch (RM-3) or, checked
+    /// every [`BRANCH_CHECK`], one on the branch the rewinds lead to (RM-8).
+    async fn newer_life(
+        &mut self,
+        serving: &Serving,
+    ) -> Result<Option<(RunStore, LifeRecord)>, ActorError> {
+        if self.branch_checked.elapsed() >= BRANCH_CHECK {
+            self.branch_checked = Instant::now();
+            if let Some((store, life)) = newest_served_life(&self.store, &self.from_branch).await? {
+                if store.branch() != self.store.branch() || life.life > serving.life.life {
+                    return Ok(Some((store, life)));
+                }
+            }
+            return Ok(None);
+        }
+        Ok(self
+            .store
+            .newest_life()
+            .await?
+            .filter(|newest| newest.life > serving.life.life)
+            .map(|life| (self.store.clone(), life)))
     }
 
     /// GW-5: starts loading the newest published policy weights of `life` when they are newer
@@ -334,7 +397,10 @@ impl Worker {
                 continue;
             }
             match self.store.get_object(&serving.keys.result(seq)).await {
-                Ok(_) => {
+                Ok(bytes) => {
+                    if let Ok(stored) = OrderResult::from_bytes(&serving.keys.result(seq), &bytes) {
+                        self.note_withdrawn(serving, &stored).await?;
+                    }
                     serving.done.insert(seq);
                 }
                 Err(StoreError::NotFound { .. }) => return Ok(Some(seq)),
@@ -347,15 +413,23 @@ impl Worker {
     /// Executes order `seq` and writes its result (GW-2, GW-3).
     async fn execute(&mut self, serving: &mut Serving, seq: u64) -> Result<(), ActorError> {
         let key = serving.keys.order(self.rank, seq);
-        let order = WorkOrder::from_bytes(&key, &self.store.get_object(&key).await?)?;
+        let order = match self.store.get_object(&key).await {
+            Ok(bytes) => WorkOrder::from_bytes(&key, &bytes),
+            Err(e) => Err(e),
+        };
+        let order = match order {
+            Ok(order) => order,
+            Err(e @ (StoreError::NotFound { .. } | StoreError::CorruptObject { .. })) => {
+                return self.void(serving, seq, e.to_string()).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let started = Instant::now();
         let (loaded_bytes, prefetched) = match self.load(serving.life.life, &order).await {
             Ok(loaded) => loaded,
             Err(ActorError::Store(StoreError::NotFound { key })) => {
-                // GW-3: the trainer pruned these weights, so it gave the order up (RM-5).
-                tracing::warn!(batch_seq = seq, missing = %key, "skipping an order whose weights are gone");
-                serving.done.insert(seq);
-                return Ok(());
+                let reason = format!("its weights {key} are not in the run root");
+                return self.void(serving, seq, reason).await;
             }
             Err(e) => return Err(e),
         };
@@ -397,19 +471,64 @@ impl Worker {
         result.weight_load_seconds = load_seconds;
         result.weight_load_bytes = loaded_bytes;
         result.weights_prefetched = prefetched;
+        self.answer(serving, result).await
+    }
+
+    /// GW-3, RM-6: answers order `seq` [`Outcome::Void`]: its range is owed again (unless a
+    /// withdrawal came first).
+    async fn void(&self, serving: &mut Serving, seq: u64, reason: String) -> Result<(), ActorError> {
+        tracing::warn!(batch_seq = seq, reason = %reason, "answering an order that cannot be served");
+        let result = OrderResult::new(self.rank, &self.process, seq, Outcome::Void(reason));
+        self.answer(serving, result).await
+    }
+
+    /// Stores `result` as the answer to its order. RM-3: when another process of this rank
+    /// answered first, its answer stands; when the trainer withdrew the order, GW-6.
+    async fn answer(&self, serving: &mut Serving, result: OrderResult) -> Result<(), ActorError> {
+        let seq = result.batch_seq;
+        let key = serving.keys.result(seq);
         let body = serde_json::to_vec_pretty(&result)
             .map_err(|e| ActorError::Internal(format!("order result: {e}")))?;
-        match self
-            .store
-            .create_object(&serving.keys.result(seq), body.into())
-            .await
-        {
-            // RM-3: another process of this rank answered first; its answer stands.
-            Ok(()) | Err(StoreError::AlreadyExists { .. }) => {}
+        match self.store.create_object(&key, body.into()).await {
+            Ok(()) => {}
+            Err(StoreError::AlreadyExists { .. }) => {
+                let stored = OrderResult::from_bytes(&key, &self.store.get_object(&key).await?)?;
+                self.note_withdrawn(serving, &stored).await?;
+            }
             Err(e) => return Err(e.into()),
         }
         serving.done.insert(seq);
         Ok(())
+    }
+
+    /// GW-6: when `stored`, the result of one of this rank's orders, is the trainer's
+    /// withdrawal, tells the trainer this process is alive (once per order and process).
+    async fn note_withdrawn(
+        &self,
+        serving: &Serving,
+        stored: &OrderResult,
+    ) -> Result<(), ActorError> {
+        if !matches!(stored.outcome, Outcome::Withdrawn) {
+            return Ok(());
+        }
+        let seq = stored.batch_seq;
+        tracing::info!(
+            batch_seq = seq,
+            "the trainer withdrew this order; telling it this rank is alive"
+        );
+        let record = serde_json::json!({
+            "rank": self.rank,
+            "process": self.process,
+            "withdrawn_batch_seq": seq,
+            "unix_ms": crate::rollout::unix_ms(),
+        });
+        let body = serde_json::to_vec_pretty(&record)
+            .map_err(|e| ActorError::Internal(format!("heard record: {e}")))?;
+        let heard = serving.keys.rank_heard(self.rank, &self.process, seq);
+        match self.store.create_object(&heard, body.into()).await {
+            Ok(()) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// GW-2: puts the order's weights (and reference) on the board; returns the bytes read

@@ -1,0 +1,487 @@
+//! The work-order protocol under single faults of one generator rank or of the trainer
+//! (`keel trainer` + `keel generator --rank R`, issue 32 items 1–3):
+//!
+//! - a rank SIGKILLed while it holds an order and restarted after training moved on finds the
+//!   order's weights still stored (RM-6), answers it, and gets new orders;
+//! - a rank stopped past the order timeout has its order withdrawn (RM-5); once it runs again it
+//!   is heard from (GW-6) and gets new orders, while the other rank carried the run;
+//! - with rank 0 never started, evaluation is issued again to rank 1 (RM-7, EV-7) and the run
+//!   finishes;
+//! - a trainer restarted after a collapse-guard rewind trains on `rewind-1`, and the generators,
+//!   started on `main`, follow it there (RM-8) and finish with it.
+//!
+//! Every fault fires on progress in the run root (an order, a withdrawal, a checkpoint); a run
+//! that stops making progress fails the test, and every process started is killed when the test
+//! ends, passed or failed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use keel_integration::{check_accounting, keel_bin, test_rt, MethodRun};
+use keel_store::RunStore;
+
+const TASKS_PER_BATCH: u64 = 6; // MethodRun's rollout.tasks_per_batch
+
+/// A run that makes no progress in the run root for this long has hung.
+const NO_PROGRESS: Duration = Duration::from_secs(180);
+
+/// `run` with two generator ranks, `timeout_s` as the order timeout and a short poll.
+fn config(dir: &Path, name: &str, run: &MethodRun, timeout_s: u64) -> PathBuf {
+    let toml = run
+        .toml()
+        .replace("[rollout]\n", "[rollout]\ngenerators = 2\n")
+        .replace(
+            "[metrics]\n",
+            &format!("[distributed]\norder_timeout_s = {timeout_s}\npoll_ms = 20\n\n[metrics]\n"),
+        );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, toml).expect("write config");
+    path
+}
+
+/// The processes of one multi-process run; all are SIGKILLed when it drops.
+struct Roles {
+    dir: PathBuf,
+    cfg: PathBuf,
+    root: String,
+    trainer: Option<Child>,
+    gens: [Option<Child>; 2],
+    starts: usize,
+}
+
+impl Roles {
+    fn new(dir: &Path, cfg: PathBuf, root: &str) -> Self {
+        Roles {
+            dir: dir.to_path_buf(),
+            cfg,
+            root: root.to_string(),
+            trainer: None,
+            gens: [None, None],
+            starts: 0,
+        }
+    }
+
+    fn spawn(&mut self, args: &[&str], name: &str) -> Child {
+        self.starts += 1;
+        let log = self.dir.join(format!("{name}-{}.log", self.starts));
+        let file = std::fs::File::create(&log).expect("log file");
+        Command::new(keel_bin())
+            .args(args)
+            .arg("--config")
+            .arg(&self.cfg)
+            .args(["--run-root", &self.root])
+            .env("KEEL_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start keel")
+    }
+
+    fn start_trainer(&mut self) {
+        self.trainer = Some(self.spawn(&["trainer", "--no-progress"], "trainer"));
+    }
+
+    fn start_generator(&mut self, rank: u32) {
+        let r = rank.to_string();
+        let child = self.spawn(&["generator", "--rank", &r], &format!("g{rank}"));
+        self.gens[rank as usize] = Some(child);
+    }
+
+    fn generator_pid(&self, rank: u32) -> String {
+        let g = self.gens[rank as usize]
+            .as_ref()
+            .expect("a running generator");
+        g.id().to_string()
+    }
+
+    fn signal_generator(&self, rank: u32, sig: &str) {
+        signal(&self.generator_pid(rank), sig);
+    }
+
+    fn kill_generator(&mut self, rank: u32) {
+        if let Some(mut g) = self.gens[rank as usize].take() {
+            let _ = g.kill();
+            let _ = g.wait();
+        }
+    }
+
+    fn kill_trainer(&mut self) {
+        if let Some(mut t) = self.trainer.take() {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
+    }
+
+    /// Every log of the run, for failure messages.
+    fn logs(&self) -> String {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        names.retain(|p| p.extension().is_some_and(|e| e == "log"));
+        names.sort();
+        names
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(p).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(25).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- {}\n{}\n", p.display(), tail.join("\n"))
+            })
+            .collect()
+    }
+
+    /// Waits for the trainer to exit while the run root keeps changing (NO_PROGRESS).
+    fn wait_trainer(&mut self) -> ExitStatus {
+        let trainer = self.trainer.as_mut().expect("a trainer");
+        let root = PathBuf::from(&self.root);
+        let (mut seen, mut since) = (files_under(&root), Instant::now());
+        loop {
+            if let Ok(Some(status)) = trainer.try_wait() {
+                self.trainer = None;
+                return status;
+            }
+            let now = files_under(&root);
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            }
+            if since.elapsed() > NO_PROGRESS {
+                panic!(
+                    "the run made no progress for {NO_PROGRESS:?}:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for generator `rank` to exit on its own (after the trainer finished the run).
+    fn wait_generator(&mut self, rank: u32) -> ExitStatus {
+        let g = self.gens[rank as usize].as_mut().expect("a generator");
+        let deadline = Instant::now() + NO_PROGRESS;
+        loop {
+            if let Ok(Some(status)) = g.try_wait() {
+                self.gens[rank as usize] = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "generator rank {rank} did not exit after the run finished:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The trainer and every running generator exit 0.
+    fn finish_ok(&mut self) {
+        let status = self.wait_trainer();
+        assert!(
+            status.success(),
+            "keel trainer failed ({status}):\n{}",
+            self.logs()
+        );
+        for rank in 0..2 {
+            if self.gens[rank as usize].is_some() {
+                let status = self.wait_generator(rank);
+                assert!(
+                    status.success(),
+                    "generator {rank} failed ({status}):\n{}",
+                    self.logs()
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        for rank in 0..2 {
+            if let Some(g) = &self.gens[rank] {
+                signal(&g.id().to_string(), "-CONT");
+            }
+            self.kill_generator(rank as u32);
+        }
+        self.kill_trainer();
+    }
+}
+
+fn signal(pid: &str, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// The number of files under `root` (progress of a run).
+fn files_under(root: &Path) -> usize {
+    walk(root).len()
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// An order or result file: (rank dir or "", seq, body).
+fn json_files(root: &Path, kind: &str) -> Vec<(PathBuf, serde_json::Value)> {
+    walk(root)
+        .into_iter()
+        .filter(|p| {
+            p.components().any(|c| c.as_os_str() == kind)
+                && p.extension().is_some_and(|e| e == "json")
+        })
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(&p).ok()?;
+            let body = serde_json::from_str(&text).ok()?;
+            Some((p, body))
+        })
+        .collect()
+}
+
+fn seq(body: &serde_json::Value) -> u64 {
+    body["batch_seq"].as_u64().expect("batch_seq")
+}
+
+/// The results stored so far.
+fn results(root: &Path) -> Vec<serde_json::Value> {
+    json_files(root, "results")
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect()
+}
+
+/// A training order of `rank` with no result yet.
+fn open_train_order(root: &Path, rank: u32) -> Option<serde_json::Value> {
+    let answered: Vec<u64> = results(root).iter().map(seq).collect();
+    json_files(root, "orders")
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| b["rank"] == rank && b["purpose"] == "Train")
+        .filter(|b| !answered.contains(&seq(b)))
+        .max_by_key(seq)
+}
+
+/// Polls `cond` until it holds; the trainer ending first fails the test.
+fn wait_until<T>(roles: &mut Roles, what: &str, mut cond: impl FnMut(&Roles) -> Option<T>) -> T {
+    loop {
+        if let Some(found) = cond(roles) {
+            return found;
+        }
+        if let Some(t) = roles.trainer.as_mut() {
+            if let Ok(Some(status)) = t.try_wait() {
+                panic!(
+                    "the trainer ended ({status}) before {what}:\n{}",
+                    roles.logs()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Stops generator `rank` while it holds an unanswered training order; returns that order.
+fn stop_rank_holding_an_order(roles: &mut Roles, rank: u32) -> serde_json::Value {
+    let root = PathBuf::from(&roles.root);
+    loop {
+        let order = wait_until(roles, "an order to the rank", |_| {
+            open_train_order(&root, rank)
+        });
+        roles.signal_generator(rank, "-STOP");
+        if !results(&root).iter().any(|r| seq(r) == seq(&order)) {
+            return order;
+        }
+        roles.signal_generator(rank, "-CONT"); // answered just before the stop: the next one
+    }
+}
+
+/// Done results of `rank` for orders after `after`.
+fn later_answers(root: &Path, rank: u32, after: u64) -> usize {
+    results(root)
+        .iter()
+        .filter(|r| r["rank"] == rank && r["process"] != "trainer" && seq(r) > after)
+        .filter(|r| r["outcome"].get("Done").is_some())
+        .count()
+}
+
+fn async_run(steps: u64) -> MethodRun {
+    MethodRun {
+        steps,
+        checkpoint_every: 2,
+        mode: "async",
+        bound: 2,
+        latency_ms: 20.0,
+        ..MethodRun::new("grpo")
+    }
+}
+
+#[test]
+fn a_rank_restarted_after_training_moved_on_answers_its_order_and_gets_new_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    // A long order timeout: the order is still pending when the rank comes back.
+    let cfg = config(dir.path(), "restart", &async_run(40), 600);
+    let root = dir.path().join("root");
+    let root_s = root.to_str().expect("utf-8").to_string();
+    let mut roles = Roles::new(dir.path(), cfg, &root_s);
+    roles.start_trainer();
+    roles.start_generator(0);
+    roles.start_generator(1);
+    let order = stop_rank_holding_an_order(&mut roles, 1);
+    roles.kill_generator(1);
+    let version = order["weights"]["Policy"]["version"]
+        .as_u64()
+        .expect("version");
+    // Rank 0 trains on: the order's weights fall far behind what SB-3's window keeps.
+    let store = RunStore::open(&root_s).expect("open");
+    wait_until(&mut roles, "training moved on", |_| {
+        let head = rt.block_on(store.latest_checkpoint()).ok().flatten()?;
+        (head.step >= version + 8).then_some(())
+    });
+    roles.start_generator(1);
+    let s = seq(&order);
+    let answer = wait_until(&mut roles, "the restarted rank answered", |_| {
+        results(&root).into_iter().find(|r| seq(r) == s)
+    });
+    assert!(
+        answer["outcome"].get("Done").is_some() && answer["rank"] == 1,
+        "the restarted rank must answer its order with its (pinned) weights: {answer}\n{}",
+        roles.logs()
+    );
+    wait_until(
+        &mut roles,
+        "a new order answered by the restarted rank",
+        |_| (later_answers(&root, 1, s) > 0).then_some(()),
+    );
+    roles.finish_ok();
+    let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "restart").expect("accounting");
+    assert_eq!(head.step, 40);
+}
+
+#[test]
+fn a_rank_stopped_past_the_timeout_is_withdrawn_then_heard_from_and_given_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    let cfg = config(dir.path(), "late", &async_run(40), 4);
+    let root = dir.path().join("root");
+    let root_s = root.to_str().expect("utf-8").to_string();
+    let mut roles = Roles::new(dir.path(), cfg, &root_s);
+    roles.start_trainer();
+    roles.start_generator(0);
+    roles.start_generator(1);
+    let order = stop_rank_holding_an_order(&mut roles, 1);
+    let s = seq(&order);
+    // RM-5: past the timeout the trainer withdraws the order (its result, written by the trainer).
+    let withdrawal = wait_until(&mut roles, "the order was withdrawn", |_| {
+        results(&root).into_iter().find(|r| seq(r) == s)
+    });
+    assert_eq!(withdrawal["process"], "trainer", "{withdrawal}");
+    assert_eq!(withdrawal["outcome"], "Withdrawn", "{withdrawal}");
+    roles.signal_generator(1, "-CONT");
+    // GW-6: the live rank is heard from and gets work again while the run goes on.
+    wait_until(&mut roles, "the late rank answered a new order", |_| {
+        (later_answers(&root, 1, s) > 0).then_some(())
+    });
+    let heard = walk(&root)
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("-heard-"))
+        .count();
+    assert!(
+        heard >= 1,
+        "the late rank wrote no heard record:\n{}",
+        roles.logs()
+    );
+    roles.finish_ok();
+    let store = RunStore::open(&root_s).expect("open");
+    let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "late").expect("accounting");
+    assert_eq!(head.step, 40);
+}
+
+#[test]
+fn evaluation_is_issued_again_when_rank_0_is_down() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    let run = MethodRun {
+        steps: 4,
+        checkpoint_every: 2,
+        ..MethodRun::new("grpo")
+    };
+    let cfg = config(dir.path(), "eval", &run, 3);
+    let root = dir.path().join("root");
+    let root_s = root.to_str().expect("utf-8").to_string();
+    let mut roles = Roles::new(dir.path(), cfg, &root_s);
+    roles.start_trainer();
+    roles.start_generator(1); // rank 0 never comes
+    roles.finish_ok();
+    let store = RunStore::open(&root_s).expect("open");
+    let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "eval").expect("accounting");
+    assert_eq!(head.step, 4);
+    let all = results(&root);
+    assert!(
+        all.iter()
+            .all(|r| r["rank"] != 0 || r["process"] == "trainer"),
+        "{all:?}"
+    );
+    let evals = keel_integration::read_events(&root)
+        .into_iter()
+        .filter(|e| e["event"] == "eval")
+        .count();
+    assert_eq!(evals, 2, "both evaluations ran on rank 1");
+}
+
+#[test]
+fn generators_follow_a_restarted_trainer_to_its_rewind_branch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    let run = MethodRun {
+        steps: 14,
+        checkpoint_every: 2,
+        guard: true,
+        latency_ms: 20.0,
+        extra: "[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into(),
+        ..MethodRun::new("grpo")
+    };
+    let cfg = config(dir.path(), "rewind", &run, 20);
+    let root = dir.path().join("root");
+    let root_s = root.to_str().expect("utf-8").to_string();
+    let mut roles = Roles::new(dir.path(), cfg, &root_s);
+    roles.start_trainer();
+    roles.start_generator(0);
+    roles.start_generator(1);
+    // The guard rewinds to step 4 on `rewind-1`; once that branch is past the poisoned step, the
+    // trainer dies and a new one (no --branch) follows the rewind (GD-6).
+    let store = RunStore::open(&root_s).expect("open");
+    wait_until(&mut roles, "rewind-1 passed step 6", |_| {
+        let head = rt.block_on(store.branch_head("rewind-1")).ok().flatten()?;
+        let m = rt
+            .block_on(store.ancestry(&head.id))
+            .ok()?
+            .into_iter()
+            .next()?;
+        (m.step >= 6).then_some(())
+    });
+    roles.kill_trainer();
+    roles.start_trainer();
+    roles.finish_ok();
+    let on_rewind = store.on_branch("rewind-1").expect("branch");
+    let (head, _) =
+        check_accounting(&rt, &on_rewind, TASKS_PER_BATCH, "rewind").expect("accounting");
+    assert_eq!(head.step, 14);
+    let lives = rt.block_on(on_rewind.lives()).expect("lives");
+    assert_eq!(lives.len(), 1, "the restarted trainer trained on rewind-1");
+}
