@@ -323,7 +323,7 @@ async fn prune(
             .unwrap_or(true)
     };
     let keep_id = |id: &WeightsId| {
-        pinned(id)
+        (pinned(id) && false)
             || match *id {
                 WeightsId::Policy {
                     epoch: e,
@@ -334,5 +334,67 @@ async fn prune(
     };
     if let Err(e) = store.prune_weights(pruning.life, keep_id).await {
         tracing::warn!(error = %e, "could not prune old weights from the run root");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(version: u64) -> WeightsId {
+        WeightsId::Policy { epoch: 0, version }
+    }
+
+    /// Publishes `version` (bytes no delta shrinks: every version is stored in full, so no
+    /// delta base is kept for its own sake) and waits until the uploader stored it.
+    async fn publish(board: &StoreBoard, version: u64) {
+        let mut x = version.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let bytes = (0..256)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        board.publish(PublishedWeights::single(version, bytes));
+        board.ready_policy().await.expect("stored");
+    }
+
+    /// The stored ids once `gone` was pruned (the prune runs after the upload).
+    async fn after_pruning(store: &RunStore, gone: WeightsId) -> Vec<WeightsId> {
+        for _ in 0..500 {
+            let ids = store.weights_ids(1).await.expect("ids");
+            if !ids.contains(&gone) {
+                return ids;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{gone:?} was never pruned");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sb3_an_order_pins_its_weights_until_it_is_answered() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RunStore::open(&dir.path().to_string_lossy()).expect("store");
+        let metrics = TrainMetrics::new("sb3").expect("metrics");
+        let io = tokio::runtime::Handle::current();
+        let board = StoreBoard::start(store.clone(), &io, 1, 1, metrics);
+        publish(&board, 1).await;
+        let pinned = board.pin_for_order(7).await.expect("pin");
+        assert_eq!(pinned.policy, v(1));
+        for version in 2..=6 {
+            publish(&board, version).await;
+        }
+        let ids = after_pruning(&store, v(4)).await;
+        assert_eq!(
+            ids,
+            vec![v(1), v(5), v(6)],
+            "the pending order's weights stay"
+        );
+        drop(pinned); // answered
+        publish(&board, 7).await;
+        let ids = after_pruning(&store, v(5)).await;
+        assert_eq!(ids, vec![v(6), v(7)], "an answered order pins nothing");
     }
 }
