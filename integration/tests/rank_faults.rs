@@ -131,17 +131,22 @@ impl Roles {
             .collect()
     }
 
-    /// Waits for the trainer to exit while the run root keeps changing (NO_PROGRESS).
+    /// Waits for the trainer to exit while the local run root keeps changing (NO_PROGRESS).
     fn wait_trainer(&mut self) -> ExitStatus {
-        let trainer = self.trainer.as_mut().expect("a trainer");
         let root = PathBuf::from(&self.root);
-        let (mut seen, mut since) = (files_under(&root), Instant::now());
+        self.wait_trainer_with(|| files_under(&root).to_string())
+    }
+
+    /// Waits for the trainer to exit while `progress` keeps changing (NO_PROGRESS).
+    fn wait_trainer_with(&mut self, mut progress: impl FnMut() -> String) -> ExitStatus {
+        let (mut seen, mut since) = (progress(), Instant::now());
         loop {
+            let trainer = self.trainer.as_mut().expect("a trainer");
             if let Ok(Some(status)) = trainer.try_wait() {
                 self.trainer = None;
                 return status;
             }
-            let now = files_under(&root);
+            let now = progress();
             if now != seen {
                 (seen, since) = (now, Instant::now());
             }
@@ -177,6 +182,11 @@ impl Roles {
     /// The trainer and every running generator exit 0.
     fn finish_ok(&mut self) {
         let status = self.wait_trainer();
+        self.finished_ok(status);
+    }
+
+    /// The trainer ended with `status`: it and every running generator exit 0.
+    fn finished_ok(&mut self, status: ExitStatus) {
         assert!(
             status.success(),
             "keel trainer failed ({status}):\n{}",
@@ -484,4 +494,93 @@ fn generators_follow_a_restarted_trainer_to_its_rewind_branch() {
     assert_eq!(head.step, 14);
     let lives = rt.block_on(on_rewind.lives()).expect("lives");
     assert_eq!(lives.len(), 1, "the restarted trainer trained on rewind-1");
+}
+
+#[test]
+fn a_storage_stall_past_the_order_timeout_leaves_no_rank_silent() {
+    let server = keel_integration::OwnSeaweed::start();
+    // This test process and the keel processes it starts talk only to their own server.
+    std::env::set_var("AWS_ENDPOINT_URL", &server.endpoint);
+    let port = server
+        .endpoint
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_string();
+    let weed = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-f", &format!("s3.port={port}")])
+            .output()
+            .expect("pgrep")
+            .stdout,
+    )
+    .expect("utf-8");
+    let weed = weed
+        .split_whitespace()
+        .next()
+        .expect("the server's pid")
+        .to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = test_rt();
+    let timeout_s = 4;
+    let cfg = config(dir.path(), "stall", &async_run(24), timeout_s);
+    let root = keel_integration::s3_root("stall");
+    let mut roles = Roles::new(dir.path(), cfg, &root);
+    roles.start_trainer();
+    roles.start_generator(0);
+    roles.start_generator(1);
+    let store = RunStore::open(&root).expect("open");
+    let step = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(store.latest_checkpoint())
+            .ok()
+            .flatten()
+            .map_or(0, |m| m.step)
+    };
+    wait_until(&mut roles, "a checkpoint past step 2", |_| {
+        (step(&rt) >= 2).then_some(())
+    });
+    // The stall is the fault: the server answers nothing for longer than the order timeout.
+    signal(&weed, "-STOP");
+    std::thread::sleep(Duration::from_secs(timeout_s + 6));
+    signal(&weed, "-CONT");
+    let stalled_at = step(&rt);
+    let last_order_before = rt
+        .block_on(store.list_objects("orders"))
+        .expect("orders")
+        .iter()
+        .filter_map(|k| keel_actors::remote::seq_of_key(k))
+        .filter(|&s| s < keel_actors::job::EVAL_BATCH_SEQ)
+        .max()
+        .unwrap_or(0);
+    let status = roles.wait_trainer_with(|| step(&rt).to_string());
+    roles.finished_ok(status);
+    let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "stall").expect("accounting");
+    assert_eq!(head.step, 24, "the run went on from step {stalled_at}");
+    let results: Vec<serde_json::Value> = rt.block_on(async {
+        let mut all = Vec::new();
+        for key in store.list_objects("results").await.expect("results") {
+            let body = store.get_object(&key).await.expect("a result");
+            all.push(serde_json::from_slice(&body).expect("a result parses"));
+        }
+        all
+    });
+    let withdrawn = results
+        .iter()
+        .filter(|r| r["outcome"] == "Withdrawn")
+        .count();
+    eprintln!("orders withdrawn across the stall: {withdrawn}");
+    for rank in 0..2 {
+        let after = results
+            .iter()
+            .filter(|r| r["rank"] == rank && seq(r) > last_order_before)
+            .filter(|r| seq(r) < keel_actors::job::EVAL_BATCH_SEQ)
+            .filter(|r| r["outcome"].get("Done").is_some())
+            .count();
+        assert!(
+            after > 0,
+            "rank {rank} got no work after the stall:\n{}",
+            roles.logs()
+        );
+    }
+    drop(server);
 }
