@@ -323,7 +323,7 @@ async fn prune(
             .unwrap_or(true)
     };
     let keep_id = |id: &WeightsId| {
-        (pinned(id) && false)
+        pinned(id)
             || match *id {
                 WeightsId::Policy {
                     epoch: e,
