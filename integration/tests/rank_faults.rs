@@ -78,6 +78,21 @@ impl Roles {
             .expect("start keel")
     }
 
+    /// The trainer and both generator ranks.
+    fn start_all(&mut self) {
+        self.start_trainer();
+        self.start_generator(0);
+        self.start_generator(1);
+    }
+
+    /// A run of `run` on a local root under `dir`: its roles (none started) and its root.
+    fn local(dir: &Path, name: &str, run: &MethodRun, timeout_s: u64) -> (Roles, PathBuf) {
+        let cfg = config(dir, name, run, timeout_s);
+        let root = dir.join("root");
+        let roles = Roles::new(dir, cfg, root.to_str().expect("utf-8"));
+        (roles, root)
+    }
+
     fn start_trainer(&mut self) {
         self.trainer = Some(self.spawn(&["trainer", "--no-progress"], "trainer"));
     }
@@ -345,13 +360,9 @@ fn a_rank_restarted_after_training_moved_on_answers_its_order_and_gets_new_work(
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = test_rt();
     // A long order timeout: the order is still pending when the rank comes back.
-    let cfg = config(dir.path(), "restart", &async_run(40), 600);
-    let root = dir.path().join("root");
-    let root_s = root.to_str().expect("utf-8").to_string();
-    let mut roles = Roles::new(dir.path(), cfg, &root_s);
-    roles.start_trainer();
-    roles.start_generator(0);
-    roles.start_generator(1);
+    let (mut roles, root) = Roles::local(dir.path(), "restart", &async_run(40), 600);
+    let root_s = roles.root.clone();
+    roles.start_all();
     let order = stop_rank_holding_an_order(&mut roles, 1);
     roles.kill_generator(1);
     let version = order["weights"]["Policy"]["version"]
@@ -387,13 +398,9 @@ fn a_rank_restarted_after_training_moved_on_answers_its_order_and_gets_new_work(
 fn a_rank_stopped_past_the_timeout_is_withdrawn_then_heard_from_and_given_work() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = test_rt();
-    let cfg = config(dir.path(), "late", &async_run(40), 4);
-    let root = dir.path().join("root");
-    let root_s = root.to_str().expect("utf-8").to_string();
-    let mut roles = Roles::new(dir.path(), cfg, &root_s);
-    roles.start_trainer();
-    roles.start_generator(0);
-    roles.start_generator(1);
+    let (mut roles, root) = Roles::local(dir.path(), "late", &async_run(40), 4);
+    let root_s = roles.root.clone();
+    roles.start_all();
     let order = stop_rank_holding_an_order(&mut roles, 1);
     let s = seq(&order);
     // RM-5: past the timeout the trainer withdraws the order (its result, written by the trainer).
@@ -431,10 +438,8 @@ fn evaluation_is_issued_again_when_rank_0_is_down() {
         checkpoint_every: 2,
         ..MethodRun::new("grpo")
     };
-    let cfg = config(dir.path(), "eval", &run, 3);
-    let root = dir.path().join("root");
-    let root_s = root.to_str().expect("utf-8").to_string();
-    let mut roles = Roles::new(dir.path(), cfg, &root_s);
+    let (mut roles, root) = Roles::local(dir.path(), "eval", &run, 3);
+    let root_s = roles.root.clone();
     roles.start_trainer();
     roles.start_generator(1); // rank 0 never comes
     roles.finish_ok();
@@ -466,13 +471,9 @@ fn generators_follow_a_restarted_trainer_to_its_rewind_branch() {
         extra: "[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into(),
         ..MethodRun::new("grpo")
     };
-    let cfg = config(dir.path(), "rewind", &run, 20);
-    let root = dir.path().join("root");
-    let root_s = root.to_str().expect("utf-8").to_string();
-    let mut roles = Roles::new(dir.path(), cfg, &root_s);
-    roles.start_trainer();
-    roles.start_generator(0);
-    roles.start_generator(1);
+    let (mut roles, _) = Roles::local(dir.path(), "rewind", &run, 20);
+    let root_s = roles.root.clone();
+    roles.start_all();
     // The guard rewinds to step 4 on `rewind-1`; once that branch is past the poisoned step, the
     // trainer dies and a new one (no --branch) follows the rewind (GD-6).
     let store = RunStore::open(&root_s).expect("open");
@@ -526,9 +527,7 @@ fn a_storage_stall_past_the_order_timeout_leaves_no_rank_silent() {
     let cfg = config(dir.path(), "stall", &async_run(24), timeout_s);
     let root = keel_integration::s3_root("stall");
     let mut roles = Roles::new(dir.path(), cfg, &root);
-    roles.start_trainer();
-    roles.start_generator(0);
-    roles.start_generator(1);
+    roles.start_all();
     let store = RunStore::open(&root).expect("open");
     let step = |rt: &tokio::runtime::Runtime| {
         rt.block_on(store.latest_checkpoint())

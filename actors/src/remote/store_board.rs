@@ -348,15 +348,9 @@ mod tests {
     /// Publishes `version` (bytes no delta shrinks: every version is stored in full, so no
     /// delta base is kept for its own sake) and waits until the uploader stored it.
     async fn publish(board: &StoreBoard, version: u64) {
-        let mut x = version.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let bytes = (0..256)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        use rand::{RngCore, SeedableRng};
+        let mut bytes = vec![0u8; 256];
+        rand_chacha::ChaCha8Rng::seed_from_u64(version).fill_bytes(&mut bytes);
         board.publish(PublishedWeights::single(version, bytes));
         board.ready_policy().await.expect("stored");
     }
