@@ -6,6 +6,9 @@
 //!   (`KEEL_TEST_S3_ENDPOINT`); tests that need S3 fail with a clear message without it.
 
 pub mod fuzz;
+pub mod procs;
+
+pub use procs::Guarded;
 
 use std::path::PathBuf;
 

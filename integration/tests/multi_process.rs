@@ -9,15 +9,19 @@
 //!   (LV-2, LV-3);
 //! - a SIGKILL soak over every role (trainer, either generator; 20 kills in CI,
 //!   `KEEL_ROLE_SOAK=N` for N, `KEEL_CRASH_SEED` replays) with the crash harness's accounting check
-//!   after each kill, ending in a finished run (RM-3, RM-5);
+//!   after each kill, ending in a finished run (RM-3, RM-5). Each kill waits for progress in the
+//!   run root (the trainer's next checkpoint, a generator's next order or result), never for
+//!   the clock, so a loaded machine slows the soak down without changing what it proves;
 //! - in async mode the generator processes load newer weights while they sample, and orders
 //!   that name them find them loaded (GW-5).
+//!
+//! Every process a test starts is killed with its process group when the test ends (PG-1).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, s3_root, test_rt, MethodRun};
+use keel_integration::{check_accounting, keel_bin, s3_root, test_rt, Guarded, MethodRun};
 use keel_store::{CheckpointManifest, RunStore};
 use rand::{Rng, SeedableRng};
 
@@ -48,31 +52,32 @@ fn config_of(dir: &Path, name: &str, run: &MethodRun) -> PathBuf {
     path
 }
 
-/// `keel <role args> --run-root <root>`, logging to `log`.
-fn spawn(args: &[&str], config: &Path, root: &str, log: &Path) -> Child {
+/// `keel <role args> --run-root <root>`, logging to `log`; killed when dropped (PG-1).
+fn spawn(args: &[&str], config: &Path, root: &str, log: &Path) -> Guarded {
     let log = std::fs::File::create(log).expect("log file");
-    Command::new(keel_bin())
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .args(["--run-root", root])
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start keel")
+    Guarded::spawn(
+        Command::new(keel_bin())
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .args(["--run-root", root])
+            .env("KEEL_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log),
+    )
+    .expect("start keel")
 }
 
-fn trainer(config: &Path, root: &str, log: &Path) -> Child {
+fn trainer(config: &Path, root: &str, log: &Path) -> Guarded {
     spawn(&["trainer", "--no-progress"], config, root, log)
 }
 
-fn generator(rank: u32, config: &Path, root: &str, log: &Path) -> Child {
+fn generator(rank: u32, config: &Path, root: &str, log: &Path) -> Guarded {
     let rank = rank.to_string();
     spawn(&["generator", "--rank", &rank], config, root, log)
 }
 
-fn wait_ok(child: &mut Child, what: &str, log: &Path) {
+fn wait_ok(child: &mut Guarded, what: &str, log: &Path) {
     let status = child.wait().expect("wait");
     assert!(
         status.success(),
@@ -180,7 +185,7 @@ fn two_trainers_on_one_empty_run_root_exactly_one_trains() {
 }
 
 /// Polls until the run root holds a checkpoint at `step` or more.
-fn wait_for_step(rt: &tokio::runtime::Runtime, root: &str, step: u64, child: &mut Child) {
+fn wait_for_step(rt: &tokio::runtime::Runtime, root: &str, step: u64, child: &mut Guarded) {
     let store = RunStore::open(root).expect("open");
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -259,6 +264,72 @@ enum Role {
     Generator(u32),
 }
 
+/// What a soak kill waits for: one more of these in the run root.
+#[derive(Clone, Copy, Debug)]
+enum Progress {
+    Orders,
+    Results,
+    Checkpoints,
+}
+
+/// How many orders, results and checkpoint manifests the local run root `root` holds.
+fn progress(root: &Path) -> [usize; 3] {
+    let mut counts = [0; 3];
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let under = |name: &str| path.components().any(|c| c.as_os_str() == name);
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if under("orders") {
+                counts[0] += 1;
+            } else if under("results") {
+                counts[1] += 1;
+            } else if under("checkpoints") && name == "MANIFEST.json" {
+                counts[2] += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// Waits until the run root holds one more `kind` than `since`; answers the counts then. A run
+/// that makes no progress for 180 s, or a trainer that ends, fails the soak.
+fn wait_for_progress(
+    root: &Path,
+    kind: Progress,
+    since: [usize; 3],
+    trainer: &mut Guarded,
+    context: &str,
+) -> [usize; 3] {
+    let k = kind as usize;
+    let mut stalled = Instant::now();
+    let mut seen = since;
+    loop {
+        let now = progress(root);
+        if now[k] > since[k] {
+            return now;
+        }
+        if now != seen {
+            (seen, stalled) = (now, Instant::now());
+        }
+        if let Ok(Some(status)) = trainer.try_wait() {
+            panic!("the trainer ended on its own ({status}) before {context}");
+        }
+        assert!(
+            stalled.elapsed() < Duration::from_secs(180),
+            "no progress for 180 s before {context}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn sigkill_soak_over_every_role_keeps_the_books() {
     let kills: usize = std::env::var("KEEL_ROLE_SOAK")
@@ -290,12 +361,21 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
         generator(1, &cfg, root, &log("g1", 0)),
     ];
     let mut trainer_kills = 0;
+    let mut last = progress(Path::new(root));
     for n in 1..=kills {
-        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1500)));
         let role = match rng.gen_range(0..3) {
             0 => Role::Trainer,
             r => Role::Generator(r - 1),
         };
+        // Kills follow progress, never the clock: a trainer dies after its next checkpoint, a
+        // generator after the next order or result.
+        let kind = match role {
+            Role::Trainer => Progress::Checkpoints,
+            Role::Generator(_) if rng.gen_bool(0.5) => Progress::Orders,
+            Role::Generator(_) => Progress::Results,
+        };
+        let context = format!("kill {n} ({role:?} after {kind:?}, seed {seed})");
+        last = wait_for_progress(Path::new(root), kind, last, &mut t, &context);
         let victim = match role {
             Role::Trainer => &mut t,
             Role::Generator(r) => &mut gens[r as usize],
@@ -303,8 +383,7 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
         if let Ok(Some(status)) = victim.try_wait() {
             panic!("{role:?} ended on its own ({status}) before kill {n}");
         }
-        victim.kill().expect("SIGKILL");
-        victim.wait().expect("reap");
+        victim.kill_group();
         let context = format!("after kill {n} ({role:?}, seed {seed})");
         check_accounting(&rt, &store, TASKS_PER_BATCH, &context);
         match role {
@@ -318,15 +397,13 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
         }
     }
     // The last trainer life finishes the run: a few more steps past the newest checkpoint.
-    t.kill().expect("SIGKILL the endless life");
-    t.wait().expect("reap");
+    t.kill_group();
     let (head, _) = check_accounting(&rt, &store, TASKS_PER_BATCH, "before the last life")
         .expect("the soak reached a checkpoint");
     let finish = config(dir.path(), "finish", head.step + 4, 0.0);
     // The config changed (steps), so the generators must be given it: restart them.
     for g in &mut gens {
-        g.kill().expect("SIGKILL");
-        g.wait().expect("reap");
+        g.kill_group();
     }
     let last = log("trainer", kills + 1);
     let lives = rt.block_on(store.lives()).expect("lives").len();
@@ -340,7 +417,7 @@ fn sigkill_soak_over_every_role_keeps_the_books() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut gens: Vec<Child> = (0..2)
+    let mut gens: Vec<Guarded> = (0..2)
         .map(|r| generator(r, &finish, root, &log(&format!("g{r}"), kills + 1)))
         .collect();
     wait_ok(&mut t, "the last trainer life", &last);

@@ -15,10 +15,10 @@
 //! ends, passed or failed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, test_rt, MethodRun};
+use keel_integration::{check_accounting, keel_bin, test_rt, Guarded, MethodRun};
 use keel_store::RunStore;
 
 const TASKS_PER_BATCH: u64 = 6; // MethodRun's rollout.tasks_per_batch
@@ -40,13 +40,13 @@ fn config(dir: &Path, name: &str, run: &MethodRun, timeout_s: u64) -> PathBuf {
     path
 }
 
-/// The processes of one multi-process run; all are SIGKILLed when it drops.
+/// The processes of one multi-process run; all are SIGKILLed when it drops (PG-1).
 struct Roles {
     dir: PathBuf,
     cfg: PathBuf,
     root: String,
-    trainer: Option<Child>,
-    gens: [Option<Child>; 2],
+    trainer: Option<Guarded>,
+    gens: [Option<Guarded>; 2],
     starts: usize,
 }
 
@@ -62,20 +62,21 @@ impl Roles {
         }
     }
 
-    fn spawn(&mut self, args: &[&str], name: &str) -> Child {
+    fn spawn(&mut self, args: &[&str], name: &str) -> Guarded {
         self.starts += 1;
         let log = self.dir.join(format!("{name}-{}.log", self.starts));
         let file = std::fs::File::create(&log).expect("log file");
-        Command::new(keel_bin())
-            .args(args)
-            .arg("--config")
-            .arg(&self.cfg)
-            .args(["--run-root", &self.root])
-            .env("KEEL_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start keel")
+        Guarded::spawn(
+            Command::new(keel_bin())
+                .args(args)
+                .arg("--config")
+                .arg(&self.cfg)
+                .args(["--run-root", &self.root])
+                .env("KEEL_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(file),
+        )
+        .expect("start keel")
     }
 
     /// The trainer and both generator ranks.
@@ -115,17 +116,11 @@ impl Roles {
     }
 
     fn kill_generator(&mut self, rank: u32) {
-        if let Some(mut g) = self.gens[rank as usize].take() {
-            let _ = g.kill();
-            let _ = g.wait();
-        }
+        self.gens[rank as usize] = None; // PG-1: dropping the guard kills it
     }
 
     fn kill_trainer(&mut self) {
-        if let Some(mut t) = self.trainer.take() {
-            let _ = t.kill();
-            let _ = t.wait();
-        }
+        self.trainer = None;
     }
 
     /// Every log of the run, for failure messages.
@@ -217,18 +212,6 @@ impl Roles {
                 );
             }
         }
-    }
-}
-
-impl Drop for Roles {
-    fn drop(&mut self) {
-        for rank in 0..2 {
-            if let Some(g) = &self.gens[rank] {
-                signal(&g.id().to_string(), "-CONT");
-            }
-            self.kill_generator(rank as u32);
-        }
-        self.kill_trainer();
     }
 }
 
