@@ -422,26 +422,24 @@ pub fn log_tail(root: &std::path::Path) -> String {
 }
 
 /// Starts `keel train --config <config> --run-root <root> --no-progress --summary-json
-/// <root>.json [extra]`, logging warnings and errors to `train_log(root)`.
-pub fn spawn_train(
-    config: &std::path::Path,
-    root: &std::path::Path,
-    extra: &[&str],
-) -> std::process::Child {
+/// <root>.json [extra]`, logging warnings and errors to `train_log(root)`; killed with its
+/// process group when dropped (PG-1).
+pub fn spawn_train(config: &std::path::Path, root: &std::path::Path, extra: &[&str]) -> Guarded {
     let log = std::fs::File::create(train_log(root)).expect("log file");
-    std::process::Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(config)
-        .arg("--run-root")
-        .arg(root)
-        .arg("--summary-json")
-        .arg(root.with_extension("json"))
-        .args(extra)
-        .env("KEEL_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start keel train")
+    Guarded::spawn(
+        std::process::Command::new(keel_bin())
+            .args(["train", "--no-progress", "--config"])
+            .arg(config)
+            .arg("--run-root")
+            .arg(root)
+            .arg("--summary-json")
+            .arg(root.with_extension("json"))
+            .args(extra)
+            .env("KEEL_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log),
+    )
+    .expect("start keel train")
 }
 
 /// Runs `keel train` to its end; asserts it succeeded and answers its summary JSON.

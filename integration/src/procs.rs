@@ -86,7 +86,7 @@ mod tests {
         drop(guard);
         let alive = |pid: i32| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         };
         // SIGKILL is delivered at once; a reparented grandchild is reaped by init soon after.
         for _ in 0..500 {

@@ -16,10 +16,10 @@
 use std::collections::BTreeSet;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, s3_root, tiny_config_unguarded};
+use keel_integration::{check_accounting, keel_bin, s3_root, tiny_config_unguarded, Guarded};
 use keel_store::{CheckpointManifest, RunStore};
 use rand::{Rng, SeedableRng};
 
@@ -27,24 +27,25 @@ const TASKS_PER_BATCH: u64 = 6; // tiny_config's rollout.tasks_per_batch
 /// `run.steps` of lives that must never finish on their own.
 const ENDLESS: u64 = 1_000_000;
 
-fn spawn(config: &Path, root: &str, summary: &Path, log: &Path) -> Child {
+fn spawn(config: &Path, root: &str, summary: &Path, log: &Path) -> Guarded {
     spawn_with(config, root, summary, log, &[])
 }
 
-fn spawn_with(config: &Path, root: &str, summary: &Path, log: &Path, extra: &[String]) -> Child {
+fn spawn_with(config: &Path, root: &str, summary: &Path, log: &Path, extra: &[String]) -> Guarded {
     let log = std::fs::File::create(log).expect("log file");
-    Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(config)
-        .args(extra)
-        .args(["--run-root", root])
-        .arg("--summary-json")
-        .arg(summary)
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start keel train")
+    Guarded::spawn(
+        Command::new(keel_bin())
+            .args(["train", "--no-progress", "--config"])
+            .arg(config)
+            .args(extra)
+            .args(["--run-root", root])
+            .arg("--summary-json")
+            .arg(summary)
+            .env("KEEL_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log),
+    )
+    .expect("start keel train")
 }
 
 fn kill_points(ci: usize) -> usize {

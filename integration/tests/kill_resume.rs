@@ -9,18 +9,19 @@ use std::time::{Duration, Instant};
 use keel_integration::{head_weights, keel_bin, tiny_config};
 use keel_store::RunStore;
 
-fn train(config: &Path, root: &Path, summary: &Path) -> std::process::Child {
-    Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(config)
-        .arg("--run-root")
-        .arg(root)
-        .arg("--summary-json")
-        .arg(summary)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start keel train")
+fn train(config: &Path, root: &Path, summary: &Path) -> keel_integration::Guarded {
+    keel_integration::Guarded::spawn(
+        Command::new(keel_bin())
+            .args(["train", "--no-progress", "--config"])
+            .arg(config)
+            .arg("--run-root")
+            .arg(root)
+            .arg("--summary-json")
+            .arg(summary)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start keel train")
 }
 
 #[test]

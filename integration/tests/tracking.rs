@@ -27,7 +27,7 @@ fn config(dir: &Path, steps: u64, tracking: &str) -> PathBuf {
 
 /// Waits until `ready()` (polled every 20 ms), then SIGKILLs `child`; panics after 120 s or if
 /// the run ends first.
-fn kill_when(mut child: Child, root: &Path, mut ready: impl FnMut() -> bool) {
+fn kill_when(mut child: keel_integration::Guarded, root: &Path, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !ready() {
         assert!(
