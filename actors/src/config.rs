@@ -696,6 +696,8 @@ impl TrainConfig {
                 format!("must be cpu, cuda or auto, got {:?}", r.device),
             ));
         }
+        // VB-1..3: sizes bounded by what they allocate, before any product of them is taken.
+        crate::footprint::check(self)?;
         let env_cfg = self.env.env_config();
         env_cfg.validate().map_err(|e| {
             let key = match &e {
@@ -1160,6 +1162,15 @@ impl TrainConfig {
         let mut opts = LoadOptions::policy(tch::Device::Cpu, tch::Kind::Float);
         opts.value_head = value_head;
         let cfg = HfModel::check_folder(&dir, opts)?;
+        if let Some(memory) = crate::footprint::machine_memory() {
+            let shape = crate::footprint::ModelShape::of_folder(&cfg);
+            crate::footprint::check_memory(self, &shape, memory).map_err(|e| {
+                keel_learner::LearnerError::InvalidConfig {
+                    key: "model.path".into(),
+                    reason: format!("{}: {e}", dir.display()),
+                }
+            })?;
+        }
         if self.model.context_len > cfg.max_position_embeddings {
             return Err(keel_learner::LearnerError::InvalidConfig {
                 key: "model.context_len".into(),

@@ -16,6 +16,7 @@ pub mod error;
 pub mod eval;
 pub mod events;
 pub mod faults;
+pub mod footprint;
 pub mod frontier;
 pub mod generator;
 pub mod guard;
