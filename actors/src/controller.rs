@@ -107,6 +107,8 @@ pub struct LoopOutcome {
     pub dropped_batches: u64,
     /// The loop ended on a stop request (CT-5).
     pub stopped: bool,
+    /// The branch the loop ended on (a rewind moves it, CT-4).
+    pub branch: String,
 }
 
 /// Everything the controller is started with.
@@ -331,6 +333,7 @@ impl Controller {
             version: self.s.version,
             last_checkpoint: self.s.parent_checkpoint.clone(),
             dropped_batches: self.dropped,
+            branch: self.s.store.branch().to_string(),
             stopped: self.s.stop.requested(),
         });
         if let Some(tx) = self.done.take() {
@@ -477,6 +480,10 @@ impl Controller {
                     // range again from the target's frontier (RW-1).
                     act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
                     act.dropped += 1;
+                    (act.s.events)(&TrainEvent::Dropped {
+                        batch_seq: seq,
+                        reason: "sampled on a branch a collapse-guard rewind abandoned".into(),
+                    });
                     return act.pump(ctx);
                 }
                 match res {

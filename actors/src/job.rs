@@ -138,7 +138,7 @@ pub struct JobOutcome {
     pub reused_batches: usize,
     /// Batches dropped (on resume or for staleness).
     pub dropped_batches: u64,
-    /// The branch trained on.
+    /// The branch the run ended on (where its last checkpoint is).
     pub branch: String,
     /// Checkpoints that failed verification on resume (JB-4), newest first.
     pub skipped_checkpoints: Vec<String>,
@@ -256,7 +256,9 @@ pub fn run_job(
     };
     let system = actix::System::new();
     let result = system.block_on(run_roles(job, start)).map(|mut outcome| {
-        outcome.branch = branch;
+        if outcome.branch.is_empty() {
+            outcome.branch = branch; // the loop did not run
+        }
         outcome.skipped_checkpoints = skipped;
         outcome.life = life.life;
         outcome
@@ -499,6 +501,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     outcome.final_step = loop_outcome.version;
     outcome.last_checkpoint = loop_outcome.last_checkpoint;
     outcome.dropped_batches = loop_outcome.dropped_batches + dropped_count;
+    outcome.branch = loop_outcome.branch;
     if loop_outcome.stopped {
         outcome.stopped = true;
         outcome.eval_after = f64::NAN;

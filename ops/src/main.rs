@@ -404,13 +404,23 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
         }
     }
     let outcome = result?;
+    let success = |v: f64, none: &str| {
+        if v.is_finite() {
+            format!("{v:.3}")
+        } else {
+            none.to_string()
+        }
+    };
     println!(
-        "held-out success before RL (after SFT): {:.3}",
-        outcome.eval_before
+        "held-out success before RL (after SFT): {}",
+        success(
+            outcome.eval_before,
+            "not recorded (the resumed checkpoint carries none)"
+        )
     );
     println!(
-        "held-out success after RL:              {:.3}",
-        outcome.eval_after
+        "held-out success after RL:              {}",
+        success(outcome.eval_after, "not evaluated (stopped before the end)")
     );
     println!(
         "steps: {}  last checkpoint: {}  resumed from: {}  reused batches: {}  dropped batches: {}",

@@ -219,6 +219,13 @@ pub fn parse_log(text: &str) -> RunLog {
             Some("skipped") => log.skips += 1,
             Some("checkpoint") => log.checkpoints += 1,
             Some("dropped") => log.dropped += 1,
+            // Stored batches a resume could not reuse: the run's printed total counts them.
+            Some("resumed") => {
+                log.dropped += v
+                    .get("dropped_batches")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            }
             _ => {}
         }
     }

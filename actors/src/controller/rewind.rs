@@ -104,6 +104,10 @@ impl Controller {
             }
             self.dropped += 1;
             self.s.metrics.batches_dropped_by.inc_for("rewind", 1);
+            (self.s.events)(&TrainEvent::Dropped {
+                batch_seq: b.batch_seq,
+                reason: "trained on a branch a collapse-guard rewind abandoned".into(),
+            });
         }
         let from_step = self.s.version;
         let store: RunStore = self.s.store.clone();
