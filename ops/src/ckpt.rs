@@ -1,9 +1,14 @@
-//! `keel ckpt show | tag | verify | gc`: checkpoint housekeeping over the store's lineage API.
+//! `keel ckpt list | lineage | show | tag | verify | gc`: checkpoint housekeeping over the
+//! store's lineage API.
+//!
+//! Invariant CL-1: `list` and `lineage` work on a run root whose heads or manifests are damaged
+//! (the store's survey, SY-1): they show every readable checkpoint, mark what is damaged and name
+//! the checkpoint to resume from with the command that does it (SY-2).
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use keel_store::RunStore;
+use keel_store::{RunStore, Survey};
 
 fn open(run_root: &str) -> Result<(RunStore, tokio::runtime::Runtime)> {
     let store =
@@ -12,6 +17,88 @@ fn open(run_root: &str) -> Result<(RunStore, tokio::runtime::Runtime)> {
         .enable_all()
         .build()?;
     Ok((store, rt))
+}
+
+/// `keel ckpt list`: every readable checkpoint, heads marked, damage reported (CL-1).
+pub fn list(run_root: &str) -> Result<()> {
+    let (store, rt) = open(run_root)?;
+    let survey = rt.block_on(store.survey())?;
+    if survey.manifests.is_empty() && survey.unreadable.is_empty() {
+        println!("no checkpoints under {run_root}");
+        return report_damage(&survey);
+    }
+    let heads = survey.intact_heads();
+    println!(
+        "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}",
+        "id", "step", "version", "parent", "tags", "eval"
+    );
+    for m in &survey.manifests {
+        let mark: String = heads
+            .iter()
+            .filter(|h| h.id == m.id)
+            .map(|h| format!(" <- HEAD {}", h.branch))
+            .collect();
+        let eval = m
+            .metrics
+            .get("eval_success_before")
+            .map(|v| format!("{v:.3}"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}{mark}",
+            m.id,
+            m.step,
+            m.policy_version,
+            m.parent.as_deref().unwrap_or("-"),
+            m.tags.join(","),
+            eval
+        );
+    }
+    report_damage(&survey)
+}
+
+/// `keel ckpt lineage`: the checkpoints as a tree, damage reported (CL-1).
+pub fn lineage(run_root: &str) -> Result<()> {
+    let (store, rt) = open(run_root)?;
+    let survey = rt.block_on(store.survey())?;
+    if survey.manifests.is_empty() {
+        println!("no checkpoints under {run_root}");
+    } else {
+        let added = rt.block_on(store.added_tags())?;
+        let tagged: Vec<_> = survey
+            .manifests
+            .iter()
+            .map(|m| RunStore::with_added_tags(m.clone(), &added))
+            .collect();
+        print!(
+            "{}",
+            crate::lineage::render_tree(&tagged, &survey.intact_heads())
+        );
+    }
+    report_damage(&survey)
+}
+
+/// CL-1: the unreadable manifests and damaged heads, each head with the checkpoint to resume
+/// from (SY-2).
+fn report_damage(survey: &Survey) -> Result<()> {
+    for (id, why) in &survey.unreadable {
+        println!("damaged: checkpoint {id}: {why}");
+    }
+    for h in survey.heads.iter().filter(|h| h.damage.is_some()) {
+        let why = h.damage.as_deref().unwrap_or_default();
+        println!("damaged: the head of branch {}: {why}", h.branch);
+        match &h.resume_from {
+            Some(m) => println!(
+                "  resume from {} (step {}, the newest readable checkpoint of {}): \
+                 keel train --config <your config> --from {}",
+                m.id, m.step, h.branch, m.id
+            ),
+            None => println!(
+                "  branch {} has no readable checkpoint: start again or restore the run root",
+                h.branch
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// `keel ckpt show <id>`: the manifest (tags added after commit merged in) as JSON.

@@ -200,10 +200,10 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Ckpt {
             command: CkptCommand::List { run_root },
-        } => ckpt_list(&run_root),
+        } => ckpt::list(&run_root),
         Command::Ckpt {
             command: CkptCommand::Lineage { run_root },
-        } => ckpt_lineage(&run_root),
+        } => ckpt::lineage(&run_root),
         Command::Ckpt {
             command: CkptCommand::Show { id, run_root },
         } => ckpt::show(&run_root, &id),
@@ -247,22 +247,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Algo { command } => algo_cmd::run(command),
         Command::Launch { command } => launch::run(command),
     }
-}
-
-fn ckpt_lineage(run_root: &str) -> Result<()> {
-    let store =
-        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let list = rt.block_on(store.list_checkpoints_tagged())?;
-    let heads = rt.block_on(store.list_branches())?;
-    if list.is_empty() {
-        println!("no checkpoints under {run_root}");
-        return Ok(());
-    }
-    print!("{}", lineage::render_tree(&list, &heads));
-    Ok(())
 }
 
 fn run_report(args: cli::ReportArgs) -> Result<()> {
@@ -477,46 +461,6 @@ fn generator(args: cli::GeneratorArgs) -> Result<()> {
             )
         }
         GeneratorExit::Stopped => println!("generator rank {}: stopped on request", args.rank),
-    }
-    Ok(())
-}
-
-fn ckpt_list(run_root: &str) -> Result<()> {
-    let store =
-        RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let list = rt.block_on(store.list_checkpoints())?;
-    let head = rt.block_on(store.latest_checkpoint())?.map(|m| m.id);
-    if list.is_empty() {
-        println!("no checkpoints under {run_root}");
-        return Ok(());
-    }
-    println!(
-        "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}",
-        "id", "step", "version", "parent", "tags", "eval"
-    );
-    for m in list {
-        let mark = if head.as_deref() == Some(m.id.as_str()) {
-            " <- HEAD"
-        } else {
-            ""
-        };
-        let eval = m
-            .metrics
-            .get("eval_success_before")
-            .map(|v| format!("{v:.3}"))
-            .unwrap_or_else(|| "-".into());
-        println!(
-            "{:<20} {:>6} {:>8} {:<20} {:<16} {:>8}{mark}",
-            m.id,
-            m.step,
-            m.policy_version,
-            m.parent.as_deref().unwrap_or("-"),
-            m.tags.join(","),
-            eval
-        );
     }
     Ok(())
 }

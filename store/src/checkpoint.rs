@@ -486,22 +486,10 @@ impl RunStore {
 
     /// Every committed checkpoint (CK-1), sorted by step, then creation time, then id.
     pub async fn list_checkpoints(&self) -> Result<Vec<CheckpointManifest>, StoreError> {
-        let dir = self.full_key("checkpoints");
-        let listing = self
-            .backend()
-            .list_with_delimiter(Some(&to_path(&dir)?))
-            .await
-            .map_err(|e| StoreError::from_object_store(&dir, e))?;
         let mut manifests = Vec::new();
-        for prefix in listing.common_prefixes {
-            let Some(id) = prefix.filename() else {
-                continue;
-            };
-            if validate_segment(id).is_err() {
-                continue;
-            }
+        for id in self.checkpoint_ids().await? {
             // A directory without a manifest is an uncommitted checkpoint: not listed (CK-1).
-            if let Some(manifest) = self.read_manifest(id).await? {
+            if let Some(manifest) = self.read_manifest(&id).await? {
                 manifests.push(manifest);
             }
         }
@@ -509,6 +497,24 @@ impl RunStore {
             (a.step, a.created_unix_ms, &a.id).cmp(&(b.step, b.created_unix_ms, &b.id))
         });
         Ok(manifests)
+    }
+
+    /// The ids of every checkpoint folder, committed or not (names that are not valid ids are
+    /// left out).
+    pub(crate) async fn checkpoint_ids(&self) -> Result<Vec<String>, StoreError> {
+        let dir = self.full_key("checkpoints");
+        let listing = self
+            .backend()
+            .list_with_delimiter(Some(&to_path(&dir)?))
+            .await
+            .map_err(|e| StoreError::from_object_store(&dir, e))?;
+        Ok(listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename())
+            .filter(|id| validate_segment(id).is_ok())
+            .map(str::to_string)
+            .collect())
     }
 
     /// Reads blob `name` of a checkpoint and verifies its size and crc32 (CK-4).

@@ -13,6 +13,7 @@
 //! - [`lives`] — trainer lives: the fencing tokens of the one writer of a branch.
 //! - [`weights`] — policy weights published for generators in other processes.
 //! - [`gc`] — lineage-aware retention and orphan collection.
+//! - [`survey`] — what a run root holds, damaged heads and manifests included.
 //! - [`quarantine`] — corrupt objects moved aside under `quarantine/`.
 //! - [`error`] — [`StoreError`].
 //!
@@ -28,6 +29,7 @@
 
 pub mod batch;
 pub mod branch;
+pub mod survey;
 pub mod checkpoint;
 pub mod error;
 pub mod frame;
@@ -58,4 +60,5 @@ pub use lineage::COLLECTED_TAG;
 pub use lives::{LifeEnd, LifeRecord};
 pub use model_sync::{sync_model_folder, SyncReport};
 pub use root::{BatchKey, RunStore, DEFAULT_BRANCH};
+pub use survey::{HeadState, Survey};
 pub use weights::{WeightsId, WeightsPointer};
