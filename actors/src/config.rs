@@ -369,6 +369,8 @@ pub struct SftSection {
     pub demos: usize,
     /// Probability that a demonstrated turn is replaced by a plausible mistake.
     pub noise: f64,
+    /// Commit an SFT checkpoint every this many steps (0: only when stopped), SF-1.
+    pub checkpoint_every: u64,
 }
 
 impl Default for SftSection {
@@ -379,6 +381,7 @@ impl Default for SftSection {
             lr: 3e-3,
             demos: 2000,
             noise: 0.3,
+            checkpoint_every: 0,
         }
     }
 }

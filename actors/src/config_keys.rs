@@ -84,6 +84,7 @@ pub const KEYS: &[KeyDoc] = &[
     k("sft.lr", "(0, 1]", "SFT learning rate."),
     k("sft.demos", "1..=10^7 when sft.steps > 0", "Demonstrations generated from train task seeds."),
     k("sft.noise", "[0, 1]", "Probability that a demonstrated turn is replaced by a plausible mistake."),
+    k("sft.checkpoint_every", ">= 0", "Commit an SFT checkpoint (tag sft-partial) every this many SFT steps, so a killed run resumes SFT where it was; 0: only when stopped (SIGTERM during SFT always commits one). A resumed SFT ends bit-identical to an uninterrupted one."),
     k("rollout.tasks_per_batch", "1..=65536; x group_size <= 65536", "Distinct tasks per rollout batch."),
     k("rollout.group_size", "1..=1024; x tasks_per_batch <= 65536", "Episodes per task (a GRPO group)."),
     k("rollout.temperature", "(0, 10]", "Sampling temperature (1 = the policy itself)."),

@@ -8,7 +8,9 @@
 //!   never restarted from scratch; the SFT warm start runs only on a run root with no checkpoint.
 //! - JB-2: the SFT result is committed as a checkpoint (step 0, tagged `sft` and `reference`)
 //!   before any RL, so a crash during RL never repeats the warm start, and the pre-RL evaluation
-//!   travels in every later checkpoint's metrics (`eval_success_before`).
+//!   travels in every later checkpoint's metrics (`eval_success_before`). During SFT, checkpoints
+//!   tagged `sft-partial` (every `sft.checkpoint_every` steps, and at a stop request) hold its
+//!   progress; a run root whose head is one continues SFT from it (SF-1, SF-2).
 //! - JB-3: all store I/O runs on a dedicated I/O runtime; the actix threads only wait on it.
 //! - JB-4: a resume verifies every blob of the checkpoint it restores (CK-7); when the head fails
 //!   it falls back to the newest verifiable ancestor, says so, and continues the branch from it.
@@ -423,9 +425,27 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     let learner = start_learner(&job, &model).await?;
     let generators = Generators::start(&job, &model)?;
     let (board, handles) = (generators.board(), generators.handles());
-    let mut rl = match start {
-        Some(start) => restore(&job, &learner, start).await?,
-        None => warm_start(&job, &model, &learner, &board, &handles).await?,
+    let warm = match start {
+        // SF-1: a run stopped or killed during SFT continues it from its last SFT checkpoint.
+        Some(start) if start.manifest.tags.iter().any(|t| t == SFT_PARTIAL_TAG) => {
+            let resume = sft_resume(&job, &learner, start).await?;
+            warm_start(&job, &model, &learner, &board, &handles, Some(resume)).await?
+        }
+        Some(start) => WarmStart::Ready(restore(&job, &learner, start).await?),
+        None => warm_start(&job, &model, &learner, &board, &handles, None).await?,
+    };
+    let mut rl = match warm {
+        WarmStart::Ready(rl) => rl,
+        WarmStart::Stopped { checkpoint } => {
+            // SF-2, JB-6: stopped during SFT with its progress committed.
+            return Ok(JobOutcome {
+                eval_before: f64::NAN,
+                eval_after: f64::NAN,
+                last_checkpoint: Some(checkpoint),
+                stopped: true,
+                ..JobOutcome::default()
+            });
+        }
     };
     board.publish(ask(&learner, CurrentWeights).await??);
     if let (Some(id), true) = (&job.options.reference, cfg.learner.keeps_reference()) {
@@ -615,7 +635,8 @@ async fn warm_start(
     learner: &Addr<LearnerActor>,
     board: &Arc<dyn Board>,
     generators: &[Arc<dyn GeneratorHandle>],
-) -> Result<RlStart, ActorError> {
+    resume: Option<SftResume>,
+) -> Result<WarmStart, ActorError> {
     let (cfg, store, io) = (&job.cfg, &job.store, &job.io);
     let demos = make_demos(cfg, &model.tokenizer, &model.codec)?;
     let mut data = DataPosition::default();
@@ -647,17 +668,11 @@ async fn warm_start(
         }
         _ => demos.into_iter().map(|(_, _, bare)| bare).collect(),
     };
-    let sft = ask(
-        learner,
-        RunSft {
-            demos: Arc::new(demos),
-            steps: cfg.sft.steps,
-            batch_size: cfg.sft.batch_size,
-            lr: cfg.sft.lr,
-            seed: cfg.run.seed,
-        },
-    )
-    .await??;
+    let sft = run_sft(job, learner, Arc::new(demos), resume).await?;
+    if sft.stopped {
+        let checkpoint = sft.parent.unwrap_or_default();
+        return Ok(WarmStart::Stopped { checkpoint });
+    }
     (job.events)(&TrainEvent::SftDone {
         steps: cfg.sft.steps,
         loss: sft.loss,
@@ -669,7 +684,7 @@ async fn warm_start(
     let files = ask(learner, crate::learner_actor::Snapshot).await??;
     let method_state = data.method_state.clone();
     let ckpt = NewCheckpoint {
-        parent: None,
+        parent: sft.parent,
         step: 0,
         policy_version: 0,
         config_hash: cfg.config_hash(),
@@ -686,22 +701,8 @@ async fn warm_start(
             .map(|(n, b)| (n, Bytes::from(b)))
             .collect(),
     };
-    let (s, lives, life) = (store.clone(), job.lives.clone(), job.life);
-    let manifest = spawn_io(io, async move {
-        // LV-2, LV-3: only the newest life commits the root, and only on a branch with no head.
-        lives.check_life(life).await?;
-        let branch = s.branch().to_string();
-        s.commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(None))
-            .await
-    })
-    .await?;
-    job.metrics.checkpoints.inc();
-    (job.events)(&TrainEvent::Checkpoint {
-        id: manifest.id.clone(),
-        step: 0,
-        parent: manifest.parent.clone(),
-    });
-    Ok(RlStart {
+    let manifest = commit_sft(job, ckpt, sft.generation).await?;
+    Ok(WarmStart::Ready(RlStart {
         version: 0,
         frontier: Frontier::default(),
         resumed_data: DataPosition::default(),
@@ -711,8 +712,140 @@ async fn warm_start(
         carried,
         eval_before,
         resumed_from: None,
-        head_generation: Some(1),
+        head_generation: Some(sft.generation.map_or(1, |g| g + 1)),
+    }))
+}
+
+/// The tag of a checkpoint taken during SFT (SF-1): its `sft_steps` metric says how far SFT got.
+pub const SFT_PARTIAL_TAG: &str = "sft-partial";
+
+/// What the warm start ended with.
+enum WarmStart {
+    /// SFT is done and its checkpoint committed: RL starts.
+    Ready(RlStart),
+    /// A stop request ended SFT early; `checkpoint` holds its progress (SF-2).
+    Stopped {
+        /// The SFT checkpoint committed at the stop.
+        checkpoint: String,
+    },
+}
+
+/// An SFT run continued from an `sft-partial` checkpoint (SF-1).
+struct SftResume {
+    steps_done: u64,
+    checkpoint: String,
+}
+
+/// How SFT ended: the loss, the newest SFT checkpoint and the head generation after it.
+struct SftDone {
+    loss: f64,
+    parent: Option<String>,
+    generation: Option<u64>,
+    stopped: bool,
+}
+
+/// Restores the learner from an `sft-partial` checkpoint (model and optimizer state, SF-1).
+async fn sft_resume(
+    job: &Job,
+    learner: &Addr<LearnerActor>,
+    StartPoint { manifest, files }: StartPoint,
+) -> Result<SftResume, ActorError> {
+    let files = files.into_iter().map(|(n, b)| (n, b.to_vec())).collect();
+    ask(learner, Restore(files)).await??;
+    let steps_done = manifest.metrics.get("sft_steps").copied().unwrap_or(0.0) as u64;
+    tracing::info!(checkpoint = %manifest.id, steps_done, "continuing SFT from its checkpoint");
+    (job.events)(&TrainEvent::Resumed {
+        checkpoint: manifest.id.clone(),
+        step: 0,
+        reused_batches: 0,
+        dropped_batches: 0,
+    });
+    Ok(SftResume {
+        steps_done,
+        checkpoint: manifest.id,
     })
+}
+
+/// SFT in chunks of `sft.checkpoint_every` steps, each followed by an `sft-partial` checkpoint,
+/// and one at a stop request (SF-1, SF-2).
+async fn run_sft(
+    job: &Job,
+    learner: &Addr<LearnerActor>,
+    demos: Arc<Vec<(Vec<u32>, Vec<u8>)>>,
+    resume: Option<SftResume>,
+) -> Result<SftDone, ActorError> {
+    let cfg = &job.cfg;
+    let mut done = SftDone {
+        loss: f64::NAN,
+        generation: resume.as_ref().and(job.head_generation),
+        parent: resume.as_ref().map(|r| r.checkpoint.clone()),
+        stopped: false,
+    };
+    let mut step = resume.map_or(0, |r| r.steps_done);
+    let every = match cfg.sft.checkpoint_every {
+        0 => cfg.sft.steps,
+        n => n,
+    };
+    while step < cfg.sft.steps && !done.stopped {
+        let end = ((step / every + 1) * every).min(cfg.sft.steps);
+        let msg = RunSft {
+            demos: demos.clone(),
+            first_step: step,
+            end_step: end,
+            batch_size: cfg.sft.batch_size,
+            lr: cfg.sft.lr,
+            seed: cfg.run.seed,
+            stop: job.options.stop.clone(),
+        };
+        let progress = ask(learner, msg).await??;
+        (step, done.loss) = (progress.steps_done, progress.last.loss);
+        done.stopped = step < end;
+        if step < cfg.sft.steps && (done.stopped || cfg.sft.checkpoint_every > 0) {
+            let files = ask(learner, crate::learner_actor::Snapshot).await??;
+            let ckpt = NewCheckpoint {
+                parent: done.parent.clone(),
+                step: 0,
+                policy_version: 0,
+                config_hash: cfg.config_hash(),
+                reference: None,
+                tags: vec![SFT_PARTIAL_TAG.into()],
+                data: DataPosition::default(),
+                metrics: BTreeMap::from([("sft_steps".to_string(), step as f64)]),
+                files: files
+                    .into_iter()
+                    .map(|(n, b)| (n, Bytes::from(b)))
+                    .collect(),
+            };
+            let manifest = commit_sft(job, ckpt, done.generation).await?;
+            done.parent = Some(manifest.id);
+            done.generation = Some(done.generation.map_or(1, |g| g + 1));
+        }
+    }
+    Ok(done)
+}
+
+/// Commits an SFT checkpoint expecting the head at `generation` (`None`: no head yet), as the
+/// newest life only (LV-2, LV-3).
+async fn commit_sft(
+    job: &Job,
+    ckpt: NewCheckpoint,
+    generation: Option<u64>,
+) -> Result<CheckpointManifest, ActorError> {
+    let (s, lives, life) = (job.store.clone(), job.lives.clone(), job.life);
+    let manifest = spawn_io(&job.io, async move {
+        lives.check_life(life).await?;
+        let branch = s.branch().to_string();
+        s.commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(generation))
+            .await
+    })
+    .await?;
+    job.metrics.checkpoints.inc();
+    (job.events)(&TrainEvent::Checkpoint {
+        id: manifest.id.clone(),
+        step: 0,
+        parent: manifest.parent.clone(),
+    });
+    Ok(manifest)
 }
 
 /// DF-2: accounts for every batch already in the store and picks those the loop trains first.

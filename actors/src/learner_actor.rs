@@ -20,6 +20,11 @@
 //!   `ActorError::LearnerPanicked`; the actor then refuses every message that reads or writes
 //!   the model (its weights may be half updated), so no checkpoint is taken of them: the run
 //!   ends non-zero naming the panic, and a new run resumes from the last committed checkpoint.
+//! - SF-1: SFT step k trains on the same demonstrations whether the run took steps 0..k in one
+//!   go or resumed from an SFT checkpoint at some step j < k: the demonstration order before the
+//!   first step is replayed, and the optimizer state comes from the checkpoint, so an
+//!   interrupted SFT ends bit-identical to an uninterrupted one.
+//! - SF-2: a stop request ends SFT at the next step boundary, never inside a step.
 
 use std::sync::Arc;
 
@@ -70,20 +75,34 @@ pub struct InitLearner {
     pub faults: FaultsSection,
 }
 
-/// Supervised warm start on demonstrations `(tokens, loss mask)`.
+/// Supervised warm start on demonstrations `(tokens, loss mask)`: steps `first_step..end_step`
+/// of one SFT run (SF-1, SF-2).
 #[derive(Message)]
-#[rtype(result = "Result<StepMetrics, ActorError>")]
+#[rtype(result = "Result<SftProgress, ActorError>")]
 pub struct RunSft {
     /// The demonstrations.
     pub demos: Arc<Vec<(Vec<u32>, Vec<u8>)>>,
-    /// Optimizer steps.
-    pub steps: u64,
+    /// The first step to take: earlier ones were taken before (a checkpoint holds them).
+    pub first_step: u64,
+    /// The step to stop before.
+    pub end_step: u64,
     /// Demonstrations per step.
     pub batch_size: usize,
     /// Learning rate.
     pub lr: f64,
     /// Seed of the demonstration order.
     pub seed: u64,
+    /// A stop request ends the run at the next step boundary (SF-2).
+    pub stop: crate::job::StopSignal,
+}
+
+/// How far an SFT run got.
+#[derive(Debug, Clone, Default)]
+pub struct SftProgress {
+    /// Steps taken in all (the next run starts here).
+    pub steps_done: u64,
+    /// The last step's statistics.
+    pub last: StepMetrics,
 }
 
 /// Train on one stored batch.
@@ -324,7 +343,7 @@ impl Handler<InitLearner> for LearnerActor {
 }
 
 impl Handler<RunSft> for LearnerActor {
-    type Result = Result<StepMetrics, ActorError>;
+    type Result = Result<SftProgress, ActorError>;
 
     fn handle(&mut self, msg: RunSft, _ctx: &mut SyncContext<Self>) -> Self::Result {
         self.caught("fine-tuning on demonstrations", move |this| {
@@ -334,33 +353,52 @@ impl Handler<RunSft> for LearnerActor {
 }
 
 impl LearnerActor {
-    fn run_sft(&mut self, msg: RunSft) -> Result<StepMetrics, ActorError> {
+    /// SF-1: step k trains on the same demonstrations whether the run got there in one go or
+    /// resumed: the order before `first_step` is replayed (no training), then steps run until
+    /// `end_step` or a stop request at a step boundary (SF-2).
+    fn run_sft(&mut self, msg: RunSft) -> Result<SftProgress, ActorError> {
         let device = self.learner()?.model().device();
         let mut order: Vec<usize> = Vec::new();
-        let mut last = StepMetrics::default();
-        for step in 0..msg.steps {
-            if order.len() < msg.batch_size {
-                let mut fresh: Vec<usize> = (0..msg.demos.len()).collect();
-                fresh.shuffle(&mut ChaCha8Rng::seed_from_u64(mix_seed(&[
-                    msg.seed, 0x5f7, step,
-                ])));
-                order.extend(fresh);
+        let mut progress = SftProgress {
+            steps_done: msg.first_step,
+            last: StepMetrics::default(),
+        };
+        for step in 0..msg.end_step {
+            let picked = sft_pick(&mut order, &msg, step);
+            if step < msg.first_step {
+                continue;
             }
-            let picked: Vec<(Vec<u32>, Vec<u8>)> = order
-                .drain(..msg.batch_size.min(order.len()))
-                .map(|i| msg.demos[i].clone())
-                .collect();
+            if msg.stop.requested() {
+                tracing::info!(step, "sft stopped on request");
+                break;
+            }
+            let picked: Vec<(Vec<u32>, Vec<u8>)> =
+                picked.into_iter().map(|i| msg.demos[i].clone()).collect();
             let batch = TrainBatch::from_sequences(&picked, device)?;
             // Every agent model learns the whole protocol; RL specialises them.
             for learner in &mut self.learners {
-                last = learner.sft_step(&batch, msg.lr)?;
+                progress.last = learner.sft_step(&batch, msg.lr)?;
             }
-            if step % 25 == 0 || step + 1 == msg.steps {
-                tracing::info!(step, loss = last.loss, "sft");
+            progress.steps_done = step + 1;
+            if step % 25 == 0 || step + 1 == msg.end_step {
+                tracing::info!(step, loss = progress.last.loss, "sft");
             }
         }
-        Ok(last)
+        Ok(progress)
     }
+}
+
+/// The demonstrations SFT step `step` trains on: the next `batch_size` of a shuffled order,
+/// refilled with a fresh shuffle (seeded by the run seed and the step) when it runs short.
+fn sft_pick(order: &mut Vec<usize>, msg: &RunSft, step: u64) -> Vec<usize> {
+    if order.len() < msg.batch_size {
+        let mut fresh: Vec<usize> = (0..msg.demos.len()).collect();
+        fresh.shuffle(&mut ChaCha8Rng::seed_from_u64(mix_seed(&[
+            msg.seed, 0x5f7, step,
+        ])));
+        order.extend(fresh);
+    }
+    order.drain(..msg.batch_size.min(order.len())).collect()
 }
 
 impl Handler<TrainOn> for LearnerActor {

@@ -5,7 +5,10 @@
 //! - PE-1: the handlers are installed before training starts, so a signal at any point after
 //!   startup is seen; the first one requests the stop, and exit 0 follows the committed checkpoint.
 //! - PE-2: if the job has not returned when the grace period ends, the process exits 1 with a
-//!   message, so a supervisor never mistakes an incomplete stop for a clean one.
+//!   message, so a supervisor never mistakes an incomplete stop for a clean one. The exit is
+//!   `_exit(2)`: no C++ static destructor of libtorch runs while the learner's thread may still be
+//!   inside a torch op (`exit(3)` there crashed: a segfault, or `Invalid (backend, op) pair` with
+//!   a torch trace).
 
 use std::time::Duration;
 
@@ -26,6 +29,8 @@ pub fn install(stop: StopSignal, grace: Duration) -> Result<()> {
             "error: no checkpoint was committed within the {} s grace period (run.sigterm_grace_s)",
             grace.as_secs()
         );
-        std::process::exit(1);
+        // PE-2: stderr is unbuffered, so the line above is out; end without destructors.
+        // SAFETY: _exit(2) takes no lock and runs no handler; it only ends the process.
+        unsafe { nix::libc::_exit(1) }
     })
 }
