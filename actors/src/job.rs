@@ -431,11 +431,11 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
             let resume = sft_resume(&job, &learner, start).await?;
             warm_start(&job, &model, &learner, &board, &handles, Some(resume)).await?
         }
-        Some(start) => WarmStart::Ready(restore(&job, &learner, start).await?),
+        Some(start) => WarmStart::Ready(Box::new(restore(&job, &learner, start).await?)),
         None => warm_start(&job, &model, &learner, &board, &handles, None).await?,
     };
     let mut rl = match warm {
-        WarmStart::Ready(rl) => rl,
+        WarmStart::Ready(rl) => *rl,
         WarmStart::Stopped { checkpoint } => {
             // SF-2, JB-6: stopped during SFT with its progress committed.
             return Ok(JobOutcome {
@@ -702,7 +702,7 @@ async fn warm_start(
             .collect(),
     };
     let manifest = commit_sft(job, ckpt, sft.generation).await?;
-    Ok(WarmStart::Ready(RlStart {
+    Ok(WarmStart::Ready(Box::new(RlStart {
         version: 0,
         frontier: Frontier::default(),
         resumed_data: DataPosition::default(),
@@ -713,7 +713,7 @@ async fn warm_start(
         eval_before,
         resumed_from: None,
         head_generation: Some(sft.generation.map_or(1, |g| g + 1)),
-    }))
+    })))
 }
 
 /// The tag of a checkpoint taken during SFT (SF-1): its `sft_steps` metric says how far SFT got.
@@ -722,7 +722,7 @@ pub const SFT_PARTIAL_TAG: &str = "sft-partial";
 /// What the warm start ended with.
 enum WarmStart {
     /// SFT is done and its checkpoint committed: RL starts.
-    Ready(RlStart),
+    Ready(Box<RlStart>),
     /// A stop request ended SFT early; `checkpoint` holds its progress (SF-2).
     Stopped {
         /// The SFT checkpoint committed at the stop.
