@@ -7,6 +7,7 @@
 
 pub mod fuzz;
 pub mod procs;
+pub mod roles;
 
 pub use procs::Guarded;
 
@@ -133,6 +134,23 @@ impl OwnSeaweed {
             pid: f[0].parse().expect("pid"),
             dir,
             args,
+        }
+    }
+
+    /// Sends `sig` (`-STOP`, `-CONT`, …) to the server process, found by its S3 port (a storage
+    /// stall is `-STOP` … `-CONT`).
+    pub fn signal(&self, sig: &str) {
+        let port = self.endpoint.rsplit(':').next().unwrap_or_default();
+        let out = std::process::Command::new("pgrep")
+            .args(["-f", &format!("s3.port={port}")])
+            .output()
+            .expect("pgrep");
+        let pids = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(!pids.trim().is_empty(), "no seaweedfs process on port {port}");
+        for pid in pids.split_whitespace() {
+            let _ = std::process::Command::new("kill")
+                .args([sig, pid])
+                .status();
         }
     }
 

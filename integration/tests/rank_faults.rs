@@ -15,236 +15,13 @@
 //! ends, passed or failed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use keel_integration::{check_accounting, keel_bin, test_rt, Guarded, MethodRun};
+use keel_integration::roles::{config, walk, Roles};
+use keel_integration::{check_accounting, test_rt, MethodRun};
 use keel_store::RunStore;
 
 const TASKS_PER_BATCH: u64 = 6; // MethodRun's rollout.tasks_per_batch
-
-/// A run that makes no progress in the run root for this long has hung.
-const NO_PROGRESS: Duration = Duration::from_secs(180);
-
-/// `run` with two generator ranks, `timeout_s` as the order timeout and a short poll.
-fn config(dir: &Path, name: &str, run: &MethodRun, timeout_s: u64) -> PathBuf {
-    let toml = run
-        .toml()
-        .replace("[rollout]\n", "[rollout]\ngenerators = 2\n")
-        .replace(
-            "[metrics]\n",
-            &format!("[distributed]\norder_timeout_s = {timeout_s}\npoll_ms = 20\n\n[metrics]\n"),
-        );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, toml).expect("write config");
-    path
-}
-
-/// The processes of one multi-process run; all are SIGKILLed when it drops (PG-1).
-struct Roles {
-    dir: PathBuf,
-    cfg: PathBuf,
-    root: String,
-    trainer: Option<Guarded>,
-    gens: [Option<Guarded>; 2],
-    starts: usize,
-}
-
-impl Roles {
-    fn new(dir: &Path, cfg: PathBuf, root: &str) -> Self {
-        Roles {
-            dir: dir.to_path_buf(),
-            cfg,
-            root: root.to_string(),
-            trainer: None,
-            gens: [None, None],
-            starts: 0,
-        }
-    }
-
-    fn spawn(&mut self, args: &[&str], name: &str) -> Guarded {
-        self.starts += 1;
-        let log = self.dir.join(format!("{name}-{}.log", self.starts));
-        let file = std::fs::File::create(&log).expect("log file");
-        Guarded::spawn(
-            Command::new(keel_bin())
-                .args(args)
-                .arg("--config")
-                .arg(&self.cfg)
-                .args(["--run-root", &self.root])
-                .env("KEEL_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(file),
-        )
-        .expect("start keel")
-    }
-
-    /// The trainer and both generator ranks.
-    fn start_all(&mut self) {
-        self.start_trainer();
-        self.start_generator(0);
-        self.start_generator(1);
-    }
-
-    /// A run of `run` on a local root under `dir`: its roles (none started) and its root.
-    fn local(dir: &Path, name: &str, run: &MethodRun, timeout_s: u64) -> (Roles, PathBuf) {
-        let cfg = config(dir, name, run, timeout_s);
-        let root = dir.join("root");
-        let roles = Roles::new(dir, cfg, root.to_str().expect("utf-8"));
-        (roles, root)
-    }
-
-    fn start_trainer(&mut self) {
-        self.trainer = Some(self.spawn(&["trainer", "--no-progress"], "trainer"));
-    }
-
-    fn start_generator(&mut self, rank: u32) {
-        let r = rank.to_string();
-        let child = self.spawn(&["generator", "--rank", &r], &format!("g{rank}"));
-        self.gens[rank as usize] = Some(child);
-    }
-
-    fn generator_pid(&self, rank: u32) -> String {
-        let g = self.gens[rank as usize]
-            .as_ref()
-            .expect("a running generator");
-        g.id().to_string()
-    }
-
-    fn signal_generator(&self, rank: u32, sig: &str) {
-        signal(&self.generator_pid(rank), sig);
-    }
-
-    fn kill_generator(&mut self, rank: u32) {
-        self.gens[rank as usize] = None; // PG-1: dropping the guard kills it
-    }
-
-    fn kill_trainer(&mut self) {
-        self.trainer = None;
-    }
-
-    /// Every log of the run, for failure messages.
-    fn logs(&self) -> String {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-            .unwrap_or_default();
-        names.retain(|p| p.extension().is_some_and(|e| e == "log"));
-        names.sort();
-        names
-            .iter()
-            .map(|p| {
-                let text = std::fs::read_to_string(p).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(25).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- {}\n{}\n", p.display(), tail.join("\n"))
-            })
-            .collect()
-    }
-
-    /// Waits for the trainer to exit while the local run root keeps changing (NO_PROGRESS).
-    fn wait_trainer(&mut self) -> ExitStatus {
-        let root = PathBuf::from(&self.root);
-        self.wait_trainer_with(|| files_under(&root).to_string())
-    }
-
-    /// Waits for the trainer to exit while `progress` keeps changing (NO_PROGRESS).
-    fn wait_trainer_with(&mut self, mut progress: impl FnMut() -> String) -> ExitStatus {
-        let (mut seen, mut since) = (progress(), Instant::now());
-        loop {
-            let trainer = self.trainer.as_mut().expect("a trainer");
-            if let Ok(Some(status)) = trainer.try_wait() {
-                self.trainer = None;
-                return status;
-            }
-            let now = progress();
-            if now != seen {
-                (seen, since) = (now, Instant::now());
-            }
-            if since.elapsed() > NO_PROGRESS {
-                panic!(
-                    "the run made no progress for {NO_PROGRESS:?}:\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits for generator `rank` to exit on its own (after the trainer finished the run).
-    fn wait_generator(&mut self, rank: u32) -> ExitStatus {
-        let g = self.gens[rank as usize].as_mut().expect("a generator");
-        let deadline = Instant::now() + NO_PROGRESS;
-        loop {
-            if let Ok(Some(status)) = g.try_wait() {
-                self.gens[rank as usize] = None;
-                return status;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "generator rank {rank} did not exit after the run finished:\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The trainer and every running generator exit 0.
-    fn finish_ok(&mut self) {
-        let status = self.wait_trainer();
-        self.finished_ok(status);
-    }
-
-    /// The trainer ended with `status`: it and every running generator exit 0.
-    fn finished_ok(&mut self, status: ExitStatus) {
-        assert!(
-            status.success(),
-            "keel trainer failed ({status}):\n{}",
-            self.logs()
-        );
-        for rank in 0..2 {
-            if self.gens[rank as usize].is_some() {
-                let status = self.wait_generator(rank);
-                assert!(
-                    status.success(),
-                    "generator {rank} failed ({status}):\n{}",
-                    self.logs()
-                );
-            }
-        }
-    }
-}
-
-fn signal(pid: &str, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, pid])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill {sig} {pid}");
-}
-
-/// The number of files under `root` (progress of a run).
-fn files_under(root: &Path) -> usize {
-    walk(root).len()
-}
-
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-            if path.is_dir() {
-                dirs.push(path);
-            } else {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
 
 /// An order or result file: (rank dir or "", seq, body).
 fn json_files(root: &Path, kind: &str) -> Vec<(PathBuf, serde_json::Value)> {
@@ -485,25 +262,6 @@ fn a_storage_stall_past_the_order_timeout_leaves_no_rank_silent() {
     let server = keel_integration::OwnSeaweed::start();
     // This test process and the keel processes it starts talk only to their own server.
     std::env::set_var("AWS_ENDPOINT_URL", &server.endpoint);
-    let port = server
-        .endpoint
-        .rsplit(':')
-        .next()
-        .expect("port")
-        .to_string();
-    let weed = String::from_utf8(
-        Command::new("pgrep")
-            .args(["-f", &format!("s3.port={port}")])
-            .output()
-            .expect("pgrep")
-            .stdout,
-    )
-    .expect("utf-8");
-    let weed = weed
-        .split_whitespace()
-        .next()
-        .expect("the server's pid")
-        .to_string();
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = test_rt();
     let timeout_s = 4;
@@ -522,9 +280,9 @@ fn a_storage_stall_past_the_order_timeout_leaves_no_rank_silent() {
         (step(&rt) >= 2).then_some(())
     });
     // The stall is the fault: the server answers nothing for longer than the order timeout.
-    signal(&weed, "-STOP");
+    server.signal("-STOP");
     std::thread::sleep(Duration::from_secs(timeout_s + 6));
-    signal(&weed, "-CONT");
+    server.signal("-CONT");
     let stalled_at = step(&rt);
     let last_order_before = rt
         .block_on(store.list_objects("orders"))
