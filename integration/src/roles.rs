@@ -180,6 +180,12 @@ impl Roles {
         self.finished_ok(status);
     }
 
+    /// The trainer and every running generator exit 0, while `progress` keeps changing.
+    pub fn finish_ok_with(&mut self, progress: impl FnMut() -> String) {
+        let status = self.wait_trainer_with(progress);
+        self.finished_ok(status);
+    }
+
     /// The trainer ended with `status`: it and every running generator exit 0.
     pub fn finished_ok(&mut self, status: ExitStatus) {
         assert!(
