@@ -356,10 +356,21 @@ pub async fn follow_rewinds(
     store: &keel_store::RunStore,
     branch: &str,
 ) -> Result<String, keel_store::StoreError> {
-    let mut current = branch.to_string();
+    let chain = rewind_chain(store, branch).await?;
+    Ok(chain.last().cloned().unwrap_or_else(|| branch.to_string()))
+}
+
+/// `branch` and the branches its rewinds led to, in order (GD-6): each next one is named by a
+/// `rewound-to-<b>` tag on the previous one's head and has a head of its own.
+pub async fn rewind_chain(
+    store: &keel_store::RunStore,
+    branch: &str,
+) -> Result<Vec<String>, keel_store::StoreError> {
+    let mut chain = vec![branch.to_string()];
     for _ in 0..64 {
+        let current = chain.last().cloned().unwrap_or_default();
         let Some(head) = store.branch_head(&current).await? else {
-            return Ok(current);
+            break;
         };
         let tags = store
             .ancestry(&head.id)
@@ -378,11 +389,11 @@ pub async fn follow_rewinds(
             }
         }
         match next {
-            Some(n) if n != current => current = n,
-            _ => return Ok(current),
+            Some(n) if !chain.contains(&n) => chain.push(n),
+            _ => break,
         }
     }
-    Ok(current)
+    Ok(chain)
 }
 
 #[cfg(test)]

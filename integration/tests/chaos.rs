@@ -265,9 +265,11 @@ fn a_multi_process_run_survives_a_seeded_schedule_of_single_faults() {
         *survived.entry(fault.kind()).or_default() += 1;
     }
     finish(&mut chaos, dir.path(), seed);
+    let (store, step) = chaos.head();
     eprintln!(
-        "chaos seed {seed}: {} faults survived: {survived:?}",
-        schedule.len()
+        "chaos seed {seed}: {} faults survived: {survived:?}; finished at step {step} on branch {}",
+        schedule.len(),
+        store.branch()
     );
 }
 

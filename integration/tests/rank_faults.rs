@@ -223,12 +223,15 @@ fn evaluation_is_issued_again_when_rank_0_is_down() {
 fn generators_follow_a_restarted_trainer_to_its_rewind_branch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = test_rt();
+    // A second fault, past the restart: the restarted life rewinds again, inside itself, to a
+    // branch no trainer claims (rewind-2); the generators keep serving the life on rewind-1.
     let run = MethodRun {
-        steps: 14,
+        steps: 18,
         checkpoint_every: 2,
         guard: true,
         latency_ms: 20.0,
-        extra: "[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n".into(),
+        extra: "[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\nlr_blowup_at_step = 12\nlr_blowup_to = 1.0\n"
+            .into(),
         ..MethodRun::new("grpo")
     };
     let (mut roles, _) = Roles::local(dir.path(), "rewind", &run, 20);
@@ -250,11 +253,18 @@ fn generators_follow_a_restarted_trainer_to_its_rewind_branch() {
     roles.start_trainer();
     roles.finish_ok();
     let on_rewind = store.on_branch("rewind-1").expect("branch");
-    let (head, _) =
-        check_accounting(&rt, &on_rewind, TASKS_PER_BATCH, "rewind").expect("accounting");
-    assert_eq!(head.step, 14);
     let lives = rt.block_on(on_rewind.lives()).expect("lives");
     assert_eq!(lives.len(), 1, "the restarted trainer trained on rewind-1");
+    let end = rt
+        .block_on(keel_actors::guard::follow_rewinds(&store, "main"))
+        .expect("follow");
+    let on_end = store.on_branch(&end).expect("branch");
+    let (head, _) = check_accounting(&rt, &on_end, TASKS_PER_BATCH, "rewind").expect("accounting");
+    assert_eq!(head.step, 18);
+    assert_eq!(
+        end, "rewind-2",
+        "the restarted life rewound again inside itself"
+    );
 }
 
 #[test]

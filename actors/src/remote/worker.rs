@@ -101,19 +101,15 @@ pub fn run_generator(
     result
 }
 
-/// RM-8: the branch to serve, starting from `from`, and its newest trainer life: the branch the
-/// collapse guard's rewinds lead to once a trainer claimed a life there, else `from`'s own.
+/// RM-8: the branch to serve, starting from `from`, and its newest trainer life: the last branch
+/// along the collapse guard's rewinds from `from` on which a trainer claimed a life (a rewind
+/// inside a life makes a branch no trainer has claimed yet; a life on a later branch is newer).
 async fn newest_served_life(
     store: &RunStore,
     from: &str,
 ) -> Result<Option<(RunStore, LifeRecord)>, ActorError> {
-    let to = crate::guard::follow_rewinds(store, from).await?;
-    let branches = if to == from {
-        vec![from]
-    } else {
-        vec![to.as_str(), from]
-    };
-    for branch in branches {
+    let chain = crate::guard::rewind_chain(store, from).await?;
+    for branch in chain.iter().rev() {
         let on = store.on_branch(branch)?;
         if let Some(life) = on.newest_life().await? {
             return Ok(Some((on, life)));
@@ -476,7 +472,12 @@ impl Worker {
 
     /// GW-3, RM-6: answers order `seq` [`Outcome::Void`]: its range is owed again (unless a
     /// withdrawal came first).
-    async fn void(&self, serving: &mut Serving, seq: u64, reason: String) -> Result<(), ActorError> {
+    async fn void(
+        &self,
+        serving: &mut Serving,
+        seq: u64,
+        reason: String,
+    ) -> Result<(), ActorError> {
         tracing::warn!(batch_seq = seq, reason = %reason, "answering an order that cannot be served");
         let result = OrderResult::new(self.rank, &self.process, seq, Outcome::Void(reason));
         self.answer(serving, result).await
