@@ -212,6 +212,31 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// A listing met an object name keel never writes and object_store cannot represent (a
+    /// control character, ST-14); on S3 the page holding it cannot be read.
+    #[error(
+        "an object under {dir} has a name keel never writes ({reason}); remove that object from \
+         the run root (keel never creates such names)"
+    )]
+    ForeignName {
+        /// The folder being listed.
+        dir: String,
+        /// What object_store said of the name.
+        reason: String,
+    },
+
+    /// A key of a local run root is a symbolic link, or lies under one (ST-13).
+    #[error(
+        "object {key} is a symbolic link or lies under one ({link}); keel never follows links \
+         in a local run root: remove the link"
+    )]
+    Link {
+        /// The object's key.
+        key: String,
+        /// The link on its path.
+        link: String,
+    },
+
     /// A file of a local run root could not be read or removed.
     #[error("local run root {path}: {source}")]
     LocalIo {
@@ -244,6 +269,10 @@ impl StoreError {
             object_store::Error::NotFound { .. } => StoreError::NotFound { key },
             object_store::Error::AlreadyExists { .. } => StoreError::AlreadyExists { key },
             object_store::Error::Precondition { .. } => StoreError::Conflict { key },
+            source @ object_store::Error::InvalidPath { .. } => StoreError::ForeignName {
+                dir: key,
+                reason: source.to_string(),
+            },
             source => StoreError::ObjectStore { key, source },
         }
     }

@@ -10,6 +10,8 @@
 //!   crash in between leaves it in both places, never in neither.
 //! - QU-2: nothing under `quarantine/` is read by training: batch listings and checkpoint
 //!   listings look only under `batches/`, `branches/` and `checkpoints/`.
+//! - QU-3: a symbolic link in a local root is quarantined by name: the link itself is moved,
+//!   its target is never read (ST-13).
 
 use bytes::Bytes;
 use object_store::PutMode;
@@ -33,12 +35,17 @@ impl RunStore {
         if rel_key.starts_with("quarantine/") {
             return Ok(Some(rel_key.to_string()));
         }
+        let dest = format!("{QUARANTINE_DIR}/{rel_key}");
         let bytes = match self.get_full(&self.full_key(rel_key)).await {
             Ok(b) => b,
             Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(StoreError::Link { link, .. }) => {
+                return self
+                    .quarantine_link(rel_key, &link, &dest, reason)
+                    .map(Some)
+            }
             Err(e) => return Err(e),
         };
-        let dest = format!("{QUARANTINE_DIR}/{rel_key}");
         self.put_full(&self.full_key(&dest), bytes, PutMode::Overwrite)
             .await?;
         let note = format!(
@@ -54,6 +61,56 @@ impl RunStore {
         self.delete_full(&self.full_key(rel_key)).await?;
         tracing::warn!(key = rel_key, to = %dest, reason, "quarantined a corrupt object");
         Ok(Some(dest))
+    }
+
+    /// QU-3: moves the link `link` (on the path of `rel_key`) under `quarantine/` without
+    /// reading its target, with a note of why.
+    fn quarantine_link(
+        &self,
+        rel_key: &str,
+        link: &str,
+        dest: &str,
+        reason: &str,
+    ) -> Result<String, StoreError> {
+        let io = |path: &std::path::Path| {
+            let path = path.display().to_string();
+            move |source| StoreError::LocalIo { path, source }
+        };
+        let Some(dir) = self.local_dir() else {
+            return Err(StoreError::Link {
+                key: rel_key.into(),
+                link: link.into(),
+            });
+        };
+        let link_path = std::path::PathBuf::from(link);
+        let rel_link = link_path
+            .strip_prefix(dir)
+            .map_err(|_| StoreError::Link {
+                key: rel_key.into(),
+                link: link.into(),
+            })?
+            .to_path_buf();
+        let target = dir.join(QUARANTINE_DIR).join(&rel_link);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        std::fs::rename(&link_path, &target).map_err(io(&link_path))?;
+        let note = format!(
+            "{}
+{reason}
+a symbolic link, moved without reading its target (QU-3)
+",
+            chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ")
+        );
+        let note_path = target.with_file_name(format!(
+            "{}.reason.txt",
+            target
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().to_string())
+        ));
+        std::fs::write(&note_path, note).map_err(io(&note_path))?;
+        tracing::warn!(key = rel_key, link, to = %dest, reason, "quarantined a symbolic link");
+        Ok(format!("{QUARANTINE_DIR}/{}", rel_link.display()))
     }
 
     /// Quarantines a stored rollout batch by its key.

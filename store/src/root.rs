@@ -43,12 +43,20 @@
 //! - ST-10: a local write that was killed leaves at most a staging file `<key>#<n>` beside its
 //!   key ('#' is never in a key, KY-1): listings never show it, and
 //!   [`RunStore::remove_interrupted_writes`] removes it.
+//! - ST-14: listings skip names keel never writes: in a local root an entry whose name
+//!   object_store cannot represent (a control character) is left out with a warning naming it,
+//!   and the rest is listed; an S3 listing page holding such a name fails as a whole in
+//!   object_store, so there the error names the folder and the fix (`ForeignName`), never
+//!   credentials.
+//! - ST-13: a local run root never follows a symbolic link: reading a key that is a link, or lies
+//!   under one inside the root, is refused ([`StoreError::Link`]) before anything is read, so a
+//!   planted link can never bring a file from outside the root into it (quarantine moves the
+//!   link itself, QU-3).
 
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::{
@@ -263,7 +271,17 @@ impl RunStore {
 
     /// Reads and fully checks a batch (ST-4). Decode failures come back as `CorruptBatch`.
     pub async fn get_batch(&self, key: &BatchKey) -> Result<BatchBuf, StoreError> {
-        let bytes = self.get_full(&key.0).await?;
+        let bytes = match self.get_full(&key.0).await {
+            Ok(bytes) => bytes,
+            // ST-13: a link where a batch should be is not a batch keel wrote.
+            Err(e @ StoreError::Link { .. }) => {
+                return Err(StoreError::CorruptBatch {
+                    key: key.0.clone(),
+                    source: Box::new(e),
+                })
+            }
+            Err(e) => return Err(e),
+        };
         let decoded = tokio::task::spawn_blocking(move || decode_batch(&bytes))
             .await
             .map_err(|e| StoreError::InvalidArchive(format!("decoder task failed: {e}")));
@@ -279,12 +297,7 @@ impl RunStore {
     /// Every object under the full key `dir` (unsorted).
     async fn list_full(&self, dir: &str) -> Result<Vec<object_store::ObjectMeta>, StoreError> {
         let path = to_path(dir)?;
-        self.inner
-            .store
-            .list(Some(&path))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::from_object_store(dir, e))
+        collect_listing(self.inner.store.list(Some(&path)), dir, self.is_local()).await
     }
 
     /// Every stored batch, sorted by `batch_seq` (ST-3).
@@ -300,13 +313,12 @@ impl RunStore {
         let dir = self.full_key(&self.batch_dir());
         let path = to_path(&dir)?;
         let offset = to_path(&join(&dir, &format!("{first_seq:010}")))?;
-        let metas: Vec<object_store::ObjectMeta> = self
-            .inner
-            .store
-            .list_with_offset(Some(&path), &offset)
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::from_object_store(&dir, e))?;
+        let metas = collect_listing(
+            self.inner.store.list_with_offset(Some(&path), &offset),
+            &dir,
+            self.is_local(),
+        )
+        .await?;
         let mut keys: Vec<(u64, BatchKey)> = metas
             .into_iter()
             .filter_map(|meta| {
@@ -492,10 +504,10 @@ impl RunStore {
         validate_rel_key(rel_dir)?;
         let dir = self.full_key(rel_dir);
         let path = to_path(&dir)?;
-        match self.backend().list(Some(&path)).try_collect().await {
+        match collect_listing(self.backend().list(Some(&path)), &dir, self.is_local()).await {
             Ok(v) => Ok(v),
-            Err(object_store::Error::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(StoreError::from_object_store(&dir, e)),
+            Err(StoreError::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
         }
     }
 
@@ -531,6 +543,7 @@ impl RunStore {
 
     /// Reads the whole object at a full key.
     pub(crate) async fn get_full(&self, full_key: &str) -> Result<Bytes, StoreError> {
+        self.refuse_links(full_key)?;
         let path = to_path(full_key)?;
         let map = |e| StoreError::from_object_store(full_key, e);
         self.backend()
@@ -541,6 +554,66 @@ impl RunStore {
             .await
             .map_err(map)
     }
+}
+
+impl RunStore {
+    /// ST-13: `Err(Link)` when the local file of `full_key`, or a folder above it inside the
+    /// root, is a symbolic link; S3 roots have no links.
+    pub(crate) fn refuse_links(&self, full_key: &str) -> Result<(), StoreError> {
+        let Some(link) = self.link_in(full_key) else {
+            return Ok(());
+        };
+        Err(StoreError::Link {
+            key: full_key.to_string(),
+            link: link.display().to_string(),
+        })
+    }
+
+    /// Whether this is a local root.
+    pub(crate) fn is_local(&self) -> bool {
+        self.inner.local_dir.is_some()
+    }
+
+    /// The directory of a local root (`None` for S3).
+    pub(crate) fn local_dir(&self) -> Option<&std::path::Path> {
+        self.inner.local_dir.as_deref()
+    }
+
+    /// The first symbolic link on the local path of `full_key`, if any.
+    pub(crate) fn link_in(&self, full_key: &str) -> Option<std::path::PathBuf> {
+        let mut path = self.inner.local_dir.clone()?;
+        for part in full_key.split('/').filter(|p| !p.is_empty()) {
+            path.push(part);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => return Some(path),
+                Ok(_) => {}
+                Err(_) => return None, // missing: the read itself says NotFound
+            }
+        }
+        None
+    }
+}
+
+/// ST-14: the entries of a listing of `dir`. In a local root an entry object_store cannot name
+/// is left out with a warning (entries fail one by one there); on S3 such a name fails its whole
+/// page and ends the listing, so it is an error (`ForeignName`) rather than a silent gap.
+async fn collect_listing(
+    mut stream: futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>>,
+    dir: &str,
+    local: bool,
+) -> Result<Vec<ObjectMeta>, StoreError> {
+    use futures::StreamExt;
+    let mut metas = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(meta) => metas.push(meta),
+            Err(e @ object_store::Error::InvalidPath { .. }) if local => {
+                tracing::warn!(dir, name = %e, "skipping an object whose name keel never writes");
+            }
+            Err(e) => return Err(StoreError::from_object_store(dir, e)),
+        }
+    }
+    Ok(metas)
 }
 
 fn open_local(dir: &FsPath) -> Result<Arc<dyn ObjectStore>, String> {

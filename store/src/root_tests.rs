@@ -352,3 +352,62 @@ async fn st12_tagged_writers_never_share_a_batch_key() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn st13_qu3_a_planted_link_is_refused_and_quarantined_without_reading_its_target() {
+    let (dir, store) = local();
+    let outside = tempfile::tempdir().expect("outside");
+    let secret = outside.path().join("secret.txt");
+    std::fs::write(&secret, b"outside the run root").expect("secret");
+    store.put_batch(&sample_batch(1)).await.expect("put");
+    // A link named like a batch, and a linked folder holding a file.
+    let batches = dir.path().join("batches");
+    std::os::unix::fs::symlink(&secret, batches.join("0000000002.krb")).expect("link");
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("linked")).expect("dir link");
+    let err = store
+        .get_object("linked/secret.txt")
+        .await
+        .expect_err("a linked folder is not followed");
+    assert!(matches!(err, StoreError::Link { .. }), "{err}");
+    let key = store.batch_key(2);
+    let err = store.get_batch(&key).await.expect_err("a linked batch");
+    assert!(matches!(err, StoreError::CorruptBatch { .. }), "{err}");
+    let moved = store
+        .quarantine_batch(&key, "a link")
+        .await
+        .expect("quarantined by name")
+        .expect("moved");
+    assert_eq!(moved, "quarantine/batches/0000000002.krb");
+    let there = dir.path().join(&moved);
+    let meta = std::fs::symlink_metadata(&there).expect("moved link");
+    assert!(
+        meta.file_type().is_symlink(),
+        "the link itself was moved, not its target's bytes"
+    );
+    assert!(!batches.join("0000000002.krb").exists());
+    assert_eq!(
+        std::fs::read(&secret).expect("target"),
+        b"outside the run root"
+    );
+    // The real batch is untouched.
+    assert!(store.get_batch(&store.batch_key(1)).await.is_ok());
+}
+
+#[tokio::test]
+async fn st14_a_name_keel_never_writes_is_skipped_in_a_local_listing() {
+    let (dir, store) = local();
+    store.put_batch(&sample_batch(1)).await.expect("put");
+    std::fs::write(dir.path().join("batches/evil\nname.krb"), b"x").expect("plant");
+    let keys = store.list_batches().await.expect("the listing survives the odd name");
+    assert_eq!(keys, vec![store.batch_key(1)]);
+    assert_eq!(store.list_objects("batches").await.expect("objects").len(), 1);
+    // On S3 the same name fails its listing page: the error names the fix, not credentials.
+    let e = StoreError::from_object_store(
+        "run/batches",
+        object_store::Error::InvalidPath {
+            source: object_store::path::Path::parse("a\nb").expect_err("bad"),
+        },
+    );
+    let text = e.to_string();
+    assert!(text.contains("remove that object") && !text.contains("credentials"), "{text}");
+}
