@@ -31,7 +31,7 @@
 //!   files and directories before a write returns, matching S3's durability.
 //! - ST-6: S3 settings come only from the standard `AWS_*` environment; they are never logged.
 //! - ST-7: transient S3 failures (connection refused, timeouts, 5xx) are retried with exponential
-//!   backoff (0.1 s doubling to 5 s) for up to [`S3_RETRY_TIMEOUT`] per request, so an outage of
+//!   backoff (0.1 s doubling to 5 s) for up to [`s3_retry_timeout`] per request, so an outage of
 //!   tens of seconds pauses the caller and loses nothing.
 //! - ST-9: object_store does not retry conditional (create-only / CAS) puts on transport errors;
 //!   `put_full` does, within the same time budget, and a create-only retry that finds its own
@@ -71,8 +71,20 @@ use crate::key::{join, to_path, validate_branch, validate_rel_key, validate_segm
 
 /// The branch a run root trains on unless told otherwise.
 pub const DEFAULT_BRANCH: &str = "main";
-/// How long one S3 request is retried before its error surfaces (ST-7).
-pub const S3_RETRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long one S3 request is retried before its error surfaces (ST-7): 60 s, or
+/// `KEEL_S3_RETRY_TIMEOUT_S` seconds (read once per process).
+pub fn s3_retry_timeout() -> std::time::Duration {
+    static BUDGET: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let secs = std::env::var("KEEL_S3_RETRY_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s >= 1)
+            .unwrap_or(60);
+        std::time::Duration::from_secs(secs)
+    })
+}
+
 /// Checkpoint blobs at least this large are uploaded in parts by default.
 pub const DEFAULT_MULTIPART_BYTES: u64 = 16 << 20;
 
@@ -432,7 +444,7 @@ impl RunStore {
     ///
     /// object_store retries only requests it knows to be idempotent; a conditional PUT that dies
     /// on a transport error (connection reset, refused while the server restarts) comes back at
-    /// once. Those are retried here with backoff for up to [`S3_RETRY_TIMEOUT`]. A create-only
+    /// once. Those are retried here with backoff for up to [`s3_retry_timeout`]. A create-only
     /// retry that finds the object already holding exactly `bytes` is the first attempt having
     /// landed, and counts as success.
     pub(crate) async fn put_full(
@@ -461,7 +473,7 @@ impl RunStore {
                 Err(StoreError::ObjectStore {
                     key,
                     source: object_store::Error::Generic { store, source },
-                }) if started.elapsed() < S3_RETRY_TIMEOUT => {
+                }) if started.elapsed() < s3_retry_timeout() => {
                     attempt += 1;
                     tracing::warn!(key = %key, store, attempt, error = %source, "transient store error; retrying");
                     tokio::time::sleep(backoff).await;
@@ -654,7 +666,7 @@ fn s3_retry() -> RetryConfig {
         // The jittered backoff (a random draw in [init, 2 × previous]) can stay short, so a
         // retry count would end a 20 s outage early: the timeout is the budget (ST-7).
         max_retries: 100_000,
-        retry_timeout: S3_RETRY_TIMEOUT,
+        retry_timeout: s3_retry_timeout(),
     }
 }
 
