@@ -284,7 +284,23 @@ fn finish(chaos: &mut Chaos, dir: &std::path::Path, seed: u64) {
         chaos.roles.kill_generator(r);
     }
     chaos.roles.cfg = chaos_config(dir, "finish", step + 4);
-    chaos.roles.start_all();
+    // GW-1: generators given the new config must find the life that trains under it.
+    let lives = |c: &Chaos| {
+        let (store, _) = c.head();
+        c.rt.block_on(store.lives()).map_or(0, |l| l.len())
+    };
+    let before = lives(chaos);
+    chaos.roles.start_trainer();
+    let since = Instant::now();
+    while lives(chaos) == before {
+        assert!(
+            since.elapsed() < NO_PROGRESS,
+            "the last trainer claimed no life"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    chaos.roles.start_generator(0);
+    chaos.roles.start_generator(1);
     chaos
         .roles
         .finish_ok_with(|| chaos_head_step(&chaos.rt, &chaos.store));

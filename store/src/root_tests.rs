@@ -398,9 +398,15 @@ async fn st14_a_name_keel_never_writes_is_skipped_in_a_local_listing() {
     let (dir, store) = local();
     store.put_batch(&sample_batch(1)).await.expect("put");
     std::fs::write(dir.path().join("batches/evil\nname.krb"), b"x").expect("plant");
-    let keys = store.list_batches().await.expect("the listing survives the odd name");
+    let keys = store
+        .list_batches()
+        .await
+        .expect("the listing survives the odd name");
     assert_eq!(keys, vec![store.batch_key(1)]);
-    assert_eq!(store.list_objects("batches").await.expect("objects").len(), 1);
+    assert_eq!(
+        store.list_objects("batches").await.expect("objects").len(),
+        1
+    );
     // On S3 the same name fails its listing page: the error names the fix, not credentials.
     let e = StoreError::from_object_store(
         "run/batches",
@@ -409,5 +415,8 @@ async fn st14_a_name_keel_never_writes_is_skipped_in_a_local_listing() {
         },
     );
     let text = e.to_string();
-    assert!(text.contains("remove that object") && !text.contains("credentials"), "{text}");
+    assert!(
+        text.contains("remove that object") && !text.contains("credentials"),
+        "{text}"
+    );
 }
