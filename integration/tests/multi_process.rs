@@ -275,25 +275,15 @@ enum Progress {
 /// How many orders, results and checkpoint manifests the local run root `root` holds.
 fn progress(root: &Path) -> [usize; 3] {
     let mut counts = [0; 3];
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let under = |name: &str| path.components().any(|c| c.as_os_str() == name);
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if under("orders") {
-                counts[0] += 1;
-            } else if under("results") {
-                counts[1] += 1;
-            } else if under("checkpoints") && name == "MANIFEST.json" {
-                counts[2] += 1;
-            }
+    for path in keel_integration::roles::walk(root) {
+        let under = |name: &str| path.components().any(|c| c.as_os_str() == name);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if under("orders") {
+            counts[0] += 1;
+        } else if under("results") {
+            counts[1] += 1;
+        } else if under("checkpoints") && name == "MANIFEST.json" {
+            counts[2] += 1;
         }
     }
     counts

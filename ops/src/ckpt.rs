@@ -33,11 +33,7 @@ pub fn list(run_root: &str) -> Result<()> {
         "id", "step", "version", "parent", "tags", "eval"
     );
     for m in &survey.manifests {
-        let mark: String = heads
-            .iter()
-            .filter(|h| h.id == m.id)
-            .map(|h| format!(" <- HEAD {}", h.branch))
-            .collect();
+        let mark = crate::lineage::head_marks(&heads, &m.id);
         let eval = m
             .metrics
             .get("eval_success_before")

@@ -28,6 +28,15 @@ pub fn render_tree(all: &[CheckpointManifest], heads: &[BranchHead]) -> String {
     out
 }
 
+/// ` <- HEAD <branch>` for each head naming checkpoint `id`.
+pub fn head_marks(heads: &[BranchHead], id: &str) -> String {
+    heads
+        .iter()
+        .filter(|h| h.id == id)
+        .map(|h| format!(" <- HEAD {}", h.branch))
+        .collect()
+}
+
 fn write_node(
     out: &mut String,
     m: &CheckpointManifest,
@@ -49,11 +58,7 @@ fn write_node(
     } else {
         format!(" [{}]", m.tags.join(", "))
     };
-    let head: Vec<String> = heads
-        .iter()
-        .filter(|h| h.id == m.id)
-        .map(|h| format!(" <- HEAD {}", h.branch))
-        .collect();
+    let head = head_marks(heads, &m.id);
     let eval = m
         .metrics
         .get("rollout_success")
@@ -61,10 +66,7 @@ fn write_node(
         .unwrap_or_default();
     out.push_str(&format!(
         "{prefix}{branch_mark}{}  step {}  branch {}{tags}{eval}{}\n",
-        m.id,
-        m.step,
-        m.branch,
-        head.join("")
+        m.id, m.step, m.branch, head
     ));
     let kids = children
         .get(&Some(m.id.as_str()))
