@@ -207,7 +207,11 @@ mod tests {
     fn vb1_absurd_sizes_are_refused_naming_their_key() {
         let mut c = TrainConfig::default();
         c.rollout.group_size = 100_000;
-        assert!(refused(&c).contains("rollout.group_size"), "{}", refused(&c));
+        assert!(
+            refused(&c).contains("rollout.group_size"),
+            "{}",
+            refused(&c)
+        );
         let mut c = TrainConfig::default();
         c.sft.demos = 1_000_000_000_000;
         assert!(refused(&c).contains("sft.demos"));
@@ -217,7 +221,11 @@ mod tests {
         let mut c = TrainConfig::default();
         c.rollout.tasks_per_batch = 4096;
         c.rollout.group_size = 64;
-        assert!(refused(&c).contains("episodes per batch"), "{}", refused(&c));
+        assert!(
+            refused(&c).contains("episodes per batch"),
+            "{}",
+            refused(&c)
+        );
     }
 
     #[test]
@@ -227,7 +235,10 @@ mod tests {
         c.model.n_head = 1 << 8;
         c.model.n_layer = 1 << 10;
         let text = refused(&c);
-        assert!(text.contains("needs at least") && text.contains("GiB"), "{text}");
+        assert!(
+            text.contains("needs at least") && text.contains("GiB"),
+            "{text}"
+        );
         // The shape of a real folder counts its vocabulary too.
         let small = ModelShape {
             params: 1e6,

@@ -146,11 +146,12 @@ impl OwnSeaweed {
             .output()
             .expect("pgrep");
         let pids = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(!pids.trim().is_empty(), "no seaweedfs process on port {port}");
+        assert!(
+            !pids.trim().is_empty(),
+            "no seaweedfs process on port {port}"
+        );
         for pid in pids.split_whitespace() {
-            let _ = std::process::Command::new("kill")
-                .args([sig, pid])
-                .status();
+            let _ = std::process::Command::new("kill").args([sig, pid]).status();
         }
     }
 

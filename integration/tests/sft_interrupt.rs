@@ -105,7 +105,10 @@ fn sigterm_during_sft_commits_its_progress_and_the_resumed_sft_is_bit_identical(
         .iter()
         .filter_map(|m| m.metrics.get("sft_steps").copied())
         .fold(0.0, f64::max);
-    assert!((40.0..400.0).contains(&done), "SFT checkpoints: {partial:?}");
+    assert!(
+        (40.0..400.0).contains(&done),
+        "SFT checkpoints: {partial:?}"
+    );
     assert!(
         !checkpoints(&root)
             .iter()

@@ -29,7 +29,6 @@
 
 pub mod batch;
 pub mod branch;
-pub mod survey;
 pub mod checkpoint;
 pub mod error;
 pub mod frame;
@@ -40,6 +39,7 @@ pub mod lives;
 pub mod model_sync;
 pub mod quarantine;
 pub mod root;
+pub mod survey;
 #[cfg(test)]
 mod test_backends;
 pub mod weights;
