@@ -459,7 +459,7 @@ fn ray_launch_survives_a_killed_generator_and_finishes_the_run() {
     let text = String::from_utf8_lossy(&list.stdout);
     let head_line = text
         .lines()
-        .find(|l| l.ends_with("<- HEAD"))
+        .find(|l| l.ends_with("<- HEAD main"))
         .unwrap_or_default();
     assert_eq!(
         head_line.split_whitespace().nth(1),
