@@ -36,7 +36,7 @@ weed mini -dir="$SEAWEED_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.config="
   -filer.port="$SEAWEED_FILER_PORT" \
   -s3.port="$SEAWEED_S3_PORT" >"$SEAWEED_DIR/weed.log" 2>&1 &
 SEAWEED_PID=$!
-for _ in $(seq 1 60); do
+for _ in $(seq 1 120); do  # up to 60 s: a loaded CI machine starts it slowly
   if curl -s -o /dev/null "http://127.0.0.1:$SEAWEED_S3_PORT/" 2>/dev/null; then break; fi
   sleep 0.5
 done
