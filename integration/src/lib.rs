@@ -5,6 +5,7 @@
 //! - `s3_root()`: a fresh prefix on the SeaweedFS server that scripts/test.sh starts on loopback
 //!   (`KEEL_TEST_S3_ENDPOINT`); tests that need S3 fail with a clear message without it.
 
+pub mod chaos;
 pub mod fuzz;
 pub mod procs;
 pub mod roles;
