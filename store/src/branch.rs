@@ -23,7 +23,7 @@
 use bytes::Bytes;
 
 use crate::error::StoreError;
-use crate::key::{to_path, validate_branch, validate_segment};
+use crate::key::{validate_branch, validate_segment};
 use crate::root::RunStore;
 
 /// One branch's head.
@@ -59,15 +59,7 @@ impl RunStore {
     ) -> Result<Vec<(u64, String)>, StoreError> {
         validate_branch(branch)?;
         let dir = self.full_key(&format!("branches/{branch}"));
-        let listing = match self
-            .backend()
-            .list_with_delimiter(Some(&to_path(&dir)?))
-            .await
-        {
-            Ok(l) => l,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::from_object_store(&dir, e)),
-        };
+        let listing = self.list_level(&dir).await?;
         let mut gens: Vec<(u64, String)> = listing
             .objects
             .iter()
@@ -108,19 +100,11 @@ impl RunStore {
     /// The names of the run root's branches that hold anything, a head or not, sorted.
     pub async fn branch_names(&self) -> Result<Vec<String>, StoreError> {
         let dir = self.full_key("branches");
-        let listing = match self
-            .backend()
-            .list_with_delimiter(Some(&to_path(&dir)?))
-            .await
-        {
-            Ok(l) => l,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::from_object_store(&dir, e)),
-        };
+        let listing = self.list_level(&dir).await?;
         let mut names: Vec<String> = listing
-            .common_prefixes
+            .folders
             .iter()
-            .filter_map(|p| p.filename())
+            .filter_map(|p| p.rsplit('/').next())
             .filter(|name| validate_branch(name).is_ok())
             .map(str::to_string)
             .collect();

@@ -503,15 +503,11 @@ impl RunStore {
     /// left out).
     pub(crate) async fn checkpoint_ids(&self) -> Result<Vec<String>, StoreError> {
         let dir = self.full_key("checkpoints");
-        let listing = self
-            .backend()
-            .list_with_delimiter(Some(&to_path(&dir)?))
-            .await
-            .map_err(|e| StoreError::from_object_store(&dir, e))?;
+        let listing = self.list_level(&dir).await?;
         Ok(listing
-            .common_prefixes
+            .folders
             .iter()
-            .filter_map(|p| p.filename())
+            .filter_map(|p| p.rsplit('/').next())
             .filter(|id| validate_segment(id).is_ok())
             .map(str::to_string)
             .collect())

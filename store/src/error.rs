@@ -212,8 +212,8 @@ pub enum StoreError {
         reason: String,
     },
 
-    /// A listing met an object name keel never writes and object_store cannot represent (a
-    /// control character, ST-14); on S3 the page holding it cannot be read.
+    /// A listing met an object name that object_store cannot represent in a way the listing
+    /// could not route around (ST-14 routes around control characters and odd segments).
     #[error(
         "an object under {dir} has a name keel never writes ({reason}); remove that object from \
          the run root (keel never creates such names)"

@@ -15,6 +15,7 @@
 //! - [`gc`] — lineage-aware retention and orphan collection.
 //! - [`survey`] — what a run root holds, damaged heads and manifests included.
 //! - [`quarantine`] — corrupt objects moved aside under `quarantine/`.
+//! - `listing` — listings that skip odd names and never follow links (LI-1..4).
 //! - [`error`] — [`StoreError`].
 //!
 //! Invariants (each module states its own, numbered, and its tests are named after them):
@@ -35,6 +36,7 @@ pub mod frame;
 pub mod gc;
 mod key;
 pub mod lineage;
+mod listing;
 pub mod lives;
 pub mod model_sync;
 pub mod quarantine;

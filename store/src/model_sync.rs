@@ -15,8 +15,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use futures::TryStreamExt;
-
 use crate::error::StoreError;
 use crate::root::RunStore;
 
@@ -71,12 +69,8 @@ fn write_manifest(dir: &Path, m: &BTreeMap<String, CachedFile>) -> Result<(), St
 pub async fn sync_model_folder(store: &RunStore, dir: &Path) -> Result<SyncReport, StoreError> {
     std::fs::create_dir_all(dir).map_err(|e| cache_err(dir, e))?;
     let prefix = store.full_key("");
-    let listed: Vec<object_store::ObjectMeta> = store
-        .backend()
-        .list(Some(&object_store::path::Path::from(prefix.as_str())))
-        .try_collect()
-        .await
-        .map_err(|e| StoreError::from_object_store(&prefix, e))?;
+    // LI-1..4: one level, odd names and links left out.
+    let listed = store.list_level(&prefix).await?.objects;
     let mut manifest = read_manifest(dir);
     let mut report = SyncReport::default();
     for meta in listed {

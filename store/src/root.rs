@@ -21,7 +21,8 @@
 //! - ST-2: nothing a caller passes can name an object outside the run root: every relative key is
 //!   checked by KY-1 (see `key`), and batch keys are built from the sequence number alone.
 //! - ST-3: [`RunStore::list_batches`] returns every stored batch once, sorted by `batch_seq`
-//!   (numerically, not lexically), and ignores objects that are not `<digits>[-<writer>].krb`.
+//!   (numerically, not lexically), and ignores objects that are not `<digits>[-<writer>].krb`
+//!   directly in the batch folder.
 //! - ST-12: a handle tagged with a writer ([`RunStore::with_writer`]: a trainer life, a
 //!   generator process) stores batch `n` at `<n>-<writer>.krb`, so writers of different lives or
 //!   processes never race for a key; readers take keys from listings or from whoever wrote them.
@@ -43,21 +44,23 @@
 //! - ST-10: a local write that was killed leaves at most a staging file `<key>#<n>` beside its
 //!   key ('#' is never in a key, KY-1): listings never show it, and
 //!   [`RunStore::remove_interrupted_writes`] removes it.
-//! - ST-14: listings skip names keel never writes: in a local root an entry whose name
-//!   object_store cannot represent (a control character) is left out with a warning naming it,
-//!   and the rest is listed; an S3 listing page holding such a name fails as a whole in
-//!   object_store, so there the error names the folder and the fix (`ForeignName`), never
-//!   credentials.
+//! - ST-14: listings skip names keel never writes, on both backends: an object whose key breaks
+//!   KY-1 (a control character, an odd segment) is left out with one warning naming it escaped,
+//!   and the rest is listed; on S3, where object_store fails a whole listing page for such a
+//!   name, the page is bisected around it (LI-1, LI-2 in `listing`). Such a name is never
+//!   fatal and never reported as a credentials problem.
 //! - ST-13: a local run root never follows a symbolic link: reading a key that is a link, or lies
 //!   under one inside the root, is refused ([`StoreError::Link`]) before anything is read, so a
 //!   planted link can never bring a file from outside the root into it (quarantine moves the
-//!   link itself, QU-3).
+//!   link itself, QU-3); listings list a link by its own name and never walk into a linked
+//!   folder (LI-3).
 
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::list::PaginatedListStore;
 use object_store::local::LocalFileSystem;
 use object_store::{
     BackoffConfig, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutResult,
@@ -68,6 +71,7 @@ use crate::batch::{BatchBuf, RolloutBatch};
 use crate::error::StoreError;
 use crate::frame::{decode_batch, encode_batch};
 use crate::key::{join, to_path, validate_branch, validate_rel_key, validate_segment};
+use crate::listing::Lister;
 
 /// The branch a run root trains on unless told otherwise.
 pub const DEFAULT_BRANCH: &str = "main";
@@ -134,6 +138,8 @@ struct Inner {
     root_url: String,
     /// The directory of a local root (None for S3).
     local_dir: Option<std::path::PathBuf>,
+    /// How this root is listed (LI-1..4).
+    lister: Lister,
 }
 
 impl std::fmt::Debug for RunStore {
@@ -164,6 +170,7 @@ impl RunStore {
             return Err(bad("the root is empty".into()));
         }
         let mut local_dir = None;
+        let mut pager: Option<Arc<dyn PaginatedListStore>> = None;
         let (store, prefix): (Arc<dyn ObjectStore>, String) = if root.contains("://") {
             let url = url::Url::parse(root).map_err(|e| bad(format!("not a valid URL: {e}")))?;
             if !url.username().is_empty() || url.password().is_some() {
@@ -177,7 +184,11 @@ impl RunStore {
                 });
             }
             match url.scheme() {
-                "s3" => open_s3(&url).map_err(bad)?,
+                "s3" => {
+                    let (s3, prefix) = open_s3(&url).map_err(bad)?;
+                    pager = Some(s3.clone());
+                    (s3, prefix)
+                }
                 "file" => {
                     let path = url
                         .to_file_path()
@@ -194,12 +205,18 @@ impl RunStore {
             (store, String::new())
         };
         tracing::debug!(root, backend = %store, "opened run root");
+        let lister = match (&local_dir, pager) {
+            (Some(dir), _) => Lister::Local(dir.clone()),
+            (None, Some(pager)) => Lister::S3(pager),
+            (None, None) => return Err(bad("no way to list this root".into())),
+        };
         Ok(RunStore {
             inner: Arc::new(Inner {
                 store,
                 prefix,
                 root_url: root.to_string(),
                 local_dir,
+                lister,
             }),
             branch: DEFAULT_BRANCH.to_string(),
             multipart_bytes: DEFAULT_MULTIPART_BYTES,
@@ -306,10 +323,9 @@ impl RunStore {
         }
     }
 
-    /// Every object under the full key `dir` (unsorted).
+    /// Every object under the full key `dir` (unsorted; LI-1..4).
     async fn list_full(&self, dir: &str) -> Result<Vec<object_store::ObjectMeta>, StoreError> {
-        let path = to_path(dir)?;
-        collect_listing(self.inner.store.list(Some(&path)), dir, self.is_local()).await
+        self.list_tree(dir, None).await
     }
 
     /// Every stored batch, sorted by `batch_seq` (ST-3).
@@ -323,19 +339,18 @@ impl RunStore {
     /// numbers.
     pub async fn list_batches_from(&self, first_seq: u64) -> Result<Vec<BatchKey>, StoreError> {
         let dir = self.full_key(&self.batch_dir());
-        let path = to_path(&dir)?;
-        let offset = to_path(&join(&dir, &format!("{first_seq:010}")))?;
-        let metas = collect_listing(
-            self.inner.store.list_with_offset(Some(&path), &offset),
-            &dir,
-            self.is_local(),
-        )
-        .await?;
+        let offset = join(&dir, &format!("{first_seq:010}"));
+        let metas = self.list_tree(&dir, Some(&offset)).await?;
         let mut keys: Vec<(u64, BatchKey)> = metas
             .into_iter()
             .filter_map(|meta| {
                 let key = BatchKey(meta.location.to_string());
-                match key.batch_seq() {
+                // ST-3: only names directly in the folder; keel never writes batches deeper.
+                let direct = key
+                    .0
+                    .strip_prefix(&dir)
+                    .is_some_and(|rest| rest.matches('/').count() == 1);
+                match key.batch_seq().filter(|_| direct) {
                     Some(seq) if seq >= first_seq => Some((seq, key)),
                     Some(_) => None,
                     None => {
@@ -514,13 +529,7 @@ impl RunStore {
     /// Every object under the relative folder `rel_dir` (recursively); empty if there is none.
     pub(crate) async fn list_rel(&self, rel_dir: &str) -> Result<Vec<ObjectMeta>, StoreError> {
         validate_rel_key(rel_dir)?;
-        let dir = self.full_key(rel_dir);
-        let path = to_path(&dir)?;
-        match collect_listing(self.backend().list(Some(&path)), &dir, self.is_local()).await {
-            Ok(v) => Ok(v),
-            Err(StoreError::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        self.list_tree(&self.full_key(rel_dir), None).await
     }
 
     /// The key relative to the run root of a full key, if it lies under the run root.
@@ -581,9 +590,9 @@ impl RunStore {
         })
     }
 
-    /// Whether this is a local root.
-    pub(crate) fn is_local(&self) -> bool {
-        self.inner.local_dir.is_some()
+    /// How this root is listed (LI-1..4).
+    pub(crate) fn lister(&self) -> &Lister {
+        &self.inner.lister
     }
 
     /// The directory of a local root (`None` for S3).
@@ -606,28 +615,6 @@ impl RunStore {
     }
 }
 
-/// ST-14: the entries of a listing of `dir`. In a local root an entry object_store cannot name
-/// is left out with a warning (entries fail one by one there); on S3 such a name fails its whole
-/// page and ends the listing, so it is an error (`ForeignName`) rather than a silent gap.
-async fn collect_listing(
-    mut stream: futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>>,
-    dir: &str,
-    local: bool,
-) -> Result<Vec<ObjectMeta>, StoreError> {
-    use futures::StreamExt;
-    let mut metas = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(meta) => metas.push(meta),
-            Err(e @ object_store::Error::InvalidPath { .. }) if local => {
-                tracing::warn!(dir, name = %e, "skipping an object whose name keel never writes");
-            }
-            Err(e) => return Err(StoreError::from_object_store(dir, e)),
-        }
-    }
-    Ok(metas)
-}
-
 fn open_local(dir: &FsPath) -> Result<Arc<dyn ObjectStore>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create directory: {e}"))?;
     let fs = LocalFileSystem::new_with_prefix(dir)
@@ -636,7 +623,7 @@ fn open_local(dir: &FsPath) -> Result<Arc<dyn ObjectStore>, String> {
     Ok(Arc::new(fs))
 }
 
-fn open_s3(url: &url::Url) -> Result<(Arc<dyn ObjectStore>, String), String> {
+fn open_s3(url: &url::Url) -> Result<(Arc<AmazonS3>, String), String> {
     let bucket = url
         .host_str()
         .filter(|b| !b.is_empty())
