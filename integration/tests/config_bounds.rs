@@ -81,3 +81,44 @@ fn remove_key(toml: &str, key: &str) -> String {
         .map(|l| format!("{l}\n"))
         .collect()
 }
+
+/// `MemTotal` of this machine in bytes (0 where /proc/meminfo cannot be read).
+fn machine_memory() -> f64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib * 1024.0)
+}
+
+#[test]
+fn a_kv_cache_larger_than_memory_is_refused_before_the_run_root_is_written() {
+    // VB-4: the built-in model at 131072 tokens of context fits the learner's bound (about 8 GiB
+    // for one sequence), but each generator's KV cache for 257 slots is
+    // 2 · 8 layers · 257 · 131072 · 256 · 4 B = 514 GiB. Before VB-4 the run trained SFT and
+    // failed at the first sampled batch, with the run root written.
+    let kv = 2.0 * 8.0 * 257.0 * 131_072.0 * 256.0 * 4.0;
+    let memory = machine_memory();
+    if memory == 0.0 || memory >= kv {
+        eprintln!("skipped: this machine's memory ({memory} B) holds a {kv} B cache");
+        return;
+    }
+    let (ok, stderr, written) = train_with(|_| {
+        let toml = MethodRun {
+            context_len: 131_072,
+            group_size: 64,
+            ..MethodRun::new("grpo")
+        }
+        .toml();
+        let shape = "n_layer = 1\nd_model = 32\nn_head = 2\n";
+        assert!(toml.contains(shape), "the tiny config changed: {toml}");
+        toml.replace(shape, "n_layer = 8\nd_model = 256\nn_head = 4\n")
+    });
+    assert!(!ok, "accepted");
+    assert!(
+        stderr.contains("model.context_len") && stderr.contains("KV cache"),
+        "{stderr}"
+    );
+    assert!(!written, "the run root was written before the refusal");
+}

@@ -115,8 +115,46 @@ fn sigterm_during_sft_commits_its_progress_and_the_resumed_sft_is_bit_identical(
             .any(|m| m.tags.iter().any(|t| t == "sft")),
         "SFT did not finish before the stop"
     );
-    // The next start continues SFT and finishes the run.
+    let stop_ckpt = partial
+        .iter()
+        .max_by_key(|m| m.metrics.get("sft_steps").copied().unwrap_or(0.0) as u64)
+        .map(|m| m.id.clone())
+        .expect("the stop's SFT checkpoint");
+    // The next start continues SFT from the stop's checkpoint (SF-1) and finishes the run.
     run_train(&cfg, &root, &[]);
+    let after = checkpoints(&root);
+    let sft_steps_of = |id: &str| {
+        after
+            .iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.metrics.get("sft_steps").copied())
+    };
+    // Its SFT checkpoints descend from the stop's, each further on.
+    let mut chain = Vec::new();
+    let mut at = after
+        .iter()
+        .find(|m| m.tags.iter().any(|t| t == "sft"))
+        .and_then(|m| m.parent.clone());
+    let mut descends = false;
+    while let Some(id) = at {
+        if id == stop_ckpt {
+            descends = true;
+            break;
+        }
+        chain.push(sft_steps_of(&id).unwrap_or(f64::NAN));
+        at = after
+            .iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.parent.clone());
+    }
+    assert!(
+        descends,
+        "the resumed SFT does not descend from the stop's checkpoint {stop_ckpt}: {after:?}"
+    );
+    assert!(
+        chain.iter().all(|&s| s > done),
+        "the resumed SFT repeated steps before {done}: {chain:?}"
+    );
     assert_eq!(
         sft_model_crc(&root),
         sft_model_crc(&whole),
