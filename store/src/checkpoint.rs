@@ -582,6 +582,7 @@ impl RunStore {
         if (bytes.len() as u64) < self.multipart_threshold() {
             return self.create_idempotent(full_key, bytes).await;
         }
+        self.refuse_links_above(full_key)?;
         let path = to_path(full_key)?;
         let map = |e| StoreError::from_object_store(full_key, e);
         let mut upload = self

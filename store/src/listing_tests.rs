@@ -231,4 +231,11 @@ async fn li3_li4_a_local_listing_never_follows_links() {
         .await
         .expect("empty")
         .is_empty());
+    // ST-13: nothing is written through a linked folder either.
+    let err = store
+        .put_object("lives/planted.json", "x".into())
+        .await
+        .expect_err("a write under a linked folder");
+    assert!(matches!(err, StoreError::Link { .. }), "{err}");
+    assert!(!outside.path().join("planted.json").exists());
 }

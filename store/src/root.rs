@@ -50,7 +50,8 @@
 //!   name, the page is bisected around it (LI-1, LI-2 in `listing`). Such a name is never
 //!   fatal and never reported as a credentials problem.
 //! - ST-13: a local run root never follows a symbolic link: reading a key that is a link, or lies
-//!   under one inside the root, is refused ([`StoreError::Link`]) before anything is read, so a
+//!   under one inside the root, is refused ([`StoreError::Link`]) before anything is read (and a
+//!   write or delete under a linked folder before anything is written or removed), so a
 //!   planted link can never bring a file from outside the root into it (quarantine moves the
 //!   link itself, QU-3); listings list a link by its own name and never walk into a linked
 //!   folder (LI-3).
@@ -505,6 +506,7 @@ impl RunStore {
         bytes: Bytes,
         mode: PutMode,
     ) -> Result<PutResult, StoreError> {
+        self.refuse_links_above(full_key)?;
         let path = to_path(full_key)?;
         let opts = PutOptions {
             mode,
@@ -518,6 +520,7 @@ impl RunStore {
 
     /// Deletes the object at a full key; a missing object is not an error.
     pub(crate) async fn delete_full(&self, full_key: &str) -> Result<(), StoreError> {
+        self.refuse_links_above(full_key)?;
         let path = to_path(full_key)?;
         match self.backend().delete(&path).await {
             Ok(()) => Ok(()),
@@ -587,6 +590,23 @@ impl RunStore {
         Err(StoreError::Link {
             key: full_key.to_string(),
             link: link.display().to_string(),
+        })
+    }
+
+    /// ST-13 for writes and deletes: `Err(Link)` when a folder above the local file of
+    /// `full_key` inside the root is a symbolic link (a write there would land outside the
+    /// root). The key itself may be a link: a put replaces it and a delete removes it, neither
+    /// touches its target.
+    pub(crate) fn refuse_links_above(&self, full_key: &str) -> Result<(), StoreError> {
+        let parent = full_key.rsplit_once('/').map_or("", |(dir, _)| dir);
+        if parent.is_empty() {
+            return Ok(());
+        }
+        self.refuse_links(parent).map_err(|_| StoreError::Link {
+            key: full_key.to_string(),
+            link: self
+                .link_in(parent)
+                .map_or_else(String::new, |l| l.display().to_string()),
         })
     }
 
