@@ -203,5 +203,6 @@ fn a_stop_that_outlives_the_grace_period_is_an_orderly_exit_1() {
     if status.code() == Some(1) {
         assert!(stderr.contains("grace period"), "{stderr}");
     }
-    eprintln!("exit after SIGTERM during a slow SFT step: {status}");
+    let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+    eprintln!("exit after SIGTERM during a slow SFT step: {status}; stderr ends {tail:?}");
 }
