@@ -585,30 +585,41 @@ impl RunStore {
         self.refuse_links_above(full_key)?;
         let path = to_path(full_key)?;
         let map = |e| StoreError::from_object_store(full_key, e);
+        // HL-1: each step of the upload is one operation under the deadline.
         let mut upload = self
-            .backend()
-            .put_multipart_opts(&path, PutMultipartOptions::default())
-            .await
-            .map_err(map)?;
+            .within_budget(full_key, async {
+                self.backend()
+                    .put_multipart_opts(&path, PutMultipartOptions::default())
+                    .await
+                    .map_err(map)
+            })
+            .await?;
         let part = PART_BYTES.max(self.multipart_threshold() as usize);
         let mut result = Ok(());
         for chunk in (0..bytes.len()).step_by(part) {
             let end = (chunk + part).min(bytes.len());
-            if let Err(e) = upload
-                .put_part(PutPayload::from(bytes.slice(chunk..end)))
+            let sent = upload.put_part(PutPayload::from(bytes.slice(chunk..end)));
+            if let Err(e) = self
+                .within_budget(full_key, async { sent.await.map_err(map) })
                 .await
             {
-                result = Err(map(e));
+                result = Err(e);
                 break;
             }
         }
         if result.is_ok() {
-            result = upload.complete().await.map(|_| ()).map_err(map);
+            result = self
+                .within_budget(full_key, async {
+                    upload.complete().await.map(|_| ()).map_err(map)
+                })
+                .await;
             if result.is_ok() {
                 return Ok(());
             }
         }
-        let _ = upload.abort().await;
+        let _ = self
+            .within_budget(full_key, async { upload.abort().await.map_err(map) })
+            .await;
         result
     }
 }

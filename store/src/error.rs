@@ -99,10 +99,7 @@ pub enum StoreError {
     },
 
     /// The object store backend failed.
-    #[error(
-        "object store error on {key}: {source}; check the run root, the network and the \
-         credentials in the AWS_* environment"
-    )]
+    #[error("object store error on {key}: {source}; {}", store_hint(.source))]
     ObjectStore {
         /// The object key the operation was on.
         key: String,
@@ -225,6 +222,18 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// The S3 store did not answer within the retry budget (HL-1), or is down (HL-2).
+    #[error(
+        "the object store did not answer for {key} within its {budget_s} s retry budget; check \
+         that the S3 endpoint (AWS_ENDPOINT_URL) is up and reachable from this machine"
+    )]
+    Unreachable {
+        /// The key (or folder) of the operation.
+        key: String,
+        /// The retry budget in seconds (ST-7).
+        budget_s: u64,
+    },
+
     /// A key of a local run root is a symbolic link, or lies under one (ST-13).
     #[error(
         "object {key} is a symbolic link or lies under one ({link}); keel never follows links \
@@ -259,6 +268,27 @@ pub enum StoreError {
     /// JSON (de)serialization failed.
     #[error("JSON error: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+/// What to check for a backend error: credentials only when the store said so.
+fn store_hint(source: &object_store::Error) -> &'static str {
+    let credentials = "check the credentials in the AWS_* environment";
+    match source {
+        object_store::Error::Unauthenticated { .. }
+        | object_store::Error::PermissionDenied { .. } => credentials,
+        object_store::Error::Generic { .. }
+            if source.to_string().to_lowercase().contains("credential") =>
+        {
+            credentials
+        }
+        object_store::Error::Generic { .. } => {
+            "check that the S3 endpoint (AWS_ENDPOINT_URL) is up and reachable from this machine"
+        }
+        object_store::Error::NotSupported { .. } | object_store::Error::NotImplemented { .. } => {
+            "this store does not support what keel needs; use a local directory or an S3 store"
+        }
+        _ => "check the run root",
+    }
 }
 
 impl StoreError {
@@ -301,6 +331,31 @@ mod tests {
         };
         assert!(e.to_string().contains("0x00000001"), "{e}");
         assert!(e.to_string().contains("0xdeadbeef"), "{e}");
+    }
+
+    /// Issue 32 item 7: only a credentials problem suggests credentials.
+    #[test]
+    fn hints_name_credentials_only_for_credential_errors() {
+        let refused = object_store::Error::Generic {
+            store: "S3",
+            source: "error sending request: connection refused".into(),
+        };
+        let text = StoreError::from_object_store("k", refused).to_string();
+        assert!(
+            !text.contains("credentials") && text.contains("reachable"),
+            "{text}"
+        );
+        let denied = object_store::Error::PermissionDenied {
+            path: "p".into(),
+            source: "403".into(),
+        };
+        let text = StoreError::from_object_store("k", denied).to_string();
+        assert!(text.contains("credentials"), "{text}");
+        let odd = object_store::Error::InvalidPath {
+            source: object_store::path::Path::parse("a\nb").expect_err("odd"),
+        };
+        let text = StoreError::from_object_store("k", odd).to_string();
+        assert!(!text.contains("credentials"), "{text}");
     }
 
     #[test]

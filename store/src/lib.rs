@@ -16,6 +16,7 @@
 //! - [`survey`] — what a run root holds, damaged heads and manifests included.
 //! - [`quarantine`] — corrupt objects moved aside under `quarantine/`.
 //! - `listing` — listings that skip odd names and never follow links (LI-1..4).
+//! - `health` — the retry budget as a deadline: a dead S3 store fails within it (HL-1..3).
 //! - [`error`] — [`StoreError`].
 //!
 //! Invariants (each module states its own, numbered, and its tests are named after them):
@@ -34,6 +35,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod frame;
 pub mod gc;
+mod health;
 mod key;
 pub mod lineage;
 mod listing;

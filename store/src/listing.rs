@@ -94,15 +94,8 @@ impl RunStore {
                         source: std::io::Error::other("the listing task failed"),
                     })??
             }
-            Lister::S3(pager) => {
-                list_s3(
-                    pager.as_ref(),
-                    dir,
-                    after.map(str::to_string),
-                    one_level,
-                    PAGE_KEYS,
-                )
-                .await?
+            Lister::S3(_) => {
+                list_s3(self, dir, after.map(str::to_string), one_level, PAGE_KEYS).await?
             }
         };
         if let Some(after) = after {
@@ -242,31 +235,38 @@ impl Page {
 }
 
 /// LI-2: every entry under `dir` on S3, `one_level` with `/` as delimiter, starting after
-/// `after`; pages of `page_keys`.
+/// `after`; pages of `page_keys`, each under the deadline (HL-1).
 pub(crate) async fn list_s3(
-    pager: &dyn PaginatedListStore,
+    store: &RunStore,
     dir: &str,
     after: Option<String>,
     one_level: bool,
     page_keys: usize,
 ) -> Result<Level, StoreError> {
+    let Lister::S3(pager) = store.lister() else {
+        return Err(StoreError::InvalidRoot {
+            root: store.root_url().to_string(),
+            reason: "not an S3 root".into(),
+        });
+    };
     let prefix = (!dir.is_empty()).then(|| format!("{dir}/"));
     let mut offset = after;
     let mut level = Level::default();
     loop {
         let query = Query {
-            pager,
+            store,
+            pager: pager.as_ref(),
+            dir,
             prefix: prefix.as_deref(),
             offset: offset.clone(),
             one_level,
         };
-        let (page, odd) = match query.page(page_keys).await {
+        let (page, odd) = match query.page(page_keys).await? {
             Ok(page) => (page, None),
-            Err(object_store::Error::InvalidPath { source }) => {
+            Err(source) => {
                 let raw = raw_name(dir, &source)?;
                 query.isolate(page_keys, raw).await?
             }
-            Err(e) => return Err(StoreError::from_object_store(dir, e)),
         };
         let next = match &odd {
             Some(raw) => {
@@ -293,22 +293,39 @@ pub(crate) async fn list_s3(
 
 /// One listing request's fixed parts.
 struct Query<'a> {
+    store: &'a RunStore,
     pager: &'a dyn PaginatedListStore,
+    dir: &'a str,
     prefix: Option<&'a str>,
     offset: Option<String>,
     one_level: bool,
 }
 
+/// A listing page, or the name object_store could not parse in it.
+type PageOrOddName = Result<Page, object_store::path::Error>;
+
 impl Query<'_> {
-    async fn page(&self, max_keys: usize) -> object_store::Result<Page> {
+    /// One page of at most `max_keys`, or the name object_store could not parse in it (inner
+    /// error); the outer error is the store failing (HL-1/HL-2).
+    async fn page(&self, max_keys: usize) -> Result<PageOrOddName, StoreError> {
         let opts = PaginatedListOptions {
             offset: self.offset.clone(),
             delimiter: self.one_level.then_some("/".into()),
             max_keys: Some(max_keys),
             ..PaginatedListOptions::default()
         };
-        let got = self.pager.list_paginated(self.prefix, opts).await?;
-        Ok(Page {
+        let request = async {
+            match self.pager.list_paginated(self.prefix, opts).await {
+                Ok(got) => Ok(Ok(got)),
+                Err(object_store::Error::InvalidPath { source }) => Ok(Err(source)),
+                Err(e) => Err(StoreError::from_object_store(self.dir, e)),
+            }
+        };
+        let got = match self.store.within_budget(self.dir, request).await? {
+            Ok(got) => got,
+            Err(source) => return Ok(Err(source)),
+        };
+        Ok(Ok(Page {
             objects: got.result.objects,
             folders: got
                 .result
@@ -317,7 +334,7 @@ impl Query<'_> {
                 .map(|p| p.to_string())
                 .collect(),
             more: got.page_token.is_some(),
-        })
+        }))
     }
 
     /// LI-2: the page of `failing` keys failed on the name `raw`. Bisects the page size until
@@ -329,7 +346,6 @@ impl Query<'_> {
         failing: usize,
         mut raw: String,
     ) -> Result<(Page, Option<String>), StoreError> {
-        let dir = self.prefix.unwrap_or_default();
         let (mut good, mut bad) = (0usize, failing);
         let mut kept = Page {
             objects: Vec::new(),
@@ -338,17 +354,16 @@ impl Query<'_> {
         };
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
-            match self.page(mid).await {
+            match self.page(mid).await? {
                 Ok(page) if !page.more => return Ok((page, None)),
                 Ok(page) => {
                     good = mid;
                     kept = page;
                 }
-                Err(object_store::Error::InvalidPath { source }) => {
+                Err(source) => {
                     bad = mid;
-                    raw = raw_name(dir, &source)?;
+                    raw = raw_name(self.dir, &source)?;
                 }
-                Err(e) => return Err(StoreError::from_object_store(dir, e)),
             }
         }
         Ok((kept, Some(raw)))

@@ -71,6 +71,7 @@ use object_store::{
 use crate::batch::{BatchBuf, RolloutBatch};
 use crate::error::StoreError;
 use crate::frame::{decode_batch, encode_batch};
+use crate::health::Health;
 use crate::key::{join, to_path, validate_branch, validate_rel_key, validate_segment};
 use crate::listing::Lister;
 
@@ -141,6 +142,10 @@ struct Inner {
     local_dir: Option<std::path::PathBuf>,
     /// How this root is listed (LI-1..4).
     lister: Lister,
+    /// Whether an S3 store is down (HL-2; `None` for local roots, HL-3).
+    health: Option<Health>,
+    /// How long an S3 request is retried (ST-7, HL-1).
+    budget: std::time::Duration,
 }
 
 impl std::fmt::Debug for RunStore {
@@ -163,6 +168,15 @@ impl RunStore {
     /// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` or
     /// `AWS_ENDPOINT`); with an `http://` endpoint, plain HTTP and path-style requests are used.
     pub fn open(root: &str) -> Result<RunStore, StoreError> {
+        Self::open_with(root, AmazonS3Builder::from_env(), s3_retry_timeout())
+    }
+
+    /// [`RunStore::open`] with the S3 settings and the retry budget given (tests).
+    pub(crate) fn open_with(
+        root: &str,
+        s3_settings: AmazonS3Builder,
+        budget: std::time::Duration,
+    ) -> Result<RunStore, StoreError> {
         let bad = |reason: String| StoreError::InvalidRoot {
             root: root.to_string(),
             reason,
@@ -186,7 +200,7 @@ impl RunStore {
             }
             match url.scheme() {
                 "s3" => {
-                    let (s3, prefix) = open_s3(&url).map_err(bad)?;
+                    let (s3, prefix) = open_s3(&url, s3_settings, budget).map_err(bad)?;
                     pager = Some(s3.clone());
                     (s3, prefix)
                 }
@@ -216,8 +230,10 @@ impl RunStore {
                 store,
                 prefix,
                 root_url: root.to_string(),
+                health: pager_health(&local_dir),
                 local_dir,
                 lister,
+                budget,
             }),
             branch: DEFAULT_BRANCH.to_string(),
             multipart_bytes: DEFAULT_MULTIPART_BYTES,
@@ -469,6 +485,18 @@ impl RunStore {
         bytes: Bytes,
         mode: PutMode,
     ) -> Result<PutResult, StoreError> {
+        self.within_budget(full_key, self.put_retrying(full_key, bytes, mode))
+            .await
+    }
+
+    /// [`RunStore::put_full`]'s retries, within the budget (HL-1 bounds the last attempt).
+    async fn put_retrying(
+        &self,
+        full_key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<PutResult, StoreError> {
+        let budget = self.budget();
         let started = std::time::Instant::now();
         let mut backoff = std::time::Duration::from_millis(100);
         let mut attempt = 0u32;
@@ -477,7 +505,7 @@ impl RunStore {
                 Err(StoreError::AlreadyExists { key })
                     if attempt > 0 && matches!(mode, PutMode::Create) =>
                 {
-                    return match self.get_full(full_key).await {
+                    return match self.get_once(full_key).await {
                         Ok(existing) if existing == bytes => Ok(PutResult {
                             e_tag: None,
                             version: None,
@@ -489,10 +517,10 @@ impl RunStore {
                 Err(StoreError::ObjectStore {
                     key,
                     source: object_store::Error::Generic { store, source },
-                }) if started.elapsed() < s3_retry_timeout() => {
+                }) if started.elapsed() < budget => {
                     attempt += 1;
                     tracing::warn!(key = %key, store, attempt, error = %source, "transient store error; retrying");
-                    tokio::time::sleep(backoff).await;
+                    tokio::time::sleep(backoff.min(budget.saturating_sub(started.elapsed()))).await;
                     backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
                 }
                 other => return other,
@@ -522,11 +550,14 @@ impl RunStore {
     pub(crate) async fn delete_full(&self, full_key: &str) -> Result<(), StoreError> {
         self.refuse_links_above(full_key)?;
         let path = to_path(full_key)?;
-        match self.backend().delete(&path).await {
-            Ok(()) => Ok(()),
-            Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(StoreError::from_object_store(full_key, e)),
-        }
+        self.within_budget(full_key, async {
+            match self.backend().delete(&path).await {
+                Ok(()) => Ok(()),
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(StoreError::from_object_store(full_key, e)),
+            }
+        })
+        .await
     }
 
     /// Every object under the relative folder `rel_dir` (recursively); empty if there is none.
@@ -567,6 +598,10 @@ impl RunStore {
 
     /// Reads the whole object at a full key.
     pub(crate) async fn get_full(&self, full_key: &str) -> Result<Bytes, StoreError> {
+        self.within_budget(full_key, self.get_once(full_key)).await
+    }
+
+    async fn get_once(&self, full_key: &str) -> Result<Bytes, StoreError> {
         self.refuse_links(full_key)?;
         let path = to_path(full_key)?;
         let map = |e| StoreError::from_object_store(full_key, e);
@@ -615,6 +650,16 @@ impl RunStore {
         &self.inner.lister
     }
 
+    /// HL-2 state (`None` for a local root).
+    pub(crate) fn health(&self) -> Option<&Health> {
+        self.inner.health.as_ref()
+    }
+
+    /// How long an S3 request is retried (ST-7).
+    pub(crate) fn budget(&self) -> std::time::Duration {
+        self.inner.budget
+    }
+
     /// The directory of a local root (`None` for S3).
     pub(crate) fn local_dir(&self) -> Option<&std::path::Path> {
         self.inner.local_dir.as_deref()
@@ -643,7 +688,16 @@ fn open_local(dir: &FsPath) -> Result<Arc<dyn ObjectStore>, String> {
     Ok(Arc::new(fs))
 }
 
-fn open_s3(url: &url::Url) -> Result<(Arc<AmazonS3>, String), String> {
+/// HL-2 state for an S3 root; local roots have none (HL-3).
+fn pager_health(local_dir: &Option<std::path::PathBuf>) -> Option<Health> {
+    local_dir.is_none().then(Health::default)
+}
+
+fn open_s3(
+    url: &url::Url,
+    settings: AmazonS3Builder,
+    budget: std::time::Duration,
+) -> Result<(Arc<AmazonS3>, String), String> {
     let bucket = url
         .host_str()
         .filter(|b| !b.is_empty())
@@ -655,15 +709,15 @@ fn open_s3(url: &url::Url) -> Result<(Arc<AmazonS3>, String), String> {
     if !prefix.is_empty() {
         validate_rel_key(&prefix).map_err(|e| format!("bad prefix: {e}"))?;
     }
-    let s3 = configure_s3(AmazonS3Builder::from_env(), bucket)
-        .with_retry(s3_retry())
+    let s3 = configure_s3(settings, bucket)
+        .with_retry(s3_retry(budget))
         .build()
         .map_err(|e| format!("cannot configure S3 from the AWS_* environment: {e}"))?;
     Ok((Arc::new(s3), prefix))
 }
 
 /// Backoff and retry budget of every S3 request (ST-7).
-fn s3_retry() -> RetryConfig {
+fn s3_retry(budget: std::time::Duration) -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: std::time::Duration::from_millis(100),
@@ -673,7 +727,7 @@ fn s3_retry() -> RetryConfig {
         // The jittered backoff (a random draw in [init, 2 × previous]) can stay short, so a
         // retry count would end a 20 s outage early: the timeout is the budget (ST-7).
         max_retries: 100_000,
-        retry_timeout: s3_retry_timeout(),
+        retry_timeout: budget,
     }
 }
 
