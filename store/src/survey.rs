@@ -53,9 +53,11 @@ impl RunStore {
             match self.read_manifest(&id).await {
                 Ok(Some(m)) => survey.manifests.push(m),
                 Ok(None) => {} // uncommitted (CK-1)
-                Err(e @ (StoreError::ObjectStore { .. } | StoreError::LocalIo { .. })) => {
-                    return Err(e)
-                }
+                Err(
+                    e @ (StoreError::ObjectStore { .. }
+                    | StoreError::LocalIo { .. }
+                    | StoreError::Unreachable { .. }),
+                ) => return Err(e),
                 Err(e) => survey.unreadable.push((id, e.to_string())),
             }
         }
@@ -96,9 +98,11 @@ impl RunStore {
                 };
                 (Some(h), damage)
             }
-            Err(e @ (StoreError::ObjectStore { .. } | StoreError::LocalIo { .. })) => {
-                return Err(e)
-            }
+            Err(
+                e @ (StoreError::ObjectStore { .. }
+                | StoreError::LocalIo { .. }
+                | StoreError::Unreachable { .. }),
+            ) => return Err(e),
             Err(e) => (None, Some(format!("the head cannot be read: {e}"))),
         };
         let resume_from = damage.as_ref().and_then(|_| {
