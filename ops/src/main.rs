@@ -404,7 +404,14 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     );
     println!(
         "held-out success after RL:              {}",
-        success(outcome.eval_after, "not evaluated (stopped before the end)")
+        success(
+            outcome.eval_after,
+            if outcome.stopped {
+                "not evaluated (stopped before the end)"
+            } else {
+                "not evaluated (no held-out tasks were run)"
+            }
+        )
     );
     println!(
         "steps: {}  last checkpoint: {}  resumed from: {}  reused batches: {}  dropped batches: {}",
