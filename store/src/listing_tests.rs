@@ -21,7 +21,7 @@ fn plant(store: &RunStore, rel: &str, bytes: &[u8]) {
     let (bucket, prefix) = root.split_once('/').expect("bucket/prefix");
     let encoded: String = format!("{prefix}/{rel}")
         .split('/')
-        .map(|s| percent_encode(s))
+        .map(percent_encode)
         .collect::<Vec<_>>()
         .join("/");
     let body = tempfile::NamedTempFile::new().expect("body");
