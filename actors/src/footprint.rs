@@ -237,7 +237,8 @@ pub fn check_memory(cfg: &TrainConfig, shape: &ModelShape, memory: f64) -> Resul
                 "{} is too long for the KV cache a generator allocates: {} tokens × {} \
                  sequences (the {episodes} episodes of rollout.tasks_per_batch × \
                  rollout.group_size, at most {MAX_SAMPLER_SLOTS}, plus one) × {} layers need \
-                 {:.1} GiB; this machine has {:.1} GiB",
+                 {:.1} GiB; this machine has {:.1} GiB (lower model.context_len or the \
+                 episodes per batch, or use model.dtype = \"bfloat16\")",
                 cfg.model.context_len,
                 cfg.model.context_len,
                 episodes.clamp(1, MAX_SAMPLER_SLOTS) + 1,

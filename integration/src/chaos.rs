@@ -14,10 +14,15 @@
 //!   lands inside the commit.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use keel_store::{BatchKey, CheckpointManifest, RunStore, Source};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::ObjectStore;
 use tokio::runtime::Runtime;
 
 /// Sends `sig` to process `pid` at once (no `kill` process in between: a SIGSTOP that must land
@@ -140,24 +145,65 @@ fn turn_versions(rt: &Runtime, store: &RunStore, key: &BatchKey, context: &str) 
         .collect()
 }
 
-/// The checkpoint folders of a run root and whether each has its manifest.
-fn checkpoint_folders(rt: &Runtime, store: &RunStore) -> BTreeMap<String, bool> {
-    let mut folders = BTreeMap::new();
-    // A listing that fails (storage restarting) reads as nothing new.
-    for key in rt
-        .block_on(store.list_objects("checkpoints"))
-        .unwrap_or_default()
-    {
-        let mut parts = key.split('/').skip(1);
-        if let (Some(id), Some(name)) = (parts.next(), parts.next()) {
-            *folders.entry(id.to_string()).or_insert(false) |= name == "MANIFEST.json";
+/// One folder level of a run root at a time (S3 `delimiter` listings): the folders under
+/// `checkpoints/` are one short page however many checkpoints there are, where
+/// `RunStore::list_objects` reads every blob of every checkpoint (~200 ms at 280 checkpoints on
+/// a loaded 2-core machine: longer than a commit, so a long soak would catch none).
+pub struct Folders {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+impl Folders {
+    /// `root` as `RunStore::open` takes it (`s3://bucket/prefix` with the AWS environment, or a
+    /// local directory).
+    pub fn open(root: &str) -> Folders {
+        let (store, prefix): (Arc<dyn ObjectStore>, &str) = match root.strip_prefix("s3://") {
+            Some(rest) => {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                let s3 = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .build()
+                    .expect("an S3 client from the AWS environment");
+                (Arc::new(s3), prefix)
+            }
+            None => {
+                let local = LocalFileSystem::new_with_prefix(root).expect("a local run root");
+                (Arc::new(local), "")
+            }
+        };
+        Folders {
+            store,
+            prefix: Path::from(prefix.trim_end_matches('/')),
         }
     }
-    folders
+
+    /// The folder names and the object names directly under `rel` (`a/b`); a listing that fails
+    /// (storage restarting) is empty.
+    fn level(&self, rt: &Runtime, rel: &str) -> (Vec<String>, Vec<String>) {
+        let mut at = self.prefix.clone();
+        for part in rel.split('/') {
+            at = at.join(part);
+        }
+        let Ok(listed) = rt.block_on(self.store.list_with_delimiter(Some(&at))) else {
+            return (Vec::new(), Vec::new());
+        };
+        let name = |p: &Path| p.filename().unwrap_or_default().to_string();
+        let folders = listed.common_prefixes.iter().map(name).collect();
+        let objects = listed.objects.iter().map(|o| name(&o.location)).collect();
+        (folders, objects)
+    }
+
+    /// Whether checkpoint `id` has its manifest.
+    fn has_manifest(&self, rt: &Runtime, id: &str) -> bool {
+        let (_, objects) = self.level(rt, &format!("checkpoints/{id}"));
+        objects.iter().any(|n| n == "MANIFEST.json")
+    }
 }
 
 /// CH-2: watches a run root for a checkpoint commit in flight.
 pub struct CommitWatch {
+    folders: Folders,
     /// Folders that existed when the watch started or whose commit it saw finished.
     seen: BTreeSet<String>,
     /// Commits that finished between two polls (too quick to catch).
@@ -165,21 +211,26 @@ pub struct CommitWatch {
 }
 
 impl CommitWatch {
-    /// Every checkpoint folder there is now counts as old (an orphan of a killed commit too).
-    pub fn new(rt: &Runtime, store: &RunStore) -> Self {
+    /// Every checkpoint folder of `root` there is now counts as old (an orphan of a killed
+    /// commit too).
+    pub fn new(rt: &Runtime, root: &str) -> Self {
+        let folders = Folders::open(root);
+        let (ids, _) = folders.level(rt, "checkpoints");
         CommitWatch {
-            seen: checkpoint_folders(rt, store).into_keys().collect(),
+            folders,
+            seen: ids.into_iter().collect(),
             missed: 0,
         }
     }
 
     /// A new checkpoint folder without its manifest, if there is one now.
-    pub fn poll(&mut self, rt: &Runtime, store: &RunStore) -> Option<String> {
-        for (id, has_manifest) in checkpoint_folders(rt, store) {
+    pub fn poll(&mut self, rt: &Runtime) -> Option<String> {
+        let (ids, _) = self.folders.level(rt, "checkpoints");
+        for id in ids {
             if self.seen.contains(&id) {
                 continue;
             }
-            if !has_manifest {
+            if !self.folders.has_manifest(rt, &id) {
                 return Some(id);
             }
             self.seen.insert(id);
@@ -189,11 +240,9 @@ impl CommitWatch {
     }
 
     /// Whether the commit of `id` is still unfinished: no manifest, or a manifest its branch
-    /// head does not name yet. An id that is finished is remembered as seen.
+    /// head (read through `store`) does not name yet. An id that is finished is remembered.
     pub fn unfinished(&mut self, rt: &Runtime, store: &RunStore, id: &str) -> bool {
-        let folder = format!("checkpoints/{id}");
-        let listed = rt.block_on(store.list_objects(&folder)).unwrap_or_default();
-        if !listed.iter().any(|k| k.ends_with("/MANIFEST.json")) {
+        if !self.folders.has_manifest(rt, id) {
             return true;
         }
         let branch = rt

@@ -94,28 +94,42 @@ pub struct OwnSeaweed {
     pid: u32,
     dir: String,
     args: Vec<String>,
+    /// A server this process restarted runs under the process guard (PG-1/2): it dies with the
+    /// test even when the test process is SIGKILLed.
+    restarted: Option<Guarded>,
 }
 
 impl OwnSeaweed {
-    /// Starts a fresh server (bucket `keel-test`) with the repository's script.
+    /// Starts a fresh server (bucket `keel-test`) with the repository's script; a start that
+    /// fails (servers starting at once on a loaded machine) is cleaned up and tried again, up to
+    /// three times.
     pub fn start() -> OwnSeaweed {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/seaweedfs.sh");
-        let out = std::process::Command::new("bash")
-            .env_remove("KEEL_SEAWEED_S3_PORT")
-            .arg("-c")
-            .arg(format!(
-                ". {script} >/dev/null 2>&1 && echo $SEAWEED_PID $SEAWEED_DIR $SEAWEED_MASTER_PORT $SEAWEED_VOLUME_PORT $SEAWEED_FILER_PORT $SEAWEED_S3_PORT"
-            ))
-            .output()
-            .expect("run scripts/seaweedfs.sh");
-        let line = String::from_utf8_lossy(&out.stdout).to_string();
-        let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(
-            f.len(),
-            6,
-            "scripts/seaweedfs.sh failed: {line} {}",
-            String::from_utf8_lossy(&out.stderr)
+        // A failed start leaves nothing behind: the EXIT trap stops the server it started.
+        let start = format!(
+            "trap '[ -n \"${{ok:-}}\" ] || {{ kill -9 ${{SEAWEED_PID:-}}; rm -rf \"${{SEAWEED_DIR:-}}\"; }} 2>/dev/null' EXIT; \
+             . {script} >/dev/null && ok=1 && echo $SEAWEED_PID $SEAWEED_DIR $SEAWEED_MASTER_PORT \
+             $SEAWEED_VOLUME_PORT $SEAWEED_FILER_PORT $SEAWEED_S3_PORT"
         );
+        let mut failures = Vec::new();
+        let f = loop {
+            let out = std::process::Command::new("bash")
+                .env_remove("KEEL_SEAWEED_S3_PORT")
+                .arg("-c")
+                .arg(&start)
+                .output()
+                .expect("run scripts/seaweedfs.sh");
+            let line = String::from_utf8_lossy(&out.stdout).to_string();
+            let f: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+            if f.len() == 6 {
+                break f;
+            }
+            failures.push(format!("{line} {}", String::from_utf8_lossy(&out.stderr)));
+            assert!(
+                failures.len() < 3,
+                "scripts/seaweedfs.sh failed three times: {failures:#?}"
+            );
+        };
         let dir = f[1].to_string();
         let args = vec![
             "mini".into(),
@@ -135,6 +149,7 @@ impl OwnSeaweed {
             pid: f[0].parse().expect("pid"),
             dir,
             args,
+            restarted: None,
         }
     }
 
@@ -161,6 +176,7 @@ impl OwnSeaweed {
         let _ = std::process::Command::new("kill")
             .args(["-9", &self.pid.to_string()])
             .status();
+        self.restarted = None; // reaps a restarted server
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
 
@@ -171,15 +187,15 @@ impl OwnSeaweed {
             .create(true)
             .open(format!("{}/weed.log", self.dir))
             .expect("log");
-        // Reaped by init once the test process exits; Drop kills it by pid.
-        #[allow(clippy::zombie_processes)]
-        let child = std::process::Command::new("weed")
-            .args(&self.args)
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("restart weed");
+        let child = Guarded::spawn(
+            std::process::Command::new("weed")
+                .args(&self.args)
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log),
+        )
+        .expect("restart weed");
         self.pid = child.id();
+        self.restarted = Some(child);
         let addr = self.endpoint.trim_start_matches("http://").to_string();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while std::net::TcpStream::connect(&addr).is_err() {

@@ -225,11 +225,11 @@ impl Chaos {
     /// SIGTERM lands inside the next checkpoint commit that the watch catches in flight (CH-2);
     /// after 8 commits too quick to catch it lands wherever the run is. Answers where it landed.
     fn term_in_commit(&mut self, context: &str) -> &'static str {
-        let mut watch = CommitWatch::new(&self.rt, &self.store);
+        let mut watch = CommitWatch::new(&self.rt, &self.roles.root);
         let since = Instant::now();
         while watch.missed < 8 {
             self.assert_running(since, context);
-            let Some(id) = watch.poll(&self.rt, &self.store) else {
+            let Some(id) = watch.poll(&self.rt) else {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             };
@@ -535,6 +535,10 @@ fn a_sync_multi_process_run_under_faults_ends_bit_identical_to_an_uninterrupted_
     let reference = uninterrupted(dir.path(), &cfg);
     let want = rl_crcs(&chaos.rt, &reference);
     let got = rl_crcs(&chaos.rt, &chaos.head().0);
+    assert!(
+        want.contains_key(&step),
+        "the uninterrupted run ends at {step}"
+    );
     assert_eq!(
         got.get(&step),
         want.get(&step),
@@ -549,7 +553,9 @@ fn a_sync_multi_process_run_under_faults_ends_bit_identical_to_an_uninterrupted_
         assert_eq!(got[s], want[s], "seed {seed}: step {s} differs");
     }
     eprintln!(
-        "chaos Sync seed {seed}: {} checkpoints bit-identical to the uninterrupted run's (steps {common:?})",
-        common.len()
+        "chaos Sync seed {seed}: {} checkpoints (steps {:?}..={step}) bit-identical to the \
+         uninterrupted run's",
+        common.len(),
+        common.first()
     );
 }
