@@ -32,7 +32,7 @@ cat > "$SEAWEED_DIR/s3.json" <<JSON
 JSON
 mkdir -p "$SEAWEED_DIR/data"
 weed mini -dir="$SEAWEED_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.config="$SEAWEED_DIR/s3.json" \
-  -admin.ui=false -webdav=false -master.port="$SEAWEED_MASTER_PORT" -volume.port="$SEAWEED_VOLUME_PORT" \
+  -admin.ui=false -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 -master.port="$SEAWEED_MASTER_PORT" -volume.port="$SEAWEED_VOLUME_PORT" \
   -filer.port="$SEAWEED_FILER_PORT" \
   -s3.port="$SEAWEED_S3_PORT" >"$SEAWEED_DIR/weed.log" 2>&1 &
 SEAWEED_PID=$!

@@ -139,6 +139,10 @@ impl OwnSeaweed {
             format!("-s3.config={dir}/s3.json"),
             "-admin.ui=false".into(),
             "-webdav=false".into(),
+            // Iceberg and Lance listen on fixed ports (8181, 9101+): two servers starting at
+            // once race for them and one dies, so they are off (as in scripts/seaweedfs.sh).
+            "-s3.port.iceberg=0".into(),
+            "-s3.port.lance=0".into(),
             format!("-master.port={}", f[2]),
             format!("-volume.port={}", f[3]),
             format!("-filer.port={}", f[4]),
