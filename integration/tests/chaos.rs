@@ -336,7 +336,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 /// The run's config: GRPO with two ranks, SFT checkpointed, every checkpoint blob a multipart
 /// upload (a commit of several requests, so a SIGTERM can land inside it); async adds the
-/// staleness bound and a NaN fault at step 7 that the guard rewinds.
+/// staleness bound, a checkpoint per update and a NaN fault at step 7 that the guard rewinds.
 fn chaos_config(mode: Mode, dir: &Path, name: &str, steps: u64) -> PathBuf {
     let run = match mode {
         Mode::Async => MethodRun {
@@ -348,9 +348,11 @@ fn chaos_config(mode: Mode, dir: &Path, name: &str, steps: u64) -> PathBuf {
         },
         Mode::Sync => MethodRun::new("grpo"),
     };
+    // Async checkpoints every update, so that CH-1 knows the update each batch was trained at.
+    let every = if mode == Mode::Async { 1 } else { 2 };
     let run = MethodRun {
         steps,
-        checkpoint_every: 2,
+        checkpoint_every: every,
         latency_ms: 5.0,
         ..run
     };
