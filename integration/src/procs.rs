@@ -98,4 +98,32 @@ mod tests {
         assert!(!alive(leader as i32), "the child survived its guard");
         assert!(!alive(grandchild), "the child's child survived its guard");
     }
+
+    #[test]
+    fn pg2_a_child_whose_parent_dies_without_dropping_the_guard_is_killed() {
+        // The guard is leaked, as when the test process is SIGKILLed: nothing drops it. The
+        // parent-death signal follows the thread that started the child, so a thread that ends
+        // stands for a test process that dies.
+        let pid = std::thread::spawn(|| {
+            let guard = Guarded::spawn(Command::new("sleep").arg("600")).expect("spawn");
+            let pid = guard.id();
+            std::mem::forget(guard);
+            pid
+        })
+        .join()
+        .expect("thread");
+        let gone = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |s| s.split_whitespace().nth(2) == Some("Z"))
+        };
+        for _ in 0..500 {
+            if gone(pid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(gone(pid), "the child outlived the thread that started it");
+        // Reap it (it is this process's child).
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
+    }
 }
