@@ -614,6 +614,16 @@ pub fn checkpoint_file(
         .to_vec()
 }
 
+/// The crc32 the manifest records for its file `name` (panics naming the checkpoint if absent).
+pub fn file_crc(manifest: &keel_store::CheckpointManifest, name: &str) -> u32 {
+    manifest
+        .files
+        .iter()
+        .find(|f| f.name == name)
+        .map(|f| f.crc32)
+        .unwrap_or_else(|| panic!("{} has no {name}", manifest.id))
+}
+
 /// Asserts every number of a step event's metrics is finite.
 pub fn assert_finite_metrics(step: &serde_json::Value, context: &str) {
     for (k, v) in step["metrics"].as_object().expect("metrics object") {

@@ -485,13 +485,7 @@ fn an_async_multi_process_run_survives_a_seeded_schedule_of_single_faults() {
 /// (step, model crc, optimizer crc) of every RL checkpoint on the lineage of `store`'s head.
 fn rl_crcs(rt: &tokio::runtime::Runtime, store: &RunStore) -> BTreeMap<u64, (u32, u32)> {
     let (_, lineage) = check_accounting(rt, store, TASKS_PER_BATCH, "crcs").expect("a checkpoint");
-    let crc = |m: &CheckpointManifest, name: &str| {
-        m.files
-            .iter()
-            .find(|f| f.name == name)
-            .map(|f| f.crc32)
-            .unwrap_or_else(|| panic!("{} has no {name}", m.id))
-    };
+    let crc = keel_integration::file_crc;
     lineage
         .iter()
         .filter(|m| m.step > 0)

@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_integration::{check_accounting, keel_bin, s3_root, test_rt, Guarded, MethodRun};
-use keel_store::{CheckpointManifest, RunStore};
+use keel_store::RunStore;
 use rand::{Rng, SeedableRng};
 
 const TASKS_PER_BATCH: u64 = 6; // MethodRun's rollout.tasks_per_batch
@@ -105,13 +105,7 @@ fn run_trainer_and_two_generators(dir: &Path, cfg: &Path, root: &str) {
 fn lineage_crcs(rt: &tokio::runtime::Runtime, root: &str) -> Vec<(u64, u32, u32)> {
     let store = RunStore::open(root).expect("open");
     let (_, lineage) = check_accounting(rt, &store, TASKS_PER_BATCH, root).expect("a checkpoint");
-    let crc = |m: &CheckpointManifest, name: &str| {
-        m.files
-            .iter()
-            .find(|f| f.name == name)
-            .map(|f| f.crc32)
-            .unwrap_or_else(|| panic!("{} has no {name}", m.id))
-    };
+    let crc = keel_integration::file_crc;
     lineage
         .iter()
         .rev()
