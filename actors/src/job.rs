@@ -26,9 +26,6 @@
 //!   head (LV-1, LV-3); every commit it makes expects the head generation it last saw, and checks
 //!   that no newer life exists (LV-2). Two trainers on one branch can never both make progress.
 //!   Its batches carry the life in their keys (ST-12); its end is recorded (LV-4).
-//! - JB-10: a run that failed on the store ends within the store's retry budget plus a few
-//!   seconds: its last writes (metrics log, life end) get a short deadline each instead of the
-//!   full budget one after another.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -270,39 +267,20 @@ pub fn run_job(
     });
     actix::System::current().stop();
     drop(system);
-    // JB-10: after the store failed, the last writes get a short deadline each: they would
-    // otherwise wait out the full retry budget one after another.
-    let limit =
-        matches!(result, Err(ActorError::Store(_))).then_some(END_WRITES_AFTER_STORE_FAILURE);
+    // HL-2 (keel-store health): once the store has failed, these last writes get a short
+    // attempt each instead of a whole retry budget.
     if let Ok(log) = Arc::try_unwrap(log) {
         if let Ok(log) = log.into_inner() {
-            log.flush_within(limit);
+            log.flush();
         }
     }
     if let Ok(trackers) = Arc::try_unwrap(trackers) {
         trackers.finish();
     }
-    let end = record_end(&lives, life.life, &result);
-    match limit {
-        Some(l) => {
-            if io
-                .block_on(async { tokio::time::timeout(l, end).await })
-                .is_err()
-            {
-                tracing::warn!(
-                    life = life.life,
-                    "the end of this trainer life could not be recorded in time"
-                );
-            }
-        }
-        None => io.block_on(end),
-    }
-    io_runtime.shutdown_timeout(limit.unwrap_or(std::time::Duration::from_secs(10)));
+    io.block_on(record_end(&lives, life.life, &result));
+    io_runtime.shutdown_timeout(std::time::Duration::from_secs(10));
     result
 }
-
-/// JB-10: how long each last write (metrics log, life end) may take once the store has failed.
-const END_WRITES_AFTER_STORE_FAILURE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// LV-4: how this life ended (nothing for a superseded life: the branch is another's now).
 async fn record_end(lives: &RunStore, life: u64, result: &Result<JobOutcome, ActorError>) {

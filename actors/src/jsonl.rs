@@ -112,27 +112,11 @@ impl MetricsLog {
     }
 
     /// Stores every line appended so far and waits for it.
-    pub fn flush(self) {
-        self.flush_within(None);
-    }
-
-    /// Stores every line appended so far and waits for it at most `limit` (`None`: as long as
-    /// it takes); answers whether it was stored. A writer still retrying a dead store is left
-    /// behind (it ends with the process).
-    pub fn flush_within(mut self, limit: Option<Duration>) -> bool {
+    pub fn flush(mut self) {
         self.tx.take();
-        let Some(w) = self.writer.take() else {
-            return true;
-        };
-        let started = Instant::now();
-        while !w.is_finished() {
-            if limit.is_some_and(|l| started.elapsed() >= l) {
-                tracing::warn!("the metrics log's last lines could not be stored in time");
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
         }
-        w.join().is_ok()
     }
 }
 

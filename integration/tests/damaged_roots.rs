@@ -302,9 +302,9 @@ fn planted_links_in_a_local_root_are_never_followed() {
     assert_eq!(std::fs::read(&planted).expect("target"), secret);
 }
 
-/// Issue 32 item 10a: storage killed mid-run ends the run within its retry budget (HL-1, HL-2,
-/// JB-10): it took 182 s with a 60 s budget. The budget is 10 s here; the run must end within
-/// 1.5 budgets of the kill.
+/// Issue 32 item 10a: storage killed mid-run ends the run within its retry budget (HL-1, HL-2):
+/// it took 182 s with a 60 s budget. The budget is 10 s here; the run must end within 1.5
+/// budgets of the kill.
 #[test]
 fn killed_storage_fails_the_run_within_one_and_a_half_budgets() {
     let mut server = keel_integration::OwnSeaweed::start();

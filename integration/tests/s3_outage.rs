@@ -84,7 +84,7 @@ fn a_20_second_s3_outage_pauses_the_run_and_loses_nothing() {
     assert_eq!(head.step, steps);
 }
 
-/// JB-10: storage that never comes back ends the run within its retry budget plus a few seconds
+/// HL-1/HL-2: storage that never comes back ends the run within its retry budget plus a few seconds
 /// (it took three budgets one after another: the failing write, the metrics log, the life end).
 #[test]
 fn killed_storage_ends_the_run_within_the_retry_budget() {
