@@ -634,15 +634,13 @@ impl RunStore {
     /// touches its target.
     pub(crate) fn refuse_links_above(&self, full_key: &str) -> Result<(), StoreError> {
         let parent = full_key.rsplit_once('/').map_or("", |(dir, _)| dir);
-        if parent.is_empty() {
-            return Ok(());
+        match self.link_in(parent) {
+            Some(link) => Err(StoreError::Link {
+                key: full_key.to_string(),
+                link: link.display().to_string(),
+            }),
+            None => Ok(()),
         }
-        self.refuse_links(parent).map_err(|_| StoreError::Link {
-            key: full_key.to_string(),
-            link: self
-                .link_in(parent)
-                .map_or_else(String::new, |l| l.display().to_string()),
-        })
     }
 
     /// How this root is listed (LI-1..4).
