@@ -75,6 +75,12 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     || echo "setup: fonts-dejavu-core unavailable; report plots will have no text" >&2
 fi
 
+# scripts/test.sh gates on `cargo fmt --check` and `cargo clippy -D warnings`.
+if command -v rustup >/dev/null 2>&1 && ! { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1; then
+  echo "setup: installing rustfmt and clippy (rustup)" >&2
+  rustup component add rustfmt clippy >/dev/null
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1 && ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest >/dev/null 2>&1 || echo "setup: cargo-nextest unavailable; tests fall back to cargo test" >&2

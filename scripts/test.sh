@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the machine and runs every test of the workspace (unit, integration, S3 against a real
-# SeaweedFS server on loopback), then the fuzz targets (keel-fuzz, 30 s each).
+# SeaweedFS server on loopback) after `cargo fmt --check` and `cargo clippy -D warnings`, then the fuzz targets (keel-fuzz, 30 s each).
 #   scripts/test.sh --slow   also runs the slow tests marked #[ignore] (the per-env SFT tests of
 #                            integration/tests/env_sft.rs: about 5 more minutes on 2 cores)
 # Other arguments go to cargo nextest (or cargo test).
@@ -13,6 +13,9 @@ if [ "${1:-}" = "--slow" ]; then
 fi
 . scripts/setup.sh
 export RUST_BACKTRACE=1
+# Style gates first: a formatting slip or a clippy warning fails the run before any test does.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build -p keel-ops   # integration tests drive the real `keel` binary (target/debug/keel)
 . scripts/seaweedfs.sh
 trap seaweed_stop EXIT
