@@ -4,7 +4,7 @@
 //! Invariants:
 //! - EV-4: evaluation runs the generator's rollout engine (chat codec, KV-cache sampler, agent
 //!   models, context limit) through a [`GeneratorHandle`] on the eval-split tasks `0..tasks`
-//!   (EV-1), so a policy is measured exactly as it samples in training; nothing is stored and
+//!   (EE-1), so a policy is measured exactly as it samples in training; nothing is stored and
 //!   no scaffold is shown (GN-8).
 //! - EV-5: pass@1 is the success rate of one greedy episode per task: a pure function of the
 //!   weights and the env. avg@k is the mean success of k episodes per task sampled at the

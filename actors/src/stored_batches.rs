@@ -7,7 +7,7 @@
 //!   the lowest of those seqs on, so the cost of a resume follows the batches in flight at the
 //!   checkpoint, not the run's length. A checkpoint written before the index existed (and a
 //!   fresh start) reads every batch of the branch.
-//! - JB-7: a corrupt batch among those read is moved to `quarantine/` (its range is owed again);
+//! - DF-6 (JB-7): a corrupt batch among those read is moved to `quarantine/` (its range is owed again);
 //!   it is never skipped silently.
 
 use keel_store::checkpoint::MAX_DATA_POSITION;
@@ -29,7 +29,7 @@ pub struct Scan {
 }
 
 /// Reads the batches of `store`'s branch that a resume from `data` may reuse (DF-4),
-/// quarantining corrupt ones (JB-7).
+/// quarantining corrupt ones (DF-6).
 pub async fn scan(store: &RunStore, data: &DataPosition) -> Result<Scan, StoreError> {
     let keys = store.list_batches_from(data.first_reusable_batch()).await?;
     let mut scan = Scan {

@@ -16,14 +16,14 @@
 //! pending and then answers `answer {value}`, solving every task in `n_ops + 1` turns.
 //!
 //! Invariants (beside EN-1..EN-6 of `env`):
-//! - CE-1 `max_turns = n_ops + 2`; the episode ends with reward 0 after that many turns without
+//! - CAL-1 `max_turns = n_ops + 2`; the episode ends with reward 0 after that many turns without
 //!   an answer. Invalid actions use up turns too.
-//! - CE-2 A number word is valid only in its canonical vocabulary spelling (`7`, not `07`,
+//! - CAL-2 A number word is valid only in its canonical vocabulary spelling (`7`, not `07`,
 //!   `+7` or `7.0`) and inside `[-99, 999]`.
-//! - CE-3 `progress` only grows, by one per correct pending `calc`, and never past `n_ops`;
+//! - CAL-3 `progress` only grows, by one per correct pending `calc`, and never past `n_ops`;
 //!   other valid calls leave the state unchanged apart from the turn count.
-//! - CE-4 Tasks come from `Expression::generate` (see its module for the range and
-//!   train/eval-bucket invariants EX-1, EX-2).
+//! - CAL-4 Tasks come from `Expression::generate` (see its module for the range and
+//!   train/eval-bucket invariants CAL-5, CAL-6).
 
 pub(crate) mod expression;
 
@@ -264,7 +264,7 @@ fn parse_action(text: &str) -> Option<Action> {
     words.next().is_none().then_some(action)
 }
 
-/// A vocabulary integer in its canonical spelling (CE-2).
+/// A vocabulary integer in its canonical spelling (CAL-2).
 pub(crate) fn parse_number(word: &str) -> Option<i64> {
     if word.len() > 4 {
         return None;

@@ -2,10 +2,10 @@
 //! with the success rate's 95% Wilson confidence interval.
 //!
 //! Invariants:
-//! - EV-1 Evaluation uses eval-split seeds `task_seed(Eval, 0..n)` only, one episode per task.
-//! - EV-2 The random policy picks uniformly among `admissible_actions()` with its own seeded
+//! - EE-1 Evaluation uses eval-split seeds `task_seed(Eval, 0..n)` only, one episode per task.
+//! - EE-2 The random policy picks uniformly among `admissible_actions()` with its own seeded
 //!   generator: a pure function of (env, seeds, rng seed).
-//! - EV-3 Episodes are bounded by `max_turns()` even for an env that never says done.
+//! - EE-3 Episodes are bounded by `max_turns()` even for an env that never says done.
 //! - An env that fails (an external server gone) ends the evaluation with its error
 //!   (`try_reset`/`try_step`), never a panic.
 //!
@@ -79,7 +79,7 @@ pub fn wilson(k: usize, n: usize) -> (f64, f64) {
     ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-/// Runs one episode of task `seed` with `act` choosing each action (EV-3).
+/// Runs one episode of task `seed` with `act` choosing each action (EE-3).
 pub fn run_episode(
     env: &mut dyn Env,
     seed: u64,
@@ -110,7 +110,7 @@ pub fn run_episode(
     Ok(result)
 }
 
-/// Evaluates `act` on the first `n` held-out tasks (EV-1).
+/// Evaluates `act` on the first `n` held-out tasks (EE-1).
 pub fn evaluate(
     env: &mut dyn Env,
     n: usize,
@@ -141,7 +141,7 @@ pub fn oracle_policy() -> impl FnMut(&dyn Env, &Transcript) -> String {
     |env: &dyn Env, _: &Transcript| env.oracle_action()
 }
 
-/// A uniformly random admissible action (EV-2).
+/// A uniformly random admissible action (EE-2).
 pub fn random_policy(seed: u64) -> impl FnMut(&dyn Env, &Transcript) -> String {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     move |env: &dyn Env, _: &Transcript| {

@@ -7,9 +7,9 @@
 //! position: a resumed run continues at the exact row, and a crash neither repeats nor skips one.
 //!
 //! Invariants:
-//! - RW-O1 Every epoch visits every row exactly once; epoch `e + 1` is a new pass (a different
+//! - ROW-1 Every epoch visits every row exactly once; epoch `e + 1` is a new pass (a different
 //!   permutation unless the dataset has a single row or shuffling is off).
-//! - RW-O2 `row(i)` is a pure function of (`i`, row count, shuffle seed, shuffle on/off).
+//! - ROW-2 `row(i)` is a pure function of (`i`, row count, shuffle seed, shuffle on/off).
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -45,7 +45,7 @@ impl RowOrder {
         index / self.rows
     }
 
-    /// The row of training task `index` (RW-O1, RW-O2).
+    /// The row of training task `index` (ROW-1, ROW-2).
     pub fn row(&mut self, index: u64) -> u64 {
         let (epoch, pos) = (index / self.rows, index % self.rows);
         if !self.shuffle {

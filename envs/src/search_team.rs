@@ -9,8 +9,8 @@
 //! The difficulty (1..=3) is the most hops; `max_turns = 3·difficulty + 4`.
 //!
 //! Invariants (beside EN-1..EN-9 and SQ-1):
-//! - ST-1 The agent order is router → (searcher → router)* → answerer; `agent_id` names who acts.
-//! - ST-2 The oracle routes to search while hops remain, searches each hop (KB-3), then answers:
+//! - TM-1 The agent order is router → (searcher → router)* → answerer; `agent_id` names who acts.
+//! - TM-2 The oracle routes to search while hops remain, searches each hop (KB-3), then answers:
 //!   `3·hops + 2` turns.
 
 use serde::{Deserialize, Serialize};

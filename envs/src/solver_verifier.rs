@@ -11,9 +11,9 @@
 //! The difficulty (1..=4) is the number of operations; `max_turns = n_ops + 2 + 2·MAX_LOOPS`.
 //!
 //! Invariants (beside EN-1..EN-9):
-//! - SV-A Every turn is tagged with the agent who takes it ([`Env::agent_id`] before the step;
+//! - VR-1 Every turn is tagged with the agent who takes it ([`Env::agent_id`] before the step;
 //!   `StepOutcome::agent_id` is the next one); invalid actions keep the turn with the same agent.
-//! - SV-B The oracle solver computes with `calc` and proposes the value; the oracle verifier
+//! - VR-2 The oracle solver computes with `calc` and proposes the value; the oracle verifier
 //!   accepts exactly the correct proposals, so the oracle pair succeeds in `n_ops + 2` turns and
 //!   recovers from any wrong proposal while loops remain.
 

@@ -5,15 +5,15 @@
 //! a bijection of `u64`, and `bit(Train) = 0`, `bit(Eval) = 1`.
 //!
 //! Invariants:
-//! - SP-1 For indices below 2^63, `task_seed` is injective over `(split, index)`: no train seed
+//! - SPL-1 For indices below 2^63, `task_seed` is injective over `(split, index)`: no train seed
 //!   equals an eval seed, and no two indices of one split share a seed. (Indices are taken
 //!   modulo 2^63.)
-//! - SP-2 The split is recoverable from the seed alone: `Split::of_seed(task_seed(s, i)) == s`.
+//! - SPL-2 The split is recoverable from the seed alone: `Split::of_seed(task_seed(s, i)) == s`.
 //!   Any `u64` has a split this way, so environments can key task generation on it.
-//! - SP-3 Seeds are disjoint, and expressions are too: `calc` keeps a held-out bucket of
+//! - SPL-3 Seeds are disjoint, and expressions are too: `calc` keeps a held-out bucket of
 //!   expressions (fingerprint ≡ 0 mod 10) that only eval seeds generate and that eval seeds
 //!   exclusively generate (see `calc`), so a held-out task is never a training task.
-//! - SP-4 `task_index(task_seed(s, i)) == (s, i)` for indices below 2^63.
+//! - SPL-4 `task_index(task_seed(s, i)) == (s, i)` for indices below 2^63.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +27,7 @@ pub enum Split {
 }
 
 impl Split {
-    /// The split a seed belongs to (SP-2): the low bit of the inverse mix.
+    /// The split a seed belongs to (SPL-2): the low bit of the inverse mix.
     pub fn of_seed(seed: u64) -> Split {
         if unmix64(seed) & 1 == 0 {
             Split::Train
@@ -44,14 +44,14 @@ impl Split {
     }
 }
 
-/// The `(split, index)` a seed was made from: the inverse of [`task_seed`] (SP-4), so an
+/// The `(split, index)` a seed was made from: the inverse of [`task_seed`] (SPL-4), so an
 /// env whose tasks are rows of a file can map a seed back to its position in the data stream.
 pub fn task_index(seed: u64) -> (Split, u64) {
     let x = unmix64(seed);
     (Split::of_seed(seed), x >> 1)
 }
 
-/// The seed of the `index`-th task of `split` (SP-1).
+/// The seed of the `index`-th task of `split` (SPL-1).
 pub fn task_seed(split: Split, index: u64) -> u64 {
     mix64(index.wrapping_mul(2) | split.bit())
 }

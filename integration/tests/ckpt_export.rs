@@ -1,4 +1,4 @@
-//! `keel ckpt export` round trip (EX-1..3): a real `keel train` run's checkpoint exported as a
+//! `keel ckpt export` round trip (EXP-1..3): a real `keel train` run's checkpoint exported as a
 //! Hugging Face folder is loaded by transformers (`AutoModelForCausalLM`, `AutoTokenizer`, the
 //! chat template) as a user would, and its logits equal keel's own forward of the checkpoint.
 //! Needs python3 with torch and transformers (scripts/setup.sh installs them).
@@ -57,7 +57,7 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
     ] {
         assert!(out.join(f).exists(), "the export has no {f}");
     }
-    // EX-3: an existing folder is refused and left as it is.
+    // EXP-3: an existing folder is refused and left as it is.
     let again = keel(&["ckpt", "export", &head.id, out_s, "--run-root", root_s]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));

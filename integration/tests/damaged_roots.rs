@@ -1,5 +1,5 @@
 //! `keel ckpt list / lineage / verify` on run roots whose head or manifests are damaged (issue 32
-//! item 9, CL-1, SY-1, SY-2): every readable checkpoint is still shown, the damage is named, and
+//! item 9, CKL-1, SY-1, SY-2): every readable checkpoint is still shown, the damage is named, and
 //! the checkpoint to resume from is given with the command that resumes from it.
 
 use std::path::Path;

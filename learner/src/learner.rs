@@ -52,7 +52,7 @@
 //!   policy's base tensors; a restore requires the checkpoint's base hash to equal the running
 //!   base's; dropout masks are drawn from a generator seeded per step (LO-5). A separate
 //!   critic is refused (it would be a full copy of the model).
-//! - LR-6 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
+//! - LR-8 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 
 use std::time::Instant;

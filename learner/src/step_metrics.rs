@@ -2,8 +2,8 @@
 //! meaning are listed in docs/metrics-learner.md.
 //!
 //! Invariants:
-//! - ST-1: every preset fills every field; a field that does not apply is 0, never NaN.
-//! - ST-2: per-minibatch fields are means over the call's minibatches; `actor_steps` and
+//! - SM-1: every preset fills every field; a field that does not apply is 0, never NaN.
+//! - SM-2: per-minibatch fields are means over the call's minibatches; `actor_steps` and
 //!   `critic_steps` are counts for the call.
 
 use crate::algo::ppo::ClipStats;

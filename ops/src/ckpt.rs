@@ -1,7 +1,7 @@
 //! `keel ckpt list | lineage | show | tag | verify | gc`: checkpoint housekeeping over the
 //! store's lineage API.
 //!
-//! Invariant CL-1: `list` and `lineage` work on a run root whose heads or manifests are damaged
+//! Invariant CKL-1: `list` and `lineage` work on a run root whose heads or manifests are damaged
 //! (the store's survey, SY-1): they show every readable checkpoint, mark what is damaged and name
 //! the checkpoint to resume from with the command that does it (SY-2).
 
@@ -19,7 +19,7 @@ fn open(run_root: &str) -> Result<(RunStore, tokio::runtime::Runtime)> {
     Ok((store, rt))
 }
 
-/// `keel ckpt list`: every readable checkpoint, heads marked, damage reported (CL-1).
+/// `keel ckpt list`: every readable checkpoint, heads marked, damage reported (CKL-1).
 pub fn list(run_root: &str) -> Result<()> {
     let (store, rt) = open(run_root)?;
     let survey = rt.block_on(store.survey())?;
@@ -52,7 +52,7 @@ pub fn list(run_root: &str) -> Result<()> {
     report_damage(&survey)
 }
 
-/// `keel ckpt lineage`: the checkpoints as a tree, damage reported (CL-1).
+/// `keel ckpt lineage`: the checkpoints as a tree, damage reported (CKL-1).
 pub fn lineage(run_root: &str) -> Result<()> {
     let (store, rt) = open(run_root)?;
     let survey = rt.block_on(store.survey())?;
@@ -73,7 +73,7 @@ pub fn lineage(run_root: &str) -> Result<()> {
     report_damage(&survey)
 }
 
-/// CL-1: the unreadable manifests and damaged heads, each head with the checkpoint to resume
+/// CKL-1: the unreadable manifests and damaged heads, each head with the checkpoint to resume
 /// from (SY-2).
 fn report_damage(survey: &Survey) -> Result<()> {
     for (id, why) in &survey.unreadable {

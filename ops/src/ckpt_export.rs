@@ -3,12 +3,12 @@
 //! no merge or conversion step.
 //!
 //! Invariants:
-//! - EX-1: every blob is verified against the manifest (size, CRC32) before anything is written.
-//! - EX-2: the folder holds `config.json` (`*ForCausalLM`, HS-1), the policy's weights under HF
+//! - EXP-1: every blob is verified against the manifest (size, CRC32) before anything is written.
+//! - EXP-2: the folder holds `config.json` (`*ForCausalLM`, HS-1), the policy's weights under HF
 //!   names (a critic's value head is left out), and the checkpoint's tokenizer files.
-//! - EX-3: nothing is written unless all of it is: the folder is assembled beside `OUT` and
+//! - EXP-3: nothing is written unless all of it is: the folder is assembled beside `OUT` and
 //!   renamed into place; an existing `OUT` is an error and is left untouched.
-//! - EX-4 (LoRA): a LoRA checkpoint's adapters go onto its base (the recorded folder or seed,
+//! - EXP-4 (LoRA): a LoRA checkpoint's adapters go onto its base (the recorded folder or seed,
 //!   or `--base DIR`), which must have the recorded hash (MD-6); the default export merges
 //!   them (HS-3), `--peft` writes them unmerged in PEFT's format with the base's folder as
 //!   `base_model_name_or_path`. `--peft` on a full fine-tune is an error.
@@ -21,7 +21,7 @@ use keel_learner::hf::HfModel;
 use keel_learner::{model_from_checkpoint, policy_from_checkpoint};
 use keel_store::RunStore;
 
-/// How to export (EX-4).
+/// How to export (EXP-4).
 pub struct ExportOptions<'a> {
     /// Write a LoRA run's adapters unmerged, in PEFT's format.
     pub peft: bool,
@@ -29,7 +29,7 @@ pub struct ExportOptions<'a> {
     pub base: Option<&'a Path>,
 }
 
-/// Exports checkpoint `id` of `run_root` into the new folder `out` (EX-1..4).
+/// Exports checkpoint `id` of `run_root` into the new folder `out` (EXP-1..4).
 pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) -> Result<()> {
     if out.exists() {
         bail!(
@@ -112,7 +112,7 @@ pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) ->
     Ok(())
 }
 
-/// A fresh folder beside `out` to assemble the export in (EX-3).
+/// A fresh folder beside `out` to assemble the export in (EXP-3).
 fn staging_dir(out: &Path) -> Result<PathBuf> {
     let name = out
         .file_name()

@@ -93,7 +93,7 @@ fn init_tracing(cli: &Cli) {
     } else {
         fmt.boxed()
     };
-    // The retry counter has its own filter, so it sees retries whatever the log filter (SR-1).
+    // The retry counter has its own filter, so it sees retries whatever the log filter (RY-1).
     let counter = store_retries::RetryCounter.with_filter(store_retries::retry_events());
     tracing_subscriber::registry()
         .with(fmt.with_filter(filter))
@@ -377,7 +377,7 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
     progress.finish();
     if let Some((url, run)) = push {
-        // Batch jobs: the final values outlive the process (PG-1), also when the run failed.
+        // Batch jobs: the final values outlive the process (PGW-1), also when the run failed.
         store_retries::export(&metrics);
         match pushgateway::push(&url, &run, metrics.render()) {
             Ok(()) => eprintln!(

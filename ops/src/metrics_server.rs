@@ -1,6 +1,6 @@
 //! The Prometheus endpoint: `GET /metrics` on a background thread.
 //!
-//! Invariant MS-1: it binds the configured address (loopback by default) and serves only
+//! Invariant MX-1: it binds the configured address (loopback by default) and serves only
 //! `/metrics` (and `/healthz`); everything else is 404.
 
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! Push of a batch job's final metrics to a Prometheus Pushgateway (`metrics.pushgateway_url`).
 //!
-//! Invariant PG-1: the push replaces the group `job="keel", run="<run.name>"` (HTTP PUT of the
+//! Invariant PGW-1: the push replaces the group `job="keel", run="<run.name>"` (HTTP PUT of the
 //! text exposition to `<url>/metrics/job/keel/run/<run>`); a failed push is reported as an error
 //! but never loses the run's results (they are in the run root already).
 
@@ -11,7 +11,7 @@ pub fn group_url(base: &str, run: &str) -> String {
     format!("{}/metrics/job/keel/run/{run}", base.trim_end_matches('/'))
 }
 
-/// PUTs `text` (Prometheus text format) to the group of `run` (PG-1).
+/// PUTs `text` (Prometheus text format) to the group of `run` (PGW-1).
 pub fn push(base: &str, run: &str, text: String) -> Result<()> {
     let url = group_url(base, run);
     let shown = keel_envs::redact_url(&url);

@@ -3,7 +3,7 @@
 //! A tracing layer with its own filter counts those events whatever the log filter says, and the
 //! count is copied into the metrics before every scrape and push.
 //!
-//! Invariant SR-1: the counter sees every retry event, also when logs are filtered to `warn`.
+//! Invariant RY-1: the counter sees every retry event, also when logs are filtered to `warn`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,7 +16,7 @@ use tracing_subscriber::Layer;
 static RETRIES: AtomicU64 = AtomicU64::new(0);
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
 
-/// Counts the events it is given (SR-1).
+/// Counts the events it is given (RY-1).
 pub struct RetryCounter;
 
 impl<S: Subscriber> Layer<S> for RetryCounter {

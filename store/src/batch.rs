@@ -4,14 +4,14 @@
 //! as an rkyv archive (see `frame`) so the learner reads it zero-copy through [`BatchBuf`].
 //!
 //! Invariants:
-//! - BT-1: a batch that passes [`RolloutBatch::validate`] has, in every trajectory,
+//! - RB-1: a batch that passes [`RolloutBatch::validate`] has, in every trajectory,
 //!   `loss_mask.len() == behaviour_logprobs.len() == tokens.len()`, a `loss_mask` of only 0s and
 //!   1s, a `behaviour_logprob` of exactly 0.0 wherever `loss_mask == 0` and a finite one
 //!   elsewhere, finite rewards, and unique trajectory ids within the batch.
-//! - BT-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
+//! - RB-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
 //!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), every token with
 //!   `loss_mask == 1` lies inside some turn, and `trained_turn` (RTPO) names an existing turn.
-//! - BT-3: a [`BatchBuf`] only exists for bytes that passed bytecheck validation once, in
+//! - RB-3: a [`BatchBuf`] only exists for bytes that passed bytecheck validation once, in
 //!   [`BatchBuf::from_archive_bytes`]; [`BatchBuf::archived`] never validates again and never
 //!   copies.
 
@@ -111,7 +111,7 @@ fn invalid(reason: String) -> StoreError {
 }
 
 impl RolloutBatch {
-    /// Checks BT-1 and BT-2; the error names the trajectory, the turn or the token at fault.
+    /// Checks RB-1 and RB-2; the error names the trajectory, the turn or the token at fault.
     pub fn validate(&self) -> Result<(), StoreError> {
         let mut ids = std::collections::HashSet::with_capacity(self.trajectories.len());
         for (i, t) in self.trajectories.iter().enumerate() {
@@ -228,7 +228,7 @@ impl ArchivedTrajectory {
 
 /// A validated, decompressed batch archive, read zero-copy.
 ///
-/// Owns the aligned archive bytes; validation happened once when it was built (BT-3).
+/// Owns the aligned archive bytes; validation happened once when it was built (RB-3).
 pub struct BatchBuf {
     bytes: AlignedVec,
 }
@@ -244,7 +244,7 @@ impl BatchBuf {
     /// The archived batch, without copying or re-validating.
     pub fn archived(&self) -> &ArchivedRolloutBatch {
         // SAFETY: `self.bytes` passed `rkyv::access::<ArchivedRolloutBatch, _>` (bytecheck) in
-        // `from_archive_bytes`, the only constructor, and is never mutated afterwards (BT-3).
+        // `from_archive_bytes`, the only constructor, and is never mutated afterwards (RB-3).
         unsafe { rkyv::access_unchecked::<ArchivedRolloutBatch>(&self.bytes) }
     }
 

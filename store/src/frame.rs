@@ -18,7 +18,7 @@
 //!   of the payload matches the header; the checksum is verified before decompressing.
 //! - FR-3: decompression is bounded by [`MAX_ARCHIVE_BYTES`] (1 GiB), so hostile input cannot
 //!   exhaust memory.
-//! - FR-4: a decoded batch has passed bytecheck validation (see BT-3 in `batch`).
+//! - FR-4: a decoded batch has passed bytecheck validation (see RB-3 in `batch`).
 //! - FR-5: [`encode_batch`] only encodes batches that pass `RolloutBatch::validate`, and
 //!   `decode_batch(encode_batch(b))` deserializes to a value equal to `b`, bit for bit.
 

@@ -7,8 +7,8 @@
 //! split: fingerprint ≡ 0 (mod 10) is the eval-only bucket.
 //!
 //! Invariants:
-//! - EX-1 Every intermediate value (hence the answer) lies in `[MIN_VALUE, MAX_VALUE]`.
-//! - EX-2 Expressions of train seeds are never in the eval bucket; expressions of eval seeds
+//! - CAL-5 Every intermediate value (hence the answer) lies in `[MIN_VALUE, MAX_VALUE]`.
+//! - CAL-6 Expressions of train seeds are never in the eval bucket; expressions of eval seeds
 //!   always are (barring 1000 misses in a row, probability 0.9^1000). So the two expression
 //!   sets are disjoint, at the cost of eval covering a tenth of the space: 17 distinct
 //!   expressions (of 243) at `n_ops = 1`, about 650 at `n_ops = 2`, thousands beyond.
@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{MAX_VALUE, MIN_VALUE};
 use crate::split::{mix64, Split};
 
-/// Redraws of the whole expression before the split bucket is given up on (see EX-2).
+/// Redraws of the whole expression before the split bucket is given up on (see CAL-6).
 const MAX_REDRAWS: usize = 1000;
 /// `1 / EVAL_BUCKETS` of the expression space is eval-only.
 const EVAL_BUCKETS: u64 = 10;
@@ -78,7 +78,7 @@ pub(crate) struct Expression {
 }
 
 impl Expression {
-    /// The task of `seed` with `n_ops` operations (EX-1, EX-2).
+    /// The task of `seed` with `n_ops` operations (CAL-5, CAL-6).
     pub(crate) fn generate(n_ops: usize, seed: u64) -> Expression {
         let want_eval = Split::of_seed(seed) == Split::Eval;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);

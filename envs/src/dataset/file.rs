@@ -4,12 +4,12 @@
 //! every format reaches one row parser ([`super::row`]).
 //!
 //! Invariants:
-//! - DF-F1 Rows come back in file order, each with its 1-based position (the JSONL line number,
+//! - FL-1 Rows come back in file order, each with its 1-based position (the JSONL line number,
 //!   the JSON array element, or the Parquet row number), so every error names the file and the
 //!   row.
-//! - DF-F2 A file that cannot be opened, decoded or holds no row is an error naming the file;
+//! - FL-2 A file that cannot be opened, decoded or holds no row is an error naming the file;
 //!   nothing is skipped silently (blank JSONL lines are not rows and are passed over).
-//! - DF-F3 A UTF-8 byte order mark at the start of a JSON file is skipped (Windows editors and
+//! - FL-3 A UTF-8 byte order mark at the start of a JSON file is skipped (Windows editors and
 //!   pandas' `utf-8-sig` write one); a `.json` file whose first character after it is `[` is
 //!   read as a JSON array of rows, any other as JSON Lines, and an error reading a `.json` file
 //!   says which two layouts keel reads.
@@ -29,7 +29,7 @@ use crate::error::EnvError;
 pub enum Format {
     /// One JSON object per line.
     JsonLines,
-    /// A `.json` file holding one JSON array of row objects (DF-F3).
+    /// A `.json` file holding one JSON array of row objects (FL-3).
     JsonArray,
     /// Apache Parquet (verl's format).
     Parquet,
@@ -52,7 +52,7 @@ impl Format {
 /// One row as read, before it is parsed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RawRow {
-    /// 1-based line (JSONL) or row (Parquet) number (DF-F1).
+    /// 1-based line (JSONL) or row (Parquet) number (FL-1).
     pub number: usize,
     /// The row as JSON.
     pub value: Value,
@@ -77,7 +77,7 @@ pub(crate) fn file_error(path: &Path, reason: impl Into<String>) -> EnvError {
     }
 }
 
-/// Reads every row of `path` (DF-F1, DF-F2).
+/// Reads every row of `path` (FL-1, FL-2).
 pub fn read(path: &Path) -> Result<RawFile, EnvError> {
     let format = Format::of(path)?;
     let file = File::open(path).map_err(|e| file_error(path, format!("cannot open: {e}")))?;
@@ -91,14 +91,14 @@ pub fn read(path: &Path) -> Result<RawFile, EnvError> {
     Ok(RawFile { format, rows })
 }
 
-/// The UTF-8 byte order mark (DF-F3).
+/// The UTF-8 byte order mark (FL-3).
 const BOM: char = '\u{feff}';
 
-/// What keel reads from a `.json` file, said in its errors (DF-F3).
+/// What keel reads from a `.json` file, said in its errors (FL-3).
 const JSON_LAYOUTS: &str =
     "keel reads a .json file as a JSON array of row objects or as JSON Lines (one JSON object per line)";
 
-/// A JSON Lines file or, for `.json`, a JSON array of rows (DF-F3).
+/// A JSON Lines file or, for `.json`, a JSON array of rows (FL-3).
 fn read_json(path: &Path, file: File) -> Result<(Format, Vec<RawRow>), EnvError> {
     let is_json = path.extension().and_then(|e| e.to_str()) == Some("json");
     let mut reader = BufReader::new(file);

@@ -1,11 +1,11 @@
 //! The tool calls of agentic dataset rows: `calc A OP B` (the built-in `calc` env's
-//! calculator, CE-2 number spelling) and `search WORDS` (BM25 over the row's documents, the
+//! calculator, CAL-2 number spelling) and `search WORDS` (BM25 over the row's documents, the
 //! best one returned), and how a final answer's text is taken from a response.
 //!
 //! Invariants:
-//! - DT-1 A response is a tool call exactly when its first word names a tool of its row; a
+//! - TL-1 A response is a tool call exactly when its first word names a tool of its row; a
 //!   malformed call is answered `error invalid action` and uses up its turn (EN-2).
-//! - DT-2 Observations are made of the words of the row's documents and [`KEYWORDS`] (and
+//! - TL-2 Observations are made of the words of the row's documents and [`KEYWORDS`] (and
 //!   `calc` numbers), so the word-level vocabulary covers them (DS-4, EN-6).
 
 use super::row::{Row, Tool};
@@ -14,7 +14,7 @@ use crate::calc::{parse_calc_call, MAX_VALUE, MIN_VALUE};
 
 /// The observation of an invalid action.
 pub(crate) const INVALID: &str = "error invalid action";
-/// The env's own words (DT-2).
+/// The env's own words (TL-2).
 pub(crate) const KEYWORDS: &str =
     "answer calc search result error invalid action out of range no results + - *";
 
@@ -24,7 +24,7 @@ pub(crate) struct Called {
     pub valid: bool,
 }
 
-/// The tool call `action` makes, or `None` when it is the final answer (DT-1).
+/// The tool call `action` makes, or `None` when it is the final answer (TL-1).
 pub(crate) fn call(row: &Row, action: &str) -> Option<Called> {
     let first = action.split_whitespace().next()?;
     let tool = row.tools.iter().find(|t| t.word() == first)?;

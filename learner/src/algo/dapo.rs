@@ -11,10 +11,10 @@
 //! ```
 //!
 //! Invariants:
-//! - DS-1: a group is never split: decisions are per group id.
-//! - DS-2: before the last try only informative groups are kept; on the last try the result is
+//! - DP-1: a group is never split: decisions are per group id.
+//! - DP-2: before the last try only informative groups are kept; on the last try the result is
 //!   filled to `target` with uniform groups when possible.
-//! - DS-3: overlong shaping never raises a reward and is 0 up to `L_max − B` tokens.
+//! - DP-3: overlong shaping never raises a reward and is 0 up to `L_max − B` tokens.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -96,7 +96,7 @@ impl GroupFilter {
     }
 }
 
-/// Overlong shaping term (DS-3) for a response of `len` tokens.
+/// Overlong shaping term (DP-3) for a response of `len` tokens.
 pub fn overlong_penalty(len: usize, max_len: usize, buffer: usize, factor: f64) -> f64 {
     if buffer == 0 {
         return 0.0;

@@ -11,8 +11,8 @@
 //! Statistics as GRPO's (unbiased std; singleton → mean 0, std 1), ε = 1e-6.
 //!
 //! Invariants:
-//! - DM-1: with a single agent, Dr. MAS equals GRPO over records.
-//! - DM-2: one agent's scores never change another agent's advantages in the same group.
+//! - MA-1: with a single agent, Dr. MAS equals GRPO over records.
+//! - MA-2: one agent's scores never change another agent's advantages in the same group.
 
 use std::collections::HashMap;
 

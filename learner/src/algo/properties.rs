@@ -1,4 +1,4 @@
-//! Property tests across the policy losses (LR-6): whatever the values at mask-0 positions —
+//! Property tests across the policy losses (LR-8): whatever the values at mask-0 positions —
 //! observation tokens and padding, even NaN — they receive no gradient and do not change the
 //! aggregated loss.
 

@@ -16,8 +16,8 @@
 //! included, as reef does). The critic's targets use λ = 1 (Monte-Carlo returns).
 //!
 //! Invariants:
-//! - SA-1: a token outside the band contributes neither value nor gradient.
-//! - SA-2: inside the band the gradient is exactly `−r_t·A_t·∇logp_t` (the weight is a constant).
+//! - SAO-1: a token outside the band contributes neither value nor gradient.
+//! - SAO-2: inside the band the gradient is exactly `−r_t·A_t·∇logp_t` (the weight is a constant).
 
 use tch::{Kind, Tensor};
 
@@ -132,7 +132,7 @@ mod tests {
         let beh = row(&[-1.0, -1.0, -1.0, -1.0]);
         let adv = row(&[1.0, -2.0, 0.5, 3.0]);
         let mask = row(&[1.0, 1.0, 0.0, 1.0]);
-        // Token 3 has ratio e^2 ≈ 7.4 outside (0.7, 6): SA-1, no gradient.
+        // Token 3 has ratio e^2 ≈ 7.4 outside (0.7, 6): SAO-1, no gradient.
         let x0 = [-0.8, -1.2, -0.5, 1.0];
         let f = |x: &Tensor| masked_mean(&dis_loss(x, &beh, &adv, &mask, 0.3, 5.0).0, &mask);
         // The equivalent objective with the weights frozen at x0: −Σ f_t·A_t·logp_t / 3.

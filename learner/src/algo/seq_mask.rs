@@ -8,7 +8,7 @@
 //! `A_i` is the sequence's token-mean advantage.
 //!
 //! Invariants:
-//! - SQ-1: the new mask is a constant (no gradient flows through the decision) and is a subset
+//! - MK-1: the new mask is a constant (no gradient flows through the decision) and is a subset
 //!   of the old mask.
 
 use tch::{Kind, Tensor};

@@ -2,14 +2,14 @@
 //! op: RMSNorm, rotary position embeddings, linear layers with optional bias.
 //!
 //! Invariants:
-//! - HL-1 (RMSNorm): `weight · x · rsqrt(mean(x²) + eps)` through libtorch's `rms_norm` (one
+//! - LY-1 (RMSNorm): `weight · x · rsqrt(mean(x²) + eps)` through libtorch's `rms_norm` (one
 //!   fused op; it accumulates in f32 for bf16 inputs). In f32 this equals `LlamaRMSNorm` up to
 //!   float reassociation; in bf16 it may differ from it by one rounding of the product.
-//! - HL-2 (RoPE): `inv_freq` is computed in f32 from `rope_theta` and the scaling exactly as
+//! - LY-2 (RoPE): `inv_freq` is computed in f32 from `rope_theta` and the scaling exactly as
 //!   transformers does; angles `position · inv_freq` are formed in f32, `cos`/`sin` are cast to
 //!   the activation kind, and `x·cos + rotate_half(x)·sin` is applied per head, computed as
 //!   `x·cos + roll(x, D/2)·sin±` with `sin± = [−sin₁, sin₂]` (the same products, fewer ops).
-//! - HL-3: a [`RopeTable`] built for `max_len` positions gives, for any position below it, the
+//! - LY-3: a [`RopeTable`] built for `max_len` positions gives, for any position below it, the
 //!   same `cos`/`sin` as one computed for that position alone (it is a pure function of the
 //!   position), so prefill, cached decode and the learner's forward agree.
 
@@ -38,13 +38,13 @@ impl Linear {
     }
 }
 
-/// RMSNorm over the last dimension (HL-1), libtorch's fused `rms_norm`.
+/// RMSNorm over the last dimension (LY-1), libtorch's fused `rms_norm`.
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor, HfError> {
     let d = x.size().last().copied().unwrap_or(0);
     Ok(x.f_rms_norm([d], Some(weight), eps)?)
 }
 
-/// `inv_freq` of the config's RoPE (HL-2), f32 on `device`, `[head_dim / 2]`.
+/// `inv_freq` of the config's RoPE (LY-2), f32 on `device`, `[head_dim / 2]`.
 pub(crate) fn inv_freq(cfg: &HfConfig, device: Device) -> Result<Tensor, HfError> {
     let d = cfg.head_dim as i64;
     let exps = Tensor::f_arange_start_step(0, d, 2, (Kind::Int64, device))?
@@ -87,11 +87,11 @@ pub(crate) fn inv_freq(cfg: &HfConfig, device: Device) -> Result<Tensor, HfError
     })
 }
 
-/// Precomputed `cos`/`sin` rows for positions `0..max_len` (HL-3), `[max_len, head_dim]` in
+/// Precomputed `cos`/`sin` rows for positions `0..max_len` (LY-3), `[max_len, head_dim]` in
 /// the activation kind.
 pub struct RopeTable {
     cos: Tensor,
-    /// `[−sin, sin]` over the two halves of the head (HL-2).
+    /// `[−sin, sin]` over the two halves of the head (LY-2).
     sin: Tensor,
 }
 
@@ -141,7 +141,7 @@ impl RopeTable {
 }
 
 /// `x·cos + rotate_half(x)·sin` for `x` `[B, H, T, D]`, with the signed `sin` of the table
-/// (HL-2).
+/// (LY-2).
 /// Scaled dot-product attention (libtorch's fused kernel) over `[B, heads, T, d]` queries and
 /// `[B, kv_heads, S, d]` keys/values, with grouped-query heads expanded by the kernel; `mask`
 /// (true = attend) or `is_causal` selects the visible keys.

@@ -8,12 +8,12 @@
 //! `learner.reference_kl = true` (so every method reports its KL to the SFT reference).
 //!
 //! Invariants:
-//! - AG-1: a grid that names an unknown env, a baseline that is not run on every env of its
+//! - AGR-1: a grid that names an unknown env, a baseline that is not run on every env of its
 //!   method, a duplicate name or seed, or a fragment that sets a key the arena owns is refused
 //!   before anything runs, naming the entry.
-//! - AG-2: every cell's config is validated as `keel train` validates it (`TrainConfig`); the
+//! - AGR-2: every cell's config is validated as `keel train` validates it (`TrainConfig`); the
 //!   error names the cell. The cell's config text is a pure function of the grid file.
-//! - AG-3: cell names are `<method>.<env>.<setting>.s<seed>` with method and env names of
+//! - AGR-3: cell names are `<method>.<env>.<setting>.s<seed>` with method and env names of
 //!   `[A-Za-z0-9_-]`, so a cell name is a safe folder name and never collides with the grid's
 //!   own `cells/` and `plots/` folders.
 
@@ -136,7 +136,7 @@ impl Setting {
 /// One run of the grid.
 #[derive(Debug, Clone)]
 pub struct Cell {
-    /// `<method>.<env>.<setting>.s<seed>` (AG-3).
+    /// `<method>.<env>.<setting>.s<seed>` (AGR-3).
     pub name: String,
     /// The method's name.
     pub method: String,
@@ -146,7 +146,7 @@ pub struct Cell {
     pub setting: Setting,
     /// `run.seed`.
     pub seed: u64,
-    /// The config `keel train` gets, as TOML text (AG-2).
+    /// The config `keel train` gets, as TOML text (AGR-2).
     pub config_text: String,
 }
 
@@ -177,7 +177,7 @@ impl Grid {
     }
 }
 
-/// Keys the arena sets in every cell (AG-1).
+/// Keys the arena sets in every cell (AGR-1).
 const OWNED: &[(&str, &str)] = &[
     ("run", "name"),
     ("run", "seed"),
@@ -223,7 +223,7 @@ fn owned_key_in(fragment: &Table) -> Option<String> {
     })
 }
 
-/// Reads and expands a grid file (AG-1..3).
+/// Reads and expands a grid file (AGR-1..3).
 pub fn load(path: &Path) -> Result<Grid> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read grid {}", path.display()))?;

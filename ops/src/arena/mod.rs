@@ -147,7 +147,7 @@ pub fn run(args: ArenaArgs) -> Result<()> {
     Ok(())
 }
 
-/// Each finished cell's stats, from its run root's metrics log (AS-1).
+/// Each finished cell's stats, from its run root's metrics log (AST-1).
 fn read_finished(grid: &grid::Grid, layout: &Layout) -> Result<Finished> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,14 +1,14 @@
 //! What the table says about a cell and about a method's seeds.
 //!
 //! Invariants:
-//! - AS-1: a cell's numbers come from its metrics log alone (`report::parse_log`), along the
+//! - AST-1: a cell's numbers come from its metrics log alone (`report::parse_log`), along the
 //!   history that survived (`report::head_series`); held-out success is the `after_rl` pass@1
 //!   (greedy, `rollout.eval_tasks` held-out tasks), before RL the `before_rl` one.
-//! - AS-2: best success and steps to threshold read the moving mean (window `arena.smooth`) of
+//! - AST-2: best success and steps to threshold read the moving mean (window `arena.smooth`) of
 //!   the training rollouts' success; a collapse event is a guard rewind, a non-finite step the
 //!   learner skipped, or a step whose gradient norm exceeds `arena.spike_ratio` × the median of
 //!   the previous `arena.spike_window` steps (with at least 5 of them).
-//! - AS-3: intervals are two-sided 95% Student-t intervals over seeds (Welch's for a
+//! - AST-3: intervals are two-sided 95% Student-t intervals over seeds (Welch's for a
 //!   difference); with fewer than two seeds on a side there is no interval and no verdict. The
 //!   verdict is `better` / `worse` when the difference's interval excludes 0, else `same`.
 
@@ -49,7 +49,7 @@ pub struct CellStats {
 }
 
 impl CellStats {
-    /// Collapse events of every kind (AS-2).
+    /// Collapse events of every kind (AST-2).
     pub fn collapses(&self) -> u64 {
         self.rewinds + self.nonfinite + self.spikes
     }
@@ -75,7 +75,7 @@ fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-/// Gradient-norm spikes (AS-2).
+/// Gradient-norm spikes (AST-2).
 pub fn spikes(grad_norm: &[(u64, f64)], ratio: f64, window: usize) -> u64 {
     let mut n = 0;
     for i in 5..grad_norm.len() {
@@ -90,7 +90,7 @@ pub fn spikes(grad_norm: &[(u64, f64)], ratio: f64, window: usize) -> u64 {
     n
 }
 
-/// A cell's numbers from its parsed log (AS-1, AS-2).
+/// A cell's numbers from its parsed log (AST-1, AST-2).
 pub fn cell_stats(log: &RunLog, arena: &ArenaSection) -> CellStats {
     let eval = |phase: &str| {
         log.evals
@@ -121,7 +121,7 @@ pub fn cell_stats(log: &RunLog, arena: &ArenaSection) -> CellStats {
     }
 }
 
-/// Mean and 95% half-width of a sample (AS-3); the half-width is NaN below two values.
+/// Mean and 95% half-width of a sample (AST-3); the half-width is NaN below two values.
 pub fn mean_ci(xs: &[f64]) -> (f64, f64) {
     let n = xs.len();
     if n == 0 {
@@ -161,7 +161,7 @@ impl Verdict {
     }
 }
 
-/// Difference of means `a − b`, its Welch 95% half-width, and the verdict (AS-3); `None` with
+/// Difference of means `a − b`, its Welch 95% half-width, and the verdict (AST-3); `None` with
 /// fewer than two seeds on either side.
 pub fn compare(a: &[f64], b: &[f64]) -> Option<(f64, f64, Verdict)> {
     if a.len() < 2 || b.len() < 2 {

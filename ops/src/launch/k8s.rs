@@ -2,7 +2,7 @@
 //! with the trainer and an Indexed Job of generators, and a ConfigMap with the config.
 //!
 //! Invariants:
-//! - LH-1: every value is a YAML double-quoted scalar of printable ASCII (`yaml_str`); those
+//! - K8-2 (LH-1): every value is a YAML double-quoted scalar of printable ASCII (`yaml_str`); those
 //!   in `command` also have `$` doubled (`k8s_literal`), so the only `$(...)` the kubelet
 //!   expands is the rank's `$(JOB_COMPLETION_INDEX)`.
 //! - K8-1: a generator's rank is its pod's completion index; failed ranks are replaced one

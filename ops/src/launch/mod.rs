@@ -7,7 +7,7 @@
 //! Invariants (each module states its own):
 //! - LH-1 (`quote`, `template`): no user value can change a rendered file's structure: values
 //!   are quoted for the file's format and templates are filled in one pass.
-//! - LH-2..4 (`plan`): the config is read and checked here and travels in the file; the ranks
+//! - `plan` (LH-2..4): the config is read and checked here and travels in the file; the ranks
 //!   launched are the ranks the trainer addresses; the engine's grace exceeds keel's.
 //! - LH-5: the launch's outcome is the trainer's exit status; generators are restarted after
 //!   a failure (bounded by `--max-restarts`) and stopped once the trainer has exited.

@@ -2,7 +2,7 @@
 //! running it with `python3`.
 //!
 //! Invariants:
-//! - LH-1: the driver's only placeholder is `@KEEL_PLAN@`, filled with one Python string
+//! - RL-3 (LH-1): the driver's only placeholder is `@KEEL_PLAN@`, filled with one Python string
 //!   literal holding the plan as JSON; the driver reads every value from it (`json.loads`),
 //!   so no value is ever Python source.
 //! - RL-1: `keel launch ray` exits with the driver's exit status, which is the trainer's

@@ -2,7 +2,7 @@
 //! component 0 the trainer, component 1 the generator ranks, an `srun` step per role.
 //!
 //! Invariants:
-//! - LH-1: every value in the script's body is one shell word (`shell_word`) or a quoted
+//! - SL-2 (LH-1): every value in the script's body is one shell word (`shell_word`) or a quoted
 //!   here-document (the config, under a delimiter that no line of it equals); values on
 //!   `#SBATCH` lines, which sbatch reads without a shell, are limited to a safe alphabet.
 //! - SL-1: `--signal=B:TERM@<engine grace>` and `--requeue`; the script forwards SIGTERM to

@@ -2,7 +2,7 @@
 //! digits and `_` between two `@`) replaced by values already quoted for the template's format.
 //!
 //! Invariants:
-//! - LH-1 (with `quote`): the template is scanned once, left to right, and a value is copied
+//! - TP-1 (LH-1, with `quote`): the template is scanned once, left to right, and a value is copied
 //!   out as it is: a value that contains `@NAME@` is never filled in again, so nothing a user
 //!   passes can turn into a placeholder or into template text.
 //! - Every placeholder of the template has a value and every value is used: a template and its
