@@ -26,9 +26,9 @@
 //! Every preset's AdamW weight decay is verl's 0.01 and its warm-up 0 unless its row says otherwise.
 //!
 //! Invariants:
-//! - PR-1: every preset's name round-trips through serde and [`Preset::from_name`]; `ALL` lists
+//! - PRS-1: every preset's name round-trips through serde and [`Preset::from_name`]; `ALL` lists
 //!   each variant once.
-//! - PR-2: `config()` is a pure function of the preset; overrides never mutate the registry.
+//! - PRS-2: `config()` is a pure function of the preset; overrides never mutate the registry.
 
 use crate::algo::aggregation::AggMode;
 use crate::algo::armor::{ArmorLoss, ARMOR_CLIP};
@@ -310,7 +310,7 @@ fn base() -> PresetConfig {
 }
 
 impl Preset {
-    /// Every preset, in documentation order (PR-1).
+    /// Every preset, in documentation order (PRS-1).
     pub const ALL: [Preset; 13] = [
         Preset::Ppo,
         Preset::Grpo,
@@ -359,7 +359,7 @@ impl Preset {
         }
     }
 
-    /// Components and default hyper-parameters (PR-2).
+    /// Components and default hyper-parameters (PRS-2).
     pub fn config(self) -> PresetConfig {
         match self {
             Preset::Ppo => PresetConfig { advantage: AdvantageKind::Gae, whiten: true, critic: Some(joint_critic()), ..base() },
