@@ -17,7 +17,7 @@
 //!   has no checkpoint yet.
 //! - BR-2: [`RunStore::advance_head`] succeeds for exactly one of several writers expecting the
 //!   same generation; the losers get `Conflict` and the head they lost to stays.
-//! - BR-3: a head is written only after the manifest it names (CK-2), so it always names a
+//! - BR-3: a head is written only after the manifest it names (CP-2), so it always names a
 //!   committed checkpoint; garbage collection deletes only generations below the newest two.
 
 use bytes::Bytes;

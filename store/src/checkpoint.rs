@@ -14,19 +14,19 @@
 //! checkpoint that the head may or may not name yet.
 //!
 //! Invariants:
-//! - CK-1: a checkpoint is committed iff `checkpoints/<id>/MANIFEST.json` exists; the manifest is
+//! - CP-1: a checkpoint is committed iff `checkpoints/<id>/MANIFEST.json` exists; the manifest is
 //!   written only after every blob it lists, and never overwritten.
-//! - CK-2: a head only ever names a committed checkpoint: it is written after the manifest.
-//! - CK-3: two writers racing to commit on one branch head: exactly one moves the head; the other
+//! - CP-2: a head only ever names a committed checkpoint: it is written after the manifest.
+//! - CP-3: two writers racing to commit on one branch head: exactly one moves the head; the other
 //!   gets `Conflict` (its checkpoint stays committed and listable, off any branch). With
 //!   [`ExpectHead::Id`] a head moved by anyone since the caller last saw it is also a `Conflict`.
-//! - CK-4: [`RunStore::read_checkpoint_file`] returns a blob only if its size and crc32 match the
+//! - CP-4: [`RunStore::read_checkpoint_file`] returns a blob only if its size and crc32 match the
 //!   manifest; any mismatch, a missing blob or an unreadable manifest is `CorruptCheckpoint`.
-//! - CK-5: checkpoint ids are `{step:08}-{8 hex}`; the hex part mixes the clock, the process id
+//! - CP-5: checkpoint ids are `{step:08}-{8 hex}`; the hex part mixes the clock, the process id
 //!   and a counter, so two branches committing the same step get different ids.
-//! - CK-6: blob names are single plain key segments (KY-2), unique, and never `MANIFEST.json`.
-//! - CK-7 (resume): [`RunStore::resume_point`] returns the newest checkpoint on the branch's
-//!   lineage whose every blob verifies (CK-4), starting at the head; each one skipped on the way is
+//! - CP-6: blob names are single plain key segments (KY-2), unique, and never `MANIFEST.json`.
+//! - CP-7 (resume): [`RunStore::resume_point`] returns the newest checkpoint on the branch's
+//!   lineage whose every blob verifies (CP-4), starting at the head; each one skipped on the way is
 //!   reported with its reason and its corrupt blob is quarantined (QU-1). If none verifies it is an
 //!   error, never "start from scratch".
 
@@ -47,7 +47,7 @@ const MANIFEST: &str = "MANIFEST.json";
 /// Size of one part of a multipart blob upload (S3's minimum part size is 5 MiB).
 const PART_BYTES: usize = 8 << 20;
 
-/// What the committer believes the branch head is (CK-3).
+/// What the committer believes the branch head is (CP-3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExpectHead {
     /// Whatever the head is when the commit starts (still exactly one winner among racers).
@@ -61,7 +61,7 @@ pub enum ExpectHead {
     Generation(Option<u64>),
 }
 
-/// A checkpoint passed over on the way to a verifiable one (CK-7).
+/// A checkpoint passed over on the way to a verifiable one (CP-7).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkippedCheckpoint {
     /// Its id.
@@ -206,7 +206,7 @@ pub struct FileEntry {
 pub struct CheckpointManifest {
     /// Manifest format version ([`CHECKPOINT_FORMAT_VERSION`]).
     pub format_version: u32,
-    /// `{step:08}-{8 hex}` (CK-5).
+    /// `{step:08}-{8 hex}` (CP-5).
     pub id: String,
     /// The checkpoint training resumed from, if any.
     pub parent: Option<String>,
@@ -252,7 +252,7 @@ pub struct NewCheckpoint {
     pub data: DataPosition,
     /// Scalar metrics; every value must be finite.
     pub metrics: BTreeMap<String, f64>,
-    /// The blobs: (name, bytes); names follow CK-6.
+    /// The blobs: (name, bytes); names follow CP-6.
     pub files: Vec<(String, Bytes)>,
 }
 
@@ -306,8 +306,8 @@ impl RunStore {
             .await
     }
 
-    /// Commits a checkpoint on `branch`: blobs, then the manifest (CK-1), then the head
-    /// (CK-2, CK-3). The parent is whatever `ckpt.parent` says (any checkpoint, on any branch),
+    /// Commits a checkpoint on `branch`: blobs, then the manifest (CP-1), then the head
+    /// (CP-2, CP-3). The parent is whatever `ckpt.parent` says (any checkpoint, on any branch),
     /// so "start branch X from checkpoint P" is `commit_checkpoint_on("X", {parent: P}, NoHead)`.
     pub async fn commit_checkpoint_on(
         &self,
@@ -399,7 +399,7 @@ impl RunStore {
             })
     }
 
-    /// Reads every blob of a checkpoint and verifies it against the manifest (CK-4).
+    /// Reads every blob of a checkpoint and verifies it against the manifest (CP-4).
     pub async fn verify_checkpoint(
         &self,
         manifest: &CheckpointManifest,
@@ -422,7 +422,7 @@ impl RunStore {
         Ok(out)
     }
 
-    /// The newest verifiable checkpoint on this branch's lineage (CK-7), or `None` when the branch
+    /// The newest verifiable checkpoint on this branch's lineage (CP-7), or `None` when the branch
     /// has no head.
     pub async fn resume_point(&self) -> Result<Option<ResumePoint>, StoreError> {
         let Some(head) = self.branch_head(self.branch()).await? else {
@@ -484,11 +484,11 @@ impl RunStore {
         })
     }
 
-    /// Every committed checkpoint (CK-1), sorted by step, then creation time, then id.
+    /// Every committed checkpoint (CP-1), sorted by step, then creation time, then id.
     pub async fn list_checkpoints(&self) -> Result<Vec<CheckpointManifest>, StoreError> {
         let mut manifests = Vec::new();
         for id in self.checkpoint_ids().await? {
-            // A directory without a manifest is an uncommitted checkpoint: not listed (CK-1).
+            // A directory without a manifest is an uncommitted checkpoint: not listed (CP-1).
             if let Some(manifest) = self.read_manifest(&id).await? {
                 manifests.push(manifest);
             }
@@ -513,7 +513,7 @@ impl RunStore {
             .collect())
     }
 
-    /// Reads blob `name` of a checkpoint and verifies its size and crc32 (CK-4).
+    /// Reads blob `name` of a checkpoint and verifies its size and crc32 (CP-4).
     pub async fn read_checkpoint_file(
         &self,
         manifest: &CheckpointManifest,
@@ -624,7 +624,7 @@ impl RunStore {
     }
 }
 
-/// Checks CK-6 and that the manifest will round-trip through JSON.
+/// Checks CP-6 and that the manifest will round-trip through JSON.
 fn check_new(ckpt: &NewCheckpoint) -> Result<(), StoreError> {
     let invalid = |reason: String| StoreError::InvalidCheckpoint { reason };
     if let Some(parent) = &ckpt.parent {
@@ -652,7 +652,7 @@ fn check_new(ckpt: &NewCheckpoint) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `{step:08}-{8 hex}` with the hex from the clock, the process id and a counter (CK-5).
+/// `{step:08}-{8 hex}` with the hex from the clock, the process id and a counter (CP-5).
 fn new_id(step: u64, config_hash: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

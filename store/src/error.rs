@@ -190,7 +190,7 @@ pub enum StoreError {
         reason: String,
     },
 
-    /// A branch has a head but no checkpoint on its lineage passes verification (CK-7).
+    /// A branch has a head but no checkpoint on its lineage passes verification (CP-7).
     #[error(
         "branch {branch} has no verifiable checkpoint (tried: {skipped}); restore the run root \
          from a backup or start a new branch with `keel train --from <checkpoint>`"

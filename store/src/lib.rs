@@ -20,12 +20,12 @@
 //! - [`error`] — [`StoreError`].
 //!
 //! Invariants (each module states its own, numbered, and its tests are named after them):
-//! - KS-1: the store never overwrites a rollout batch or a checkpoint manifest (ST-1, CK-1).
+//! - KS-1: the store never overwrites a rollout batch or a checkpoint manifest (ST-1, CP-1).
 //! - KS-2: nothing read from the store is trusted before it is checked: batches by frame checks
-//!   and bytecheck (FR-1..FR-4), checkpoint blobs by size and crc32 (CK-4).
+//!   and bytecheck (FR-1..FR-4), checkpoint blobs by size and crc32 (CP-4).
 //! - KS-3: no key a caller gives can leave the run root (ST-2, KY-1, KY-4).
 //! - KS-4: every commit is atomic on S3 semantics (no rename): create-only blobs, create-only
-//!   manifest, create-only head generation (CK-1..3, BR-2).
+//!   manifest, create-only head generation (CP-1..3, BR-2).
 
 #![deny(missing_docs)]
 

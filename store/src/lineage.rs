@@ -8,7 +8,7 @@
 //!
 //! Invariants:
 //! - LN-1: a checkpoint's tags are the tags in its manifest plus every `tags/<tag>/<id>` object;
-//!   tagging never rewrites a manifest (manifests are immutable, CK-1).
+//!   tagging never rewrites a manifest (manifests are immutable, CP-1).
 //! - LN-2: [`RunStore::ancestry`] walks parent links from a checkpoint to its root; a parent
 //!   removed by gc appears as its tombstone, tagged `collected`; the walk ends at a root, at a
 //!   parent that is gone without a tombstone, or at a cycle (never loops).

@@ -52,7 +52,7 @@ impl RunStore {
         for id in self.checkpoint_ids().await? {
             match self.read_manifest(&id).await {
                 Ok(Some(m)) => survey.manifests.push(m),
-                Ok(None) => {} // uncommitted (CK-1)
+                Ok(None) => {} // uncommitted (CP-1)
                 Err(
                     e @ (StoreError::ObjectStore { .. }
                     | StoreError::LocalIo { .. }
