@@ -455,6 +455,12 @@ fn invariant_ids_are_unique_across_the_workspace() {
         "found only {} definitions: is the scanner reading the modules' docs?",
         defs.len()
     );
+    let prefixes: std::collections::BTreeSet<&str> = defs.iter().map(Def::prefix).collect();
+    eprintln!(
+        "{} invariant definitions under {} prefixes",
+        defs.len(),
+        prefixes.len()
+    );
     let mut problems = collisions(&defs, SHARED_PREFIXES);
     problems.extend(bad);
     assert!(
