@@ -44,7 +44,7 @@ pub trait Reviewer: Send {
     fn review(&mut self, request: &ReviewRequest) -> Result<Vec<Edit>, ScaffoldError>;
 }
 
-/// The deterministic default reviewer (SC-9):
+/// The deterministic default reviewer (SC-8):
 /// - `EXPAND`: adds a skill of the type, the most common procedure (verbs of the actions, in
 ///   order) of successful episodes (then the most common successful first action, then
 ///   action), and a mistake, the most common procedure of two or more verbs only failures
