@@ -16,9 +16,10 @@
 //! - CT-6: every checkpoint records the task ranges trained on and the batches dropped since its
 //!   parent (`consumed_tasks`, `dropped_batches`), so the lineage accounts for every task id; a
 //!   corrupt batch is quarantined (QU-1), counted, and its range regenerated.
-//! - CT-7 (methods): RTPO trees, the PATS scaffold and ARMOR reference resets follow MS-1..3
-//!   (`controller/methods.rs`): what is generated next, what a trained batch consumes and what a
-//!   checkpoint records (`method_state`) depend on them.
+//! - CT-7 (methods): what is generated next, what a held batch consumes, the review after a
+//!   trained batch, the reference resets and what a checkpoint records (`method_state`) are the
+//!   method runtime's (`crate::method`, MR-1..4; RTPO trees, the PATS scaffold and ARMOR
+//!   reference resets follow MS-1..3); the controller never asks which method runs.
 //! - CT-3: a generator panic or a dropped batch gives its task range back to the cursor; no range
 //!   is lost. A restart budget overrun ends the run with an error.
 //! - CT-8: when every episode of `MAX_FAILED_BATCHES_IN_A_ROW` training batches in a row failed
@@ -43,15 +44,17 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use keel_envs::{task_seed, Split};
-use keel_store::{BatchKey, DataPosition, ExpectHead, NewCheckpoint, RunStore};
+use keel_store::{BatchKey, CheckpointManifest, DataPosition, ExpectHead, NewCheckpoint, RunStore};
 
 use crate::config::TrainConfig;
 use crate::error::ActorError;
 use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{Frontier, TaskCursor};
-use crate::generator::{Generate, Generated, Purpose, Work};
+use crate::generator::{Generate, Generated, Purpose};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
 use crate::learner_actor::{LearnerActor, ResetReference, Snapshot, TrainOn, Trained};
+use crate::method::plain::Plain;
+use crate::method::{MethodIo, MethodRuntime, Planned, Review, REFERENCE_RESET_TAG};
 use crate::metrics::{TrainMetrics, Utilization};
 use crate::remote::GeneratorHandle;
 use crate::rollout::TaskRef;
@@ -67,8 +70,8 @@ pub struct ReadyBatch {
     pub batch_seq: u64,
     /// Its first task id.
     pub first_task: u64,
-    /// RTPO: a sibling batch of the current tree (its range is not given back when it is
-    /// dropped: the same depth is branched again, MS-1).
+    /// Its range is held by the method (MR-2; RTPO's sibling batches): it is not given back
+    /// when the batch is dropped (the method samples it again, MS-1).
     pub branch: bool,
     /// PATS: its rollout groups, for the review after training (empty otherwise).
     pub groups: Arc<Vec<keel_envs::scaffold::GroupRecord>>,
@@ -153,8 +156,8 @@ pub struct ControllerSetup {
     pub stop: crate::job::StopSignal,
     /// Method state of the checkpoint resumed from (MS-1..3).
     pub method_state: BTreeMap<String, String>,
-    /// PATS, when the algorithm is `pats` (MS-2).
-    pub pats: Option<methods::PatsRuntime>,
+    /// The method's runtime, started (`MethodRuntime::start`) from `method_state` (MR-1..4).
+    pub method: Box<dyn MethodRuntime>,
     /// Where to report the end of the loop.
     pub done: tokio::sync::oneshot::Sender<Result<LoopOutcome, ActorError>>,
 }
@@ -188,10 +191,8 @@ pub struct Controller {
     next_tags: Vec<String>,
     gen_util: Utilization,
     learner_util: Utilization,
-    /// RTPO: the tree in progress (MS-1).
-    rtpo: Option<methods::RtpoTree>,
-    /// PATS (MS-2).
-    pats: Option<methods::PatsRuntime>,
+    /// The method's runtime: its work plan, state and checkpoint entries (CT-7).
+    method: Box<dyn MethodRuntime>,
     /// A method state object is being stored; nothing new starts until it is (MS-2).
     writing_state: bool,
     /// This life's tag in method state keys (MS-4).
@@ -214,19 +215,13 @@ impl Controller {
         let (tx, _) = tokio::sync::oneshot::channel();
         let done = Some(std::mem::replace(&mut s.done, tx));
         let mut cursor = TaskCursor::new(&s.frontier, s.cfg.rollout.tasks_per_batch as u64);
-        // MS-1: a tree in progress keeps its range; the cursor must not hand it out again.
-        let rtpo = s
-            .method_state
-            .get(methods::RTPO_STATE)
-            .and_then(|t| match methods::RtpoTree::from_state(t) {
-                Ok(tree) => Some(tree),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring the checkpoint's RTPO tree position; its range is sampled again");
-                    None
-                }
-            })
-            .filter(|tree| cursor.claim(tree.first_task));
-        let pats = s.pats.take();
+        let mut method = std::mem::replace(&mut s.method, Box::new(Plain));
+        // MR-2, MS-1: a range the method holds keeps it; the cursor must not hand it out again.
+        if let Some(first) = method.held_range() {
+            if !cursor.claim(first) {
+                method.abandon();
+            }
+        }
         let ready: VecDeque<ReadyBatch> = s.reuse.drain(..).collect();
         let mut guard = CollapseGuard::new(s.cfg.guard.clone());
         // GD-7: the rewinds so far, and the learning rate they cut, survive a restart.
@@ -255,10 +250,9 @@ impl Controller {
             epoch: 0,
             rewinding: false,
             next_tags: Vec::new(),
-            rtpo,
-            pats,
+            method,
             writing_state: false,
-            life_tag: methods::life_tag(),
+            life_tag: crate::method::life_tag(),
             head_generation: s.head_generation,
             failed_batches_in_a_row: 0,
             gen_util: Utilization::new(s.generators.len()),
@@ -403,45 +397,32 @@ impl Controller {
         m.generator_ranks_alive.set(alive as f64);
     }
 
-    fn is_rtpo(&self) -> bool {
-        self.s.cfg.learner.algo == keel_learner::Algo::Rtpo
-    }
-
-    /// What the next generation samples: RTPO's next trunk or depth (MS-1), else plain groups.
-    fn next_work(&mut self, seq: u64) -> (u64, Work, bool) {
-        if !self.is_rtpo() {
-            return (self.cursor.take(), Work::Groups, false);
-        }
-        match &self.rtpo {
-            Some(tree) => (
-                tree.first_task,
-                Work::Branches {
-                    key: tree.key.clone(),
-                    depth: tree.next,
-                },
-                true,
-            ),
-            None => (
-                self.cursor.take(),
-                Work::Trunks {
-                    key: self
-                        .s
-                        .store
-                        .state_key(&format!("rtpo/trunk-{seq:010}-{}.json", self.life_tag)),
-                },
-                false,
-            ),
+    /// What the method's hooks may reach (MR-3: state keys carry this life's tag).
+    fn method_io(&self) -> MethodIo {
+        MethodIo {
+            cfg: self.s.cfg.clone(),
+            store: self.s.store.clone(),
+            io: self.s.io.clone(),
+            learner: self.s.learner.clone(),
+            board: self.s.board.clone(),
+            life_tag: self.life_tag.clone(),
         }
     }
 
+    fn set_gen_busy(&mut self, g: usize, seq: Option<u64>) {
+        self.gen_busy[g] = seq;
+        self.gen_util
+            .set_busy(self.gen_busy.iter().filter(|b| b.is_some()).count());
+    }
+
+    /// Asks generator `g` for the next batch: the method's next work (CT-7) over a task range.
     fn generate(&mut self, g: usize, ctx: &mut Context<Self>) {
         let seq = self.next_batch_seq;
         self.next_batch_seq += 1;
-        let (first, work, branch) = self.next_work(seq);
-        let epoch = self.epoch;
-        self.gen_busy[g] = Some(seq);
-        self.gen_util
-            .set_busy(self.gen_busy.iter().filter(|b| b.is_some()).count());
+        let io = self.method_io();
+        let planned = self.method.next_work(seq, &mut self.cursor, &io);
+        let (first, epoch) = (planned.first_task, self.epoch);
+        self.set_gen_busy(g, Some(seq));
         self.generating.insert(seq, (first, epoch));
         let n = self.s.cfg.rollout.tasks_per_batch as u64;
         let tasks = (first..first + n)
@@ -450,108 +431,129 @@ impl Controller {
                 task_seed: task_seed(Split::Train, id),
             })
             .collect();
-        let trunk_key = match &work {
-            Work::Trunks { key } => Some(key.clone()),
-            _ => None,
-        };
         let msg = Generate {
             batch_seq: seq,
             tasks,
             purpose: Purpose::Train,
-            work,
-            scaffold: self.pats.as_ref().map(|p| p.bank.clone()),
-        };
-        // A range goes back to the cursor when its batch is lost; a sibling batch's range stays
-        // with its tree (the same depth is branched again, MS-1).
-        let give_back = move |act: &mut Self| {
-            if !branch {
-                act.cursor.give_back(first);
-            }
+            work: planned.work.clone(),
+            scaffold: self.method.scaffold(),
         };
         self.s.generators[g]
             .generate(msg)
             .into_actor(self)
             .map(move |res, act, ctx| {
-                act.gen_busy[g] = None;
-                act.gen_util.set_busy(act.gen_busy.iter().filter(|b| b.is_some()).count());
+                act.set_gen_busy(g, None);
                 act.generating.remove(&seq);
                 if epoch != act.epoch {
-                    // Sampled on a branch a rewind abandoned (CT-4): the rewind already owes its
-                    // range again from the target's frontier (RW-1).
-                    act.s.metrics.batches_dropped_by.inc_for("rewind", 1);
-                    act.dropped += 1;
-                    (act.s.events)(&TrainEvent::Dropped {
-                        batch_seq: seq,
-                        reason: "sampled on a branch a collapse-guard rewind abandoned".into(),
-                    });
-                    return act.pump(ctx);
+                    return act.drop_abandoned(seq, ctx);
                 }
-                match res {
-                    Ok(generated) if generated.key.is_some() || generated.trunk_depth.is_some() => {
-                        act.failed_batches_in_a_row = 0;
-                        let m = &act.s.metrics;
-                        let stats = &generated.stats;
-                        m.generated_tokens_per_s.set(stats.sampled_tokens as f64 / generated.sample_seconds.max(1e-9));
-                        m.store_put_seconds.observe_for("batch", generated.put_seconds);
-                        if let Some(u) = stats.sampler_utilization() {
-                            m.sampler_utilization.set(u);
-                        }
-                        act.note_generated(&generated);
-                        match (generated.key, generated.trunk_depth, trunk_key) {
-                            (Some(key), _, _) => act.ready.push_back(ReadyBatch {
-                                key,
-                                batch_seq: seq,
-                                first_task: first,
-                                branch,
-                                groups: Arc::new(generated.groups),
-                            }),
-                            (None, Some(depth), Some(key)) if depth > 0 => {
-                                act.rtpo = Some(methods::RtpoTree { first_task: first, key, depth, next: 0 });
-                            }
-                            _ => {
-                                return act.finish(ctx, Err(ActorError::Internal(format!(
-                                    "RTPO trunks of batch {seq} have no turn: raise model.context_len"
-                                ))));
-                            }
-                        }
-                    }
-                    Ok(_) => {
-                        return act.finish(ctx, Err(ActorError::Internal("train batch was not stored".into())));
-                    }
-                    Err(ActorError::GeneratorPanicked(p)) => {
-                        tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
-                        give_back(act);
-                    }
-                    Err(e @ (ActorError::RankSilent { .. } | ActorError::OrderVoid { .. })) => {
-                        // RM-5, RM-6: the range is issued again, to a rank that answers.
-                        tracing::warn!(batch_seq = seq, error = %e, "re-issuing a work order");
-                        give_back(act);
-                    }
-                    Err(ActorError::AllEpisodesFailed { batch_seq, failed, last_failure }) => {
-                        // CT-3: the range is owed again. CT-8: an env that fails every episode
-                        // of several batches in a row ends the run.
-                        give_back(act);
-                        act.failed_batches_in_a_row += 1;
-                        if act.failed_batches_in_a_row >= MAX_FAILED_BATCHES_IN_A_ROW {
-                            return act.finish(ctx, Err(ActorError::EnvFailing {
-                                env: act.s.cfg.env.name.clone(),
-                                batches: act.failed_batches_in_a_row,
-                                last_failure,
-                            }));
-                        }
-                        tracing::warn!(batch_seq, failed, last_failure = %last_failure, "every episode of the batch failed in its env; retrying its tasks");
-                    }
-                    Err(ActorError::Store(e)) => {
-                        act.s.metrics.store_errors.inc_for("put_batch", 1);
-                        return act.finish(ctx, Err(ActorError::Store(e)));
-                    }
-                    Err(e) => return act.finish(ctx, Err(e)),
-                }
-                act.pump(ctx);
+                act.on_generated(seq, planned, res, ctx)
             })
             .spawn(ctx);
     }
 
+    /// A batch sampled on a branch a rewind abandoned (CT-4): the rewind already owes its range
+    /// again from the target's frontier (RW-1).
+    fn drop_abandoned(&mut self, seq: u64, ctx: &mut Context<Self>) {
+        self.s.metrics.batches_dropped_by.inc_for("rewind", 1);
+        self.dropped += 1;
+        (self.s.events)(&TrainEvent::Dropped {
+            batch_seq: seq,
+            reason: "sampled on a branch a collapse-guard rewind abandoned".into(),
+        });
+        self.pump(ctx)
+    }
+
+    /// A generation's answer: a stored batch is ready to train; one that stored none (RTPO's
+    /// trunks) goes to the method; a lost one's range is owed again (CT-3).
+    fn on_generated(
+        &mut self,
+        seq: u64,
+        planned: Planned,
+        res: Result<Generated, ActorError>,
+        ctx: &mut Context<Self>,
+    ) {
+        let mut generated = match res {
+            Ok(g) if g.key.is_some() || g.trunk_depth.is_some() => g,
+            Ok(_) => {
+                let err = ActorError::Internal("train batch was not stored".into());
+                return self.finish(ctx, Err(err));
+            }
+            Err(e) => return self.generation_failed(seq, &planned, e, ctx),
+        };
+        self.failed_batches_in_a_row = 0;
+        let (m, stats) = (&self.s.metrics, &generated.stats);
+        m.generated_tokens_per_s
+            .set(stats.sampled_tokens as f64 / generated.sample_seconds.max(1e-9));
+        m.store_put_seconds
+            .observe_for("batch", generated.put_seconds);
+        if let Some(u) = stats.sampler_utilization() {
+            m.sampler_utilization.set(u);
+        }
+        self.note_generated(&generated);
+        match generated.key.take() {
+            Some(key) => self.ready.push_back(ReadyBatch {
+                key,
+                batch_seq: seq,
+                first_task: planned.first_task,
+                branch: planned.held,
+                groups: Arc::new(std::mem::take(&mut generated.groups)),
+            }),
+            None => {
+                if let Err(e) = self.method.on_unstored(&planned, &generated) {
+                    return self.finish(ctx, Err(e));
+                }
+            }
+        }
+        self.pump(ctx);
+    }
+
+    /// A generation failed: its range is owed again (a held range stays with the method, MR-2),
+    /// unless the failure ends the run (CT-8, a store error).
+    fn generation_failed(
+        &mut self,
+        seq: u64,
+        planned: &Planned,
+        e: ActorError,
+        ctx: &mut Context<Self>,
+    ) {
+        if !planned.held {
+            self.cursor.give_back(planned.first_task);
+        }
+        match e {
+            ActorError::GeneratorPanicked(p) => {
+                tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
+            }
+            e @ (ActorError::RankSilent { .. } | ActorError::OrderVoid { .. }) => {
+                // RM-5, RM-6: the range is issued again, to a rank that answers.
+                tracing::warn!(batch_seq = seq, error = %e, "re-issuing a work order");
+            }
+            ActorError::AllEpisodesFailed {
+                batch_seq,
+                failed,
+                last_failure,
+            } => {
+                // CT-3: the range is owed again. CT-8: an env that fails every episode of
+                // several batches in a row ends the run.
+                self.failed_batches_in_a_row += 1;
+                if self.failed_batches_in_a_row >= MAX_FAILED_BATCHES_IN_A_ROW {
+                    let err = ActorError::EnvFailing {
+                        env: self.s.cfg.env.name.clone(),
+                        batches: self.failed_batches_in_a_row,
+                        last_failure,
+                    };
+                    return self.finish(ctx, Err(err));
+                }
+                tracing::warn!(batch_seq, failed, last_failure = %last_failure, "every episode of the batch failed in its env; retrying its tasks");
+            }
+            ActorError::Store(e) => {
+                self.s.metrics.store_errors.inc_for("put_batch", 1);
+                return self.finish(ctx, Err(ActorError::Store(e)));
+            }
+            e => return self.finish(ctx, Err(e)),
+        }
+        self.pump(ctx);
+    }
     /// Reports what a generation did beyond its batch: dynamic-sampling passes, RTPO trunks,
     /// PATS scaffold tokens.
     fn note_generated(&mut self, g: &Generated) {
@@ -575,7 +577,7 @@ impl Controller {
         if let Some(depth) = g.trunk_depth {
             detail.insert("rtpo_trunk_depth".into(), depth.into());
         }
-        if g.stats.scaffold_tokens > 0 || self.pats.is_some() {
+        if g.stats.scaffold_tokens > 0 || self.method.scaffold().is_some() {
             detail.insert("prompt_tokens".into(), g.stats.prompt_tokens.into());
             detail.insert("scaffold_tokens".into(), g.stats.scaffold_tokens.into());
         }
@@ -663,8 +665,7 @@ impl Controller {
     }
 
     /// Accounts for a batch the learner used (CT-6): its range is trained, or skipped when its
-    /// update was refused as non-finite (GD-1); an RTPO sibling batch moves its tree on and its
-    /// range counts as trained after the last depth (MS-1).
+    /// update was refused as non-finite (GD-1); a held batch's range is the method's (MR-2).
     fn consume(&mut self, batch: &ReadyBatch, used: Used) {
         self.consumed_since_checkpoint.push(batch.batch_seq);
         if !batch.branch {
@@ -674,25 +675,18 @@ impl Controller {
             }
             return;
         }
-        let Some(tree) = self.rtpo.as_mut() else {
+        // MR-2: a held batch (an RTPO sibling batch) moves the method on; its range counts as
+        // trained once the method says so (MS-1: after the tree's last depth).
+        let Some(held) = self.method.on_held_consumed(batch.batch_seq) else {
             return;
         };
-        let detail = serde_json::json!({
-            "first_task": tree.first_task,
-            "depth": tree.next,
-            "depths": tree.depth,
-            "batch_seq": batch.batch_seq,
-        });
-        tree.next += 1;
-        let done = tree.next >= tree.depth;
         (self.s.events)(&TrainEvent::Method {
             step: self.s.version,
-            method: "rtpo".into(),
-            detail,
+            method: self.method.name().into(),
+            detail: held.detail,
         });
-        if done {
-            self.consumed_tasks_since_checkpoint.push(tree.first_task);
-            self.rtpo = None;
+        if let Some(first) = held.trained {
+            self.consumed_tasks_since_checkpoint.push(first);
         }
     }
 
@@ -731,20 +725,16 @@ impl Controller {
             self.s.metrics.guard_anomalies.inc_for(anomaly.kind(), 1);
             return self.rewind(anomaly, ctx);
         }
-        if !batch.groups.is_empty() && self.review_scaffold(t.version, &batch.groups, ctx) {
-            return; // MS-2: the step ends once the new bank version is stored
+        if self.review(t.version, &batch, ctx) {
+            return; // MS-2: the step ends once the review's state is stored
         }
         self.end_step(t.version, ctx);
     }
 
-    /// After an update (and its PATS review): ARMOR's reference reset (MS-3) or a scheduled
-    /// checkpoint.
+    /// After an update (and the method's review): a reference reset when the method asks for
+    /// one (ARMOR, MS-3), else a scheduled checkpoint.
     fn end_step(&mut self, version: u64, ctx: &mut Context<Self>) {
-        let reset = self.s.cfg.armor.reference_reset_every;
-        if self.s.cfg.learner.algo == keel_learner::Algo::Armor
-            && reset > 0
-            && version.is_multiple_of(reset)
-        {
+        if self.method.resets_reference_at(version) {
             return self.reset_reference(ctx);
         }
         let every = self.s.cfg.run.checkpoint_every;
@@ -753,79 +743,44 @@ impl Controller {
         }
     }
 
-    /// PATS (MS-2): reviews the trained batch's groups on the blocking pool (a reviewer may be
-    /// an HTTP service; nothing slow runs on the controller's thread). Nothing new starts until
-    /// the review and its bank write are done; a new bank version is stored before any generation
-    /// may use it and before a checkpoint names it. True when the review took the step over: it
-    /// ends the step (`end_step`) when it lands.
-    fn review_scaffold(
-        &mut self,
-        step: u64,
-        groups: &[keel_envs::scaffold::GroupRecord],
-        ctx: &mut Context<Self>,
-    ) -> bool {
-        let Some(mut pats) = self.pats.take() else {
+    /// The method's review of a trained batch (PATS, MS-2), off the controller's thread.
+    /// Nothing new starts until the review and its state write are done; a new state is stored
+    /// before any generation may use it and before a checkpoint names it. True when the review
+    /// took the step over: it ends the step (`end_step`) when it lands.
+    fn review(&mut self, step: u64, batch: &ReadyBatch, ctx: &mut Context<Self>) -> bool {
+        let io = self.method_io();
+        let Some(review) = self.method.review(step, batch, &io) else {
             return false;
         };
         self.writing_state = true;
-        let store = self.s.store.clone();
-        let life = self.life_tag.clone();
-        let groups = groups.to_vec();
-        let io = self.s.io.clone();
-        async move {
-            io.spawn_blocking(move || {
-                let reviewed = pats.review(step, &groups, |v| {
-                    store.state_key(&format!("pats/scaffold-{v:06}-{life}.json"))
-                });
-                (pats, reviewed)
-            })
-            .await
-        }
-        .into_actor(self)
-        .map(move |res, act, ctx| match res {
-            Ok((pats, reviewed)) => {
-                act.pats = Some(pats);
+        review
+            .into_actor(self)
+            .map(move |res, act, ctx| {
                 act.writing_state = false;
-                act.after_review(step, reviewed, ctx)
-            }
-            Err(e) => act.finish(
-                ctx,
-                Err(ActorError::Internal(format!(
-                    "PATS review at step {step}: {e}"
-                ))),
-            ),
-        })
-        .spawn(ctx);
+                match res {
+                    Ok(review) => act.after_review(step, review, ctx),
+                    Err(e) => act.finish(ctx, Err(e)),
+                }
+            })
+            .spawn(ctx);
         true
     }
 
-    /// Records a PATS review and stores the new bank version, then ends the step (MS-2).
-    fn after_review(
-        &mut self,
-        step: u64,
-        reviewed: Result<
-            (keel_envs::scaffold::StepReview, Option<methods::StateWrite>),
-            ActorError,
-        >,
-        ctx: &mut Context<Self>,
-    ) {
-        let (review, write) = match reviewed {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(step, error = %e, "PATS review skipped");
+    /// Records a review and stores the state it produced, then ends the step (MS-2).
+    fn after_review(&mut self, step: u64, review: Review, ctx: &mut Context<Self>) {
+        let (detail, write) = match review {
+            Review::Done { detail, write } => (detail, write),
+            Review::Skipped(e) => {
+                tracing::warn!(step, method = self.method.name(), error = %e, "review skipped");
                 self.end_step(step, ctx);
                 return self.pump(ctx);
             }
         };
-        if let Some(pats) = &self.pats {
-            let m = &self.s.metrics;
-            m.scaffold_version.set(pats.bank.version() as f64);
-            m.scaffold_entries.set(pats.bank.len() as f64);
-        }
+        self.method.export(&self.s.metrics);
         (self.s.events)(&TrainEvent::Method {
             step,
-            method: "pats".into(),
-            detail: serde_json::to_value(&review).unwrap_or_default(),
+            method: self.method.name().into(),
+            detail,
         });
         let Some((key, bytes)) = write else {
             self.end_step(step, ctx);
@@ -848,15 +803,16 @@ impl Controller {
                 Ok(Err(e)) => act.finish(ctx, Err(e.into())),
                 Err(e) => act.finish(
                     ctx,
-                    Err(ActorError::Internal(format!("PATS state write: {e}"))),
+                    Err(ActorError::Internal(format!("method state write: {e}"))),
                 ),
             }
         })
         .spawn(ctx);
     }
 
-    /// ARMOR (MS-3): copies the policy into the reference, publishes it to the generators and
-    /// commits a checkpoint tagged `reference-reset` that later checkpoints name as reference.
+    /// A reference reset (ARMOR, MS-3): copies the policy into the reference, publishes it to the
+    /// generators and commits a checkpoint tagged `reference-reset` that later checkpoints name
+    /// as reference.
     fn reset_reference(&mut self, ctx: &mut Context<Self>) {
         self.checkpointing = true;
         let version = self.s.version;
@@ -878,10 +834,10 @@ impl Controller {
                         });
                         (act.s.events)(&TrainEvent::Method {
                             step: version,
-                            method: "armor".into(),
+                            method: act.method.name().into(),
                             detail: serde_json::json!({ "reference_reset_at": version }),
                         });
-                        act.next_tags.push(methods::REFERENCE_RESET_TAG.to_string());
+                        act.next_tags.push(REFERENCE_RESET_TAG.to_string());
                         act.checkpoint(ctx);
                     }
                     Err(e) => act.finish(ctx, Err(e)),
@@ -918,24 +874,33 @@ impl Controller {
             .set(self.learner_util.take_idle_ratio());
     }
 
-    fn checkpoint(&mut self, ctx: &mut Context<Self>) {
-        self.checkpointing = true;
-        let started = Instant::now();
-        let mut tags = std::mem::take(&mut self.next_tags);
-        if self.guard.checkpoint_is_healthy() {
-            tags.push(HEALTHY_TAG.to_string());
+    /// The guard's and the method's checkpoint entries (GD-7, CT-7).
+    fn method_state(&self) -> BTreeMap<String, String> {
+        let mut method_state = BTreeMap::new();
+        if self.guard.config().enabled {
+            if let Ok(state) = serde_json::to_string(&self.guard.state()) {
+                method_state.insert(crate::guard::GUARD_STATE.to_string(), state);
+            }
         }
-        let version = self.s.version;
+        self.method.save_state(&mut method_state);
+        method_state
+    }
+
+    /// The data position a checkpoint records now (CT-2, CT-6, DF-4); takes what was consumed,
+    /// skipped and dropped since the last checkpoint.
+    fn data_position(&mut self) -> DataPosition {
         // Orders of an epoch a rewind abandoned are not this branch's: the rewind owes their
         // ranges again from its target's frontier (RW-1), and their batches are discarded.
         let current = self
             .generating
             .iter()
             .filter(|(_, (_, epoch))| *epoch == self.epoch);
+        // MR-2: a range the method holds is pending too.
         let in_flight: Vec<u64> = current
             .clone()
             .map(|(_, (first, _))| *first)
             .chain(self.ready.iter().map(|b| b.first_task))
+            .chain(self.method.held_range())
             .collect();
         // The resume index: where the batches of the pending ranges are (or will be) stored.
         let pending_batch_seqs: Vec<u64> = current
@@ -944,30 +909,8 @@ impl Controller {
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()
             .collect();
-        let in_flight: Vec<u64> = in_flight
-            .into_iter()
-            .chain(self.rtpo.as_ref().map(|t| t.first_task))
-            .collect();
         let frontier = self.cursor.frontier(in_flight, self.next_batch_seq);
-        let mut method_state = BTreeMap::new();
-        if self.guard.config().enabled {
-            if let Ok(state) = serde_json::to_string(&self.guard.state()) {
-                method_state.insert(crate::guard::GUARD_STATE.to_string(), state);
-            }
-        }
-        if let Some(tree) = &self.rtpo {
-            method_state.insert(methods::RTPO_STATE.to_string(), tree.to_state());
-        }
-        if let Some(p) = self.pats.as_ref().and_then(|p| p.pointer.as_ref()) {
-            method_state.insert(
-                methods::PATS_STATE.to_string(),
-                serde_json::to_string(p).unwrap_or_default(),
-            );
-        }
-        let resets_reference = tags.iter().any(|t| t == methods::REFERENCE_RESET_TAG);
-        let mut metrics = self.s.carried_metrics.clone();
-        metrics.extend(self.last_metrics.clone());
-        let data = DataPosition {
+        DataPosition {
             next_task_index: frontier.next_task,
             next_batch_seq: frontier.next_batch_seq,
             consumed_batches: std::mem::take(&mut self.consumed_since_checkpoint),
@@ -976,70 +919,43 @@ impl Controller {
             dropped_batches: std::mem::take(&mut self.dropped_since_checkpoint),
             skipped_tasks: std::mem::take(&mut self.skipped_tasks_since_checkpoint),
             pending_batch_seqs: Some(pending_batch_seqs),
-            method_state,
+            method_state: self.method_state(),
+        }
+    }
+
+    /// Commits a checkpoint of the learner as it is now (CT-2, CT-9).
+    fn checkpoint(&mut self, ctx: &mut Context<Self>) {
+        self.checkpointing = true;
+        let started = Instant::now();
+        let mut tags = std::mem::take(&mut self.next_tags);
+        if self.guard.checkpoint_is_healthy() {
+            tags.push(HEALTHY_TAG.to_string());
+        }
+        let version = self.s.version;
+        let resets_reference = tags.iter().any(|t| t == REFERENCE_RESET_TAG);
+        let mut metrics = self.s.carried_metrics.clone();
+        metrics.extend(self.last_metrics.clone());
+        let ckpt = NewCheckpoint {
+            parent: self.s.parent_checkpoint.clone(),
+            step: version,
+            policy_version: version,
+            config_hash: self.s.cfg.config_hash(),
+            reference: self.s.reference.clone(),
+            tags,
+            data: self.data_position(),
+            metrics,
+            files: Vec::new(),
         };
-        let store: RunStore = self.s.store.clone();
-        let io = self.s.io.clone();
-        let learner = self.s.learner.clone();
-        let parent = self.s.parent_checkpoint.clone();
-        let reference = self.s.reference.clone();
-        let config_hash = self.s.cfg.config_hash();
-        let (life, lives) = self.s.life.clone();
         let expect = self.head_generation;
-        let fut = async move {
-            // LV-2: a superseded trainer writes nothing; LV-3: nor does one behind the head.
-            lives.check_life(life).await?;
-            let files = learner
-                .send(Snapshot)
-                .await
-                .map_err(|e| ActorError::Mailbox(e.to_string()))??;
-            let bytes: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
-            let ckpt = NewCheckpoint {
-                parent,
-                step: version,
-                policy_version: version,
-                config_hash,
-                reference,
-                tags,
-                data,
-                metrics,
-                files: files
-                    .into_iter()
-                    .map(|(n, b)| (n, bytes::Bytes::from(b)))
-                    .collect(),
-            };
-            let branch = store.branch().to_string();
-            let manifest = io
-                .spawn(async move {
-                    store
-                        .commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(expect))
-                        .await
-                })
-                .await
-                .map_err(|e| ActorError::Internal(format!("checkpoint task: {e}")))??;
-            Ok::<_, ActorError>((manifest, bytes))
-        };
-        fut.into_actor(self)
+        self.commit(ckpt, expect)
+            .into_actor(self)
             .map(move |res, act, ctx| {
                 act.checkpointing = false;
                 match res {
                     Ok((manifest, bytes)) => {
-                        act.checkpointed_version = Some(version);
                         act.head_generation = Some(expect.map_or(1, |g| g + 1));
-                        act.s
-                            .metrics
-                            .record_checkpoint(bytes, started.elapsed().as_secs_f64());
-                        act.s.metrics.store_bytes.inc_for("put", bytes);
-                        tracing::info!(id = %manifest.id, step = version, "checkpoint committed");
-                        (act.s.events)(&TrainEvent::Checkpoint {
-                            id: manifest.id.clone(),
-                            step: version,
-                            parent: manifest.parent.clone(),
-                        });
-                        if resets_reference {
-                            act.s.reference = Some(manifest.id.clone());
-                        }
-                        act.s.parent_checkpoint = Some(manifest.id);
+                        let seconds = started.elapsed().as_secs_f64();
+                        act.committed(manifest, version, bytes, seconds, resets_reference);
                     }
                     Err(e) => {
                         if matches!(e, ActorError::Store(_)) {
@@ -1051,6 +967,68 @@ impl Controller {
                 act.pump(ctx);
             })
             .spawn(ctx);
+    }
+
+    /// Checks the life (LV-2), snapshots the learner into `ckpt` and commits it create-only,
+    /// expecting head generation `expect` (LV-3). Answers the manifest and the bytes written.
+    fn commit(
+        &self,
+        mut ckpt: NewCheckpoint,
+        expect: Option<u64>,
+    ) -> impl std::future::Future<Output = Result<(CheckpointManifest, u64), ActorError>> + 'static
+    {
+        let store: RunStore = self.s.store.clone();
+        let io = self.s.io.clone();
+        let learner = self.s.learner.clone();
+        let (life, lives) = self.s.life.clone();
+        async move {
+            // LV-2: a superseded trainer writes nothing; LV-3: nor does one behind the head.
+            lives.check_life(life).await?;
+            let files = learner
+                .send(Snapshot)
+                .await
+                .map_err(|e| ActorError::Mailbox(e.to_string()))??;
+            let bytes: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
+            ckpt.files = files
+                .into_iter()
+                .map(|(n, b)| (n, bytes::Bytes::from(b)))
+                .collect();
+            let branch = store.branch().to_string();
+            let manifest = io
+                .spawn(async move {
+                    store
+                        .commit_checkpoint_on(&branch, ckpt, ExpectHead::Generation(expect))
+                        .await
+                })
+                .await
+                .map_err(|e| ActorError::Internal(format!("checkpoint task: {e}")))??;
+            Ok((manifest, bytes))
+        }
+    }
+
+    /// A checkpoint was committed: it becomes the parent of the next (and, at a reference
+    /// reset, the reference, MS-3).
+    fn committed(
+        &mut self,
+        manifest: CheckpointManifest,
+        version: u64,
+        bytes: u64,
+        seconds: f64,
+        resets_reference: bool,
+    ) {
+        self.checkpointed_version = Some(version);
+        self.s.metrics.record_checkpoint(bytes, seconds);
+        self.s.metrics.store_bytes.inc_for("put", bytes);
+        tracing::info!(id = %manifest.id, step = version, "checkpoint committed");
+        (self.s.events)(&TrainEvent::Checkpoint {
+            id: manifest.id.clone(),
+            step: version,
+            parent: manifest.parent.clone(),
+        });
+        if resets_reference {
+            self.s.reference = Some(manifest.id.clone());
+        }
+        self.s.parent_checkpoint = Some(manifest.id);
     }
 }
 

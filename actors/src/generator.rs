@@ -38,13 +38,14 @@ use keel_envs::scaffold::{Bank, GroupRecord};
 use keel_learner::algo::presets::DynamicSampling;
 use keel_learner::hf::{ChatCodec, HfModel};
 use keel_learner::ModelSpec;
-use keel_store::{BatchKey, RolloutBatch, RunStore, Source};
+use keel_store::{BatchKey, RolloutBatch, RunStore};
 
 use crate::env_shard::EnvShard;
 use crate::error::ActorError;
+use crate::method::{armor, pats, rtpo};
 use crate::rollout::{
-    group_plans, reference_or_error, run_episodes, uninformative, BoundaryState, EpisodePlan,
-    ModelSource, Reroll, RolloutSpec, RolloutStats, ScaffoldRenderer, TaskRef,
+    group_plans, reference_or_error, run_episodes, BoundaryState, EpisodePlan, ModelSource, Reroll,
+    RolloutExtras, RolloutSpec, RolloutStats, TaskRef,
 };
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
@@ -196,60 +197,7 @@ pub struct Generated {
     pub groups: Vec<GroupRecord>,
 }
 
-/// RTPO: the trunk of one task and the boundary before each of its turns (GN-6).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct Trunk {
-    /// The task.
-    pub task_id: u64,
-    /// Its env seed.
-    pub task_seed: u64,
-    /// Boundary k = the state before turn k.
-    pub boundaries: Vec<BoundaryState>,
-    /// The trunk's final reward.
-    pub final_reward: f32,
-}
-
-/// The stored record of one trunk batch.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct TrunkRecord {
-    /// Format tag.
-    pub format: String,
-    /// Policy version that sampled the trunks.
-    pub policy_version: u64,
-    /// The trunks.
-    pub trunks: Vec<Trunk>,
-}
-
-const TRUNK_FORMAT: &str = "keel.rtpo.trunks.v1";
-
-impl TrunkRecord {
-    /// The most turns of any trunk.
-    pub fn depth(&self) -> usize {
-        self.trunks
-            .iter()
-            .map(|t| t.boundaries.len())
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Parses and checks a stored record.
-    pub fn from_bytes(key: &str, bytes: &[u8]) -> Result<Self, ActorError> {
-        let r: TrunkRecord = serde_json::from_slice(bytes)
-            .map_err(|e| ActorError::Resume(format!("RTPO trunk record {key}: {e}")))?;
-        if r.format != TRUNK_FORMAT {
-            return Err(ActorError::Resume(format!(
-                "RTPO trunk record {key}: format {:?}, expected {TRUNK_FORMAT:?}",
-                r.format
-            )));
-        }
-        Ok(r)
-    }
-}
-
-/// Group id of the siblings branched at `depth` from a task's trunk (unique per boundary).
-pub fn sibling_group(task_id: u64, depth: usize) -> u64 {
-    (task_id << 16) | depth as u64
-}
+pub use crate::method::rtpo::{sibling_group, Trunk, TrunkRecord};
 
 /// The generator actor.
 pub struct Generator {
@@ -357,47 +305,103 @@ impl Generator {
     }
 
     fn generate(&mut self, msg: &Generate) -> Result<Generated, ActorError> {
-        let setup = self.setup.clone();
         let train = msg.purpose == Purpose::Train;
         let anchors = if train && msg.work == Work::Groups {
-            setup.anchor_episodes
+            self.setup.anchor_episodes
         } else {
             0
         };
         let version = self.load_weights(anchors > 0)?;
+        let dynamic = self
+            .setup
+            .dynamic_sampling
+            .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
+        let spec = self.spec(msg, version, anchors, dynamic)?;
+        let start = std::time::Instant::now();
+        let (mut batch, stats, extras) = self.sample(&spec)?;
+        if anchors > 0 {
+            armor::filter_anchors(&mut batch);
+        }
+        let sample_seconds = start.elapsed().as_secs_f64();
+        if train && batch.trajectories.is_empty() {
+            // Every episode failed in its env (RO-4): nothing to store; the controller retries.
+            return Err(ActorError::AllEpisodesFailed {
+                batch_seq: msg.batch_seq,
+                failed: stats.failed_episodes,
+                last_failure: extras.last_failure.unwrap_or_else(|| "unknown".into()),
+            });
+        }
+        let groups = if train && msg.scaffold.is_some() {
+            pats::group_records(&batch, &extras.task_types, &self.setup.codec)?
+        } else {
+            Vec::new()
+        };
+        let (key, trunk_depth) = self.store_output(msg, version, &batch, extras.boundaries)?;
+        let put_seconds = start.elapsed().as_secs_f64() - sample_seconds;
+        Ok(Generated {
+            key,
+            batch_seq: msg.batch_seq,
+            policy_version: version,
+            stats,
+            tasks: msg.tasks.clone(),
+            sample_seconds,
+            put_seconds,
+            tries: extras.passes.max(1),
+            // Only meaningful under dynamic sampling (GN-5); 0 otherwise.
+            uniform_groups: if dynamic.is_some() {
+                extras.uniform_groups.len()
+            } else {
+                0
+            },
+            trunk_depth,
+            groups,
+        })
+    }
+
+    /// The episodes to sample: `(plans, capture boundaries)` for the message's work.
+    fn plans(
+        &mut self,
+        msg: &Generate,
+        anchors: usize,
+    ) -> Result<(Vec<EpisodePlan>, bool), ActorError> {
+        Ok(match (&msg.work, msg.purpose) {
+            (_, Purpose::Eval(Decoding::Greedy)) => (group_plans(&msg.tasks, 1, 0), false),
+            (_, Purpose::Eval(Decoding::Sampled { samples })) => {
+                (group_plans(&msg.tasks, samples.max(1), 0), false)
+            }
+            (Work::Groups, Purpose::Train) => (
+                group_plans(&msg.tasks, self.setup.group_size, anchors),
+                false,
+            ),
+            (Work::Trunks { .. }, Purpose::Train) => (group_plans(&msg.tasks, 1, 0), true),
+            (Work::Branches { key, depth }, Purpose::Train) => {
+                let record = self.trunk_record(key)?;
+                (
+                    rtpo::branch_plans(&record, *depth, self.setup.group_size),
+                    false,
+                )
+            }
+        })
+    }
+
+    /// What one batch samples (GN-3: seeded by run seed, purpose, first task and version).
+    fn spec(
+        &mut self,
+        msg: &Generate,
+        version: u64,
+        anchors: usize,
+        dynamic: Option<DynamicSampling>,
+    ) -> Result<RolloutSpec, ActorError> {
+        let train = msg.purpose == Purpose::Train;
+        let (plans, capture) = self.plans(msg, anchors)?;
         let first_task = msg.tasks.first().map(|t| t.task_id).unwrap_or(0);
         let purpose_tag = match msg.purpose {
             Purpose::Train => 1,
             Purpose::Eval(Decoding::Greedy) => 2,
             Purpose::Eval(Decoding::Sampled { .. }) => 3,
         };
-        let (plans, capture) = match (&msg.work, msg.purpose) {
-            (_, Purpose::Eval(Decoding::Greedy)) => (group_plans(&msg.tasks, 1, 0), false),
-            (_, Purpose::Eval(Decoding::Sampled { samples })) => {
-                (group_plans(&msg.tasks, samples.max(1), 0), false)
-            }
-            (Work::Groups, Purpose::Train) => {
-                (group_plans(&msg.tasks, setup.group_size, anchors), false)
-            }
-            (Work::Trunks { .. }, Purpose::Train) => (group_plans(&msg.tasks, 1, 0), true),
-            (Work::Branches { key, depth }, Purpose::Train) => {
-                (self.branch_plans(key, *depth)?, false)
-            }
-        };
-        let scaffold: Option<Arc<ScaffoldRenderer>> = match (&msg.scaffold, train) {
-            (Some(bank), true) => {
-                let (bank, words) = (bank.clone(), setup.scaffold_words);
-                Some(Arc::new(move |task_type: &str| {
-                    let r = bank.render(task_type, words);
-                    (r.text, r.version)
-                }))
-            }
-            _ => None,
-        };
-        let dynamic = setup
-            .dynamic_sampling
-            .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
-        let spec = RolloutSpec {
+        let setup = &self.setup;
+        Ok(RolloutSpec {
             run_id: setup.run_id.clone(),
             batch_seq: msg.batch_seq,
             generator_id: setup.id,
@@ -410,7 +414,11 @@ impl Generator {
             context_len: setup.context_len,
             rng_seed: mix_seed(&[setup.seed, purpose_tag, first_task, version]),
             first_id: msg.batch_seq * 1_000_000,
-            scaffold,
+            // GN-8: training prompts only.
+            scaffold: match (&msg.scaffold, train) {
+                (Some(bank), true) => Some(pats::renderer(bank.clone(), setup.scaffold_words)),
+                _ => None,
+            },
             capture_boundaries: capture,
             keep_anchor_states: setup.keep_anchor_states,
             batch_invariant: setup.batch_invariant,
@@ -421,8 +429,14 @@ impl Generator {
             }),
             // RO-10: only training batches of an async run follow the board.
             follow_weights: setup.follow_weights && train,
-        };
-        let start = std::time::Instant::now();
+        })
+    }
+
+    /// Samples `spec` with the loaded models.
+    fn sample(
+        &mut self,
+        spec: &RolloutSpec,
+    ) -> Result<(RolloutBatch, RolloutStats, RolloutExtras), ActorError> {
         let Some((loaded, models)) = self.models.as_mut() else {
             return Err(ActorError::Internal("no weights loaded".into()));
         };
@@ -430,110 +444,41 @@ impl Generator {
             models,
             version: loaded,
             epoch: self.epoch,
-            board: &setup.board,
-            agent_model: &setup.agent_model,
+            board: &self.setup.board,
+            agent_model: &self.setup.agent_model,
             reference: self.reference.as_ref().map(|(_, m)| m),
         };
-        let (mut batch, stats, extras) =
-            run_episodes(&mut source, &setup.codec, &setup.shards, &spec)?;
-        let task_types = extras.task_types.clone();
-        let last_failure = extras.last_failure.clone();
-        let tries = extras.passes.max(1);
-        let uniform = extras.uniform_groups.clone();
-        if anchors > 0 {
-            filter_anchors(&mut batch);
-        }
-        let sample_seconds = start.elapsed().as_secs_f64();
-        if train && batch.trajectories.is_empty() {
-            // Every episode failed in its env (RO-4): nothing to store; the controller retries.
-            return Err(ActorError::AllEpisodesFailed {
-                batch_seq: msg.batch_seq,
-                failed: stats.failed_episodes,
-                last_failure: last_failure.unwrap_or_else(|| "unknown".into()),
-            });
-        }
-        let groups = if train && msg.scaffold.is_some() {
-            group_records(&batch, &task_types, &setup.codec)?
-        } else {
-            Vec::new()
-        };
-        let mut trunk_depth = None;
-        let key = match (&msg.work, msg.purpose) {
-            (_, Purpose::Eval(_)) => None,
+        run_episodes(&mut source, &self.setup.codec, &self.setup.shards, spec)
+    }
+
+    /// Stores a training batch (GN-2) or, for RTPO's trunks, the trunk record (GN-6; create-only
+    /// under the controller's life-tagged key, MS-4). Answers the batch key and the trunks'
+    /// depth; evaluation stores nothing.
+    fn store_output(
+        &mut self,
+        msg: &Generate,
+        version: u64,
+        batch: &RolloutBatch,
+        boundaries: Vec<Vec<BoundaryState>>,
+    ) -> Result<(Option<BatchKey>, Option<usize>), ActorError> {
+        let setup = &self.setup;
+        match (&msg.work, msg.purpose) {
+            (_, Purpose::Eval(_)) => Ok((None, None)),
             (Work::Trunks { key }, Purpose::Train) => {
-                let record = TrunkRecord {
-                    format: TRUNK_FORMAT.into(),
-                    policy_version: version,
-                    trunks: batch
-                        .trajectories
-                        .iter()
-                        .zip(extras.boundaries)
-                        .map(|(t, boundaries)| Trunk {
-                            task_id: t.task_id,
-                            task_seed: msg
-                                .tasks
-                                .iter()
-                                .find(|x| x.task_id == t.task_id)
-                                .map(|x| x.task_seed)
-                                .unwrap_or_default(),
-                            boundaries,
-                            final_reward: t.final_reward,
-                        })
-                        .collect(),
-                };
-                trunk_depth = Some(record.depth());
+                let record = TrunkRecord::of_batch(batch, boundaries, &msg.tasks, version);
+                let depth = record.depth();
                 let bytes = serde_json::to_vec(&record)
                     .map_err(|e| ActorError::Internal(format!("trunk record: {e}")))?;
-                // MS-4: the key carries the controller's life tag; create-only.
                 setup
                     .io
                     .block_on(setup.store.create_object(key, bytes.into()))?;
                 self.trunks = Some((key.clone(), Arc::new(record)));
-                None
+                Ok((None, Some(depth)))
             }
-            (_, Purpose::Train) => Some(setup.io.block_on(setup.store.put_batch(&batch))?),
-        };
-        let put_seconds = start.elapsed().as_secs_f64() - sample_seconds;
-        Ok(Generated {
-            key,
-            batch_seq: msg.batch_seq,
-            policy_version: version,
-            stats,
-            tasks: msg.tasks.clone(),
-            sample_seconds,
-            put_seconds,
-            tries,
-            // Only meaningful under dynamic sampling (GN-5); 0 otherwise.
-            uniform_groups: if dynamic.is_some() { uniform.len() } else { 0 },
-            trunk_depth,
-            groups,
-        })
-    }
-
-    /// RTPO siblings: `group_size` continuations of each trunk's boundary `depth` turns from its
-    /// end (trunks with fewer turns sit this depth out).
-    fn branch_plans(&mut self, key: &str, depth: usize) -> Result<Vec<EpisodePlan>, ActorError> {
-        let record = self.trunk_record(key)?;
-        let mut plans = Vec::new();
-        for trunk in &record.trunks {
-            let k = trunk.boundaries.len();
-            if depth >= k {
-                continue;
-            }
-            let boundary = &trunk.boundaries[k - 1 - depth];
-            for _ in 0..self.setup.group_size {
-                plans.push(EpisodePlan {
-                    task: TaskRef {
-                        task_id: trunk.task_id,
-                        task_seed: trunk.task_seed,
-                    },
-                    group_id: sibling_group(trunk.task_id, depth),
-                    source: Source::OnPolicy,
-                    start: Some(boundary.clone()),
-                });
+            (_, Purpose::Train) => {
+                Ok((Some(setup.io.block_on(setup.store.put_batch(batch))?), None))
             }
         }
-        Ok(plans)
     }
 }
 
@@ -585,55 +530,6 @@ impl ModelSource for LiveModels<'_> {
         *self.version = p.version;
         Ok(Some(p.version))
     }
-}
-
-/// ARMOR's group construction (spec §4.2, GN-7): a group keeps its first successful anchor
-/// episode when its on-policy episodes are neither all right nor all wrong; every other anchor
-/// episode is dropped.
-fn filter_anchors(batch: &mut RolloutBatch) {
-    let mut groups: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
-        Default::default();
-    for t in &batch.trajectories {
-        groups.entry(t.group_id).or_default().push(t);
-    }
-    let informative: Vec<u64> = groups
-        .into_iter()
-        .filter(|(_, ts)| !uninformative(ts.iter().copied(), false))
-        .map(|(g, _)| g)
-        .collect();
-    let mut taken = std::collections::BTreeSet::new();
-    batch.trajectories.retain(|t| {
-        t.source == Source::OnPolicy
-            || (t.final_reward >= 1.0
-                && informative.contains(&t.group_id)
-                && taken.insert(t.group_id))
-    });
-}
-
-/// PATS evidence: each group's episodes as decoded actions and observations.
-fn group_records(
-    batch: &RolloutBatch,
-    task_types: &[String],
-    codec: &ChatCodec,
-) -> Result<Vec<GroupRecord>, ActorError> {
-    let mut groups: Vec<GroupRecord> = Vec::new();
-    for (t, ty) in batch.trajectories.iter().zip(task_types) {
-        let spans: Vec<(usize, usize, bool)> = t
-            .turns
-            .iter()
-            .map(|u| (u.start as usize, u.end as usize, u.invalid_action))
-            .collect();
-        let episode = crate::pats_seed::episode_record(&t.tokens, &spans, t.final_reward, codec)?;
-        match groups.iter_mut().find(|g| g.task_id == t.task_id) {
-            Some(g) => g.episodes.push(episode),
-            None => groups.push(GroupRecord {
-                task_id: t.task_id,
-                task_type: ty.clone(),
-                episodes: vec![episode],
-            }),
-        }
-    }
-    Ok(groups)
 }
 
 impl Actor for Generator {

@@ -39,24 +39,24 @@ use keel_store::{
 };
 
 use crate::config::TrainConfig;
-use crate::controller::methods::{PatsPointer, PatsRuntime, PATS_STATE, REFERENCE_RESET_TAG};
 use crate::controller::{Controller, ControllerSetup, LoopOutcome, ReadyBatch};
 use crate::demo_tokens::{render_demonstration, SftSequence};
 use crate::env_shard::EnvFactory;
 use crate::error::ActorError;
 use crate::eval::{self, EvalPlan};
 use crate::events::{EventSink, TrainEvent};
-use crate::frontier::{plan_resume, Frontier};
+use crate::frontier::{plan_resume, Frontier, ResumePlan};
 use crate::jsonl::MetricsLog;
+use crate::learner_actor::LoadReference;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
-use crate::learner_actor::{LoadReference, ReferenceWeights};
+use crate::method::{MethodIo, MethodRuntime, REFERENCE_RESET_TAG};
 use crate::metrics::TrainMetrics;
 use crate::remote::{GeneratorHandle, LifeKeys, StoreBoard};
 use crate::setup::{LocalGenerators, ModelSetup};
 use crate::stored_batches;
 use crate::supervision::RestartBudget;
 use crate::tracking::Trackers;
-use crate::weights::{Board, PublishedReference};
+use crate::weights::Board;
 
 pub use crate::setup::select_device;
 
@@ -460,29 +460,15 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         .await?;
         ask(&learner, LoadReference(weights.to_vec())).await??;
     }
-    if cfg.learner.algo == keel_learner::Algo::Armor {
-        // WB-4: anchor episodes sample from the reference the learner holds (restored with the
-        // checkpoint, or the current weights at the RL start).
-        board.publish_reference(PublishedReference {
-            copied_at: rl.version,
-            serial: 0,
-            safetensors: Arc::new(ask(&learner, ReferenceWeights).await??),
-        });
-    }
-    let pats = match cfg.learner.algo {
-        keel_learner::Algo::Pats => Some(
-            pats_runtime(
-                &cfg,
-                &job.store,
-                &job.io,
-                &model.tokenizer,
-                &rl.method_state,
-            )
-            .await?,
-        ),
-        _ => None,
-    };
-    let (reuse, dropped_on_resume, quarantined) = plan_reuse(&job, &mut rl).await?;
+    // The method's runtime, started from what the checkpoint's method_state names (MR-1: ARMOR
+    // publishes the reference for its anchors, WB-4; PATS loads its bank, MS-2; RTPO its tree).
+    let mut method = crate::method::select(&cfg);
+    let method_io = method_io(&job, &learner, &board);
+    method
+        .start(&method_io, &model, &rl.method_state, rl.version)
+        .await?;
+    let (reuse, dropped_on_resume, quarantined) =
+        plan_reuse(&job, &mut rl, method.as_ref()).await?;
     let mut outcome = JobOutcome {
         eval_before: rl.eval_before,
         resumed_from: rl.resumed_from.clone(),
@@ -511,7 +497,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         dropped_on_resume,
         stop: job.options.stop.clone(),
         method_state: rl.method_state,
-        pats,
+        method,
         life: (job.life, job.lives.clone()),
         head_generation: rl.head_generation,
         done: tx,
@@ -639,37 +625,19 @@ async fn warm_start(
     generators: &[Arc<dyn GeneratorHandle>],
     resume: Option<SftResume>,
 ) -> Result<WarmStart, ActorError> {
-    let (cfg, store, io) = (&job.cfg, &job.store, &job.io);
+    let cfg = &job.cfg;
     let demos = make_demos(cfg, &model.tokenizer, &model.codec)?;
     let mut data = DataPosition::default();
-    let demos: Demos = match cfg.learner.algo {
-        keel_learner::Algo::Pats => {
-            // PS-1/2: seed bank + scaffold-conditioned SFT; the SFT checkpoint names the seed
-            // bank, so every life of the run starts RL from it.
-            let mut pats = pats_runtime(cfg, store, io, &model.tokenizer, &BTreeMap::new()).await?;
-            let demos =
-                crate::pats_seed::seed_scaffold(cfg, &model.codec, demos, &mut pats.controller)?;
-            let version = pats.controller.bank().version();
-            let key = store.state_key(&format!(
-                "pats/scaffold-{version:06}-{}.json",
-                crate::controller::methods::life_tag()
-            ));
-            let bytes = pats
-                .controller
-                .state()
-                .to_json_bytes()
-                .map_err(|e| ActorError::Internal(format!("PATS seed state: {e}")))?;
-            let (s, k) = (store.clone(), key.clone());
-            spawn_io(io, async move { s.create_object(&k, bytes.into()).await }).await?;
-            let pointer = PatsPointer { key, version };
-            data.method_state.insert(
-                PATS_STATE.to_string(),
-                serde_json::to_string(&pointer).unwrap_or_default(),
-            );
-            demos
-        }
-        _ => demos.into_iter().map(|(_, _, bare)| bare).collect(),
-    };
+    // The method's SFT sequences (PATS, PS-1/2: the seed bank, which the root checkpoint names
+    // so that every life of the run starts RL from it).
+    let demos: Demos = crate::method::select(cfg)
+        .sft_demos(
+            &method_io(job, learner, board),
+            model,
+            demos,
+            &mut data.method_state,
+        )
+        .await?;
     let sft = run_sft(job, learner, Arc::new(demos), resume).await?;
     if sft.stopped {
         let checkpoint = sft.parent.unwrap_or_default();
@@ -856,6 +824,7 @@ async fn commit_sft(
 async fn plan_reuse(
     job: &Job,
     rl: &mut RlStart,
+    method: &dyn MethodRuntime,
 ) -> Result<(Vec<ReadyBatch>, Vec<u64>, u64), ActorError> {
     let cfg = &job.cfg;
     let (store, data) = (job.store.clone(), rl.resumed_data.clone());
@@ -882,43 +851,13 @@ async fn plan_reuse(
         cfg.rollout.tasks_per_batch as u64,
         found,
     );
-    let mut not_reused: Vec<u64> = Vec::new();
-    let regenerate = matches!(
-        cfg.learner.algo,
-        keel_learner::Algo::Rtpo | keel_learner::Algo::Pats
-    );
-    if regenerate && !plan.reuse.is_empty() {
-        // MS-1: sibling batches lost with a crash are branched again from the stored trunk;
-        // MS-2: a PATS review needs a batch's rollout groups (with their task types), which the
-        // stored batch does not carry. So stored batches are not reused; the frontier stays the
-        // checkpoint's.
-        let reused: Vec<_> = plan.reuse.drain(..).collect();
-        not_reused = reused.iter().map(|b| b.batch_seq).collect();
-        plan.dropped.extend(reused);
-        plan.frontier = Frontier {
-            next_batch_seq: plan.frontier.next_batch_seq,
-            ..rl.frontier.clone()
-        };
-    }
+    let not_reused = if method.reuses_stored_batches() {
+        Vec::new()
+    } else {
+        sample_again(&mut plan, &rl.frontier)
+    };
     let version = rl.version;
-    for d in &plan.dropped {
-        job.metrics.batches_dropped.inc();
-        let reason = if not_reused.contains(&d.batch_seq) {
-            format!(
-                "{} samples it again after a resume instead of reusing stored batches",
-                cfg.learner.algo.name()
-            )
-        } else {
-            format!(
-                "sampled by versions {}..={} which the restored version {version} cannot use",
-                d.oldest_version, d.newest_version
-            )
-        };
-        (job.events)(&TrainEvent::Dropped {
-            batch_seq: d.batch_seq,
-            reason,
-        });
-    }
+    report_dropped(job, &plan, &not_reused, version);
     if let Some(id) = &rl.resumed_from {
         (job.events)(&TrainEvent::Resumed {
             checkpoint: id.clone(),
@@ -944,6 +883,46 @@ async fn plan_reuse(
         plan.dropped.iter().map(|d| d.batch_seq).collect(),
         quarantined,
     ))
+}
+
+/// A method that samples its ranges again after a resume (MS-1: sibling batches lost with a
+/// crash are branched again from the stored trunk; MS-2: a PATS review needs a batch's rollout
+/// groups, which the stored batch does not carry) reuses no stored batch; the frontier stays the
+/// checkpoint's. Answers the seqs of the batches not reused.
+fn sample_again(plan: &mut ResumePlan, saved: &Frontier) -> Vec<u64> {
+    let reused: Vec<_> = plan.reuse.drain(..).collect();
+    if reused.is_empty() {
+        return Vec::new();
+    }
+    let not_reused = reused.iter().map(|b| b.batch_seq).collect();
+    plan.dropped.extend(reused);
+    plan.frontier = Frontier {
+        next_batch_seq: plan.frontier.next_batch_seq,
+        ..saved.clone()
+    };
+    not_reused
+}
+
+/// A `Dropped` event for every batch the resume does not train on (DF-2).
+fn report_dropped(job: &Job, plan: &ResumePlan, not_reused: &[u64], version: u64) {
+    for d in &plan.dropped {
+        job.metrics.batches_dropped.inc();
+        let reason = if not_reused.contains(&d.batch_seq) {
+            format!(
+                "{} samples it again after a resume instead of reusing stored batches",
+                job.cfg.learner.algo.name()
+            )
+        } else {
+            format!(
+                "sampled by versions {}..={} which the restored version {version} cannot use",
+                d.oldest_version, d.newest_version
+            )
+        };
+        (job.events)(&TrainEvent::Dropped {
+            batch_seq: d.batch_seq,
+            reason,
+        });
+    }
 }
 
 /// SFT demonstrations: `(tokens, loss mask)` each.
@@ -1063,51 +1042,14 @@ async fn evaluate(
     Ok(report.pass_at_1())
 }
 
-/// PATS (MS-2): a fresh scaffold, or the one named by the checkpoint resumed from.
-async fn pats_runtime(
-    cfg: &TrainConfig,
-    store: &RunStore,
-    io: &tokio::runtime::Handle,
-    tokenizer: &keel_envs::Tokenizer,
-    method_state: &BTreeMap<String, String>,
-) -> Result<PatsRuntime, ActorError> {
-    use keel_envs::scaffold::{
-        HttpReviewer, Reviewer, RuleReviewer, ScaffoldController, ScaffoldState,
-    };
-    let bad =
-        |e: keel_envs::scaffold::ScaffoldError| ActorError::Resume(format!("PATS scaffold: {e}"));
-    let reviewer = || -> Box<dyn Reviewer> {
-        match cfg.pats.reviewer_url.as_str() {
-            "" => Box::new(RuleReviewer::default()),
-            url => Box::new(HttpReviewer::new(url, cfg.pats.reviewer_timeout_ms)),
-        }
-    };
-    let (controller, pointer) = match method_state.get(PATS_STATE) {
-        Some(text) => {
-            let pointer: PatsPointer = serde_json::from_str(text).map_err(|e| {
-                ActorError::Resume(format!("method_state.pats is not a scaffold pointer: {e}"))
-            })?;
-            let (s, key) = (store.clone(), pointer.key.clone());
-            let bytes = spawn_io(io, async move { s.get_object(&key).await }).await?;
-            let state = ScaffoldState::from_json_bytes(&bytes).map_err(bad)?;
-            let c = ScaffoldController::from_state(
-                cfg.pats.clone(),
-                tokenizer.clone(),
-                reviewer(),
-                state,
-            )
-            .map_err(bad)?;
-            (c, Some(pointer))
-        }
-        None => (
-            ScaffoldController::new(cfg.pats.clone(), tokenizer.clone(), reviewer())
-                .map_err(bad)?,
-            None,
-        ),
-    };
-    Ok(PatsRuntime {
-        bank: Arc::new(controller.bank().clone()),
-        controller,
-        pointer,
-    })
+/// What the method's hooks may reach at the RL start and the warm start (MR-3: this life's tag).
+fn method_io(job: &Job, learner: &Addr<LearnerActor>, board: &Arc<dyn Board>) -> MethodIo {
+    MethodIo {
+        cfg: job.cfg.clone(),
+        store: job.store.clone(),
+        io: job.io.clone(),
+        learner: learner.clone(),
+        board: board.clone(),
+        life_tag: crate::method::life_tag(),
+    }
 }

@@ -23,6 +23,7 @@ pub mod guard;
 pub mod job;
 pub mod jsonl;
 pub mod learner_actor;
+pub mod method;
 pub mod metrics;
 pub mod pats_seed;
 pub mod remote;

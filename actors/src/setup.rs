@@ -179,6 +179,8 @@ fn generator_setup(
     id: u32,
     remote: bool,
 ) -> GeneratorSetup {
+    // What the method asks of every generator (anchors, re-rolls, agent models, scaffold).
+    let sampling = crate::method::select(cfg).sampling(cfg);
     GeneratorSetup {
         id,
         run_id: cfg.run.name.clone(),
@@ -195,15 +197,11 @@ fn generator_setup(
         temperature: cfg.rollout.temperature,
         max_turn_tokens: cfg.rollout.max_turn_tokens,
         context_len: cfg.model.context_len,
-        anchor_episodes: if cfg.learner.algo == keel_learner::Algo::Armor {
-            cfg.armor.anchor_episodes
-        } else {
-            0
-        },
-        dynamic_sampling: cfg.learner.resolve().dynamic_sampling,
-        keep_anchor_states: cfg.learner.resolve().gigpo_similarity().is_some(),
-        agent_model: cfg.agent_model_map(),
-        scaffold_words: cfg.pats.render_words,
+        anchor_episodes: sampling.anchor_episodes,
+        dynamic_sampling: sampling.dynamic_sampling,
+        keep_anchor_states: sampling.keep_anchor_states,
+        agent_model: sampling.agent_model,
+        scaffold_words: sampling.scaffold_words,
         batch_invariant: cfg.rollout.batch_invariant(cfg.run.mode),
         // RO-10 follows the in-process board; a generator process samples an order with the
         // weights the order names (RM-2).

@@ -8,10 +8,11 @@
 //! publish the restored weights under a new board epoch (WB-3); tag the abandoned head
 //! `rewound-to-rewind-<n>` (GD-6); switch the store handle and the metrics to the new branch
 //! `rewind-<n>`; commit the branch's first checkpoint (parent: the healthy one; tags `rewind`,
-//! `anomaly-<kind>`) before any further update. Method state goes back with the weights: ARMOR's
-//! reference is re-published from the restored learner (and the lineage reference is the
-//! target's), the PATS bank becomes the one the target checkpoint names, an RTPO tree in
-//! progress is abandoned and its range sampled again.
+//! `anomaly-<kind>`) before any further update. Method state goes back with the weights (MR-4):
+//! the method first abandons what it holds (an RTPO tree in progress; its range is sampled
+//! again), then reads what the target names (ARMOR's reference from the restored learner, the
+//! PATS bank the target checkpoint names) and applies it once the learner is restored; the
+//! lineage reference is the target's.
 //!
 //! The data goes back too (RW-1): the task cursor becomes the target checkpoint's frontier, so
 //! every range trained (or skipped) on the abandoned branch after the target is owed again and
@@ -23,19 +24,19 @@
 //! (the crash harness's accounting, `check_accounting`). Batch sequence numbers keep growing
 //! (DF-3).
 
+use std::sync::Arc;
+
 use actix::prelude::*;
 use bytes::Bytes;
-use keel_store::RunStore;
+use keel_store::{CheckpointManifest, RunStore};
 
 use super::Controller;
 use crate::error::ActorError;
 use crate::events::TrainEvent;
-use crate::guard::{Anomaly, HEALTHY_TAG, REWOUND_TO_PREFIX};
-use crate::learner_actor::{CurrentWeights, ReferenceWeights, Restore, SetLearningRate};
-use crate::weights::PublishedReference;
-
-use super::methods;
 use crate::frontier::{Frontier, TaskCursor};
+use crate::guard::{Anomaly, HEALTHY_TAG, REWOUND_TO_PREFIX};
+use crate::learner_actor::{CurrentWeights, LearnerActor, Restore, SetLearningRate};
+use crate::method::{RewindRead, Rewound as MethodRewound, REFERENCE_RESET_TAG};
 use crate::weights::PublishedWeights;
 
 /// The prefix of branches started by a rewind.
@@ -52,12 +53,10 @@ struct Rewound {
     branch: String,
     read_seconds: f64,
     read_bytes: u64,
-    /// ARMOR: the restored reference policy's weights (MS-3).
-    reference_weights: Option<Vec<u8>>,
     /// The reference anchor the target checkpoint names (itself when it is a reset).
     reference_id: Option<String>,
-    /// PATS: the target's scaffold state and where it is stored (MS-2), or None for a fresh bank.
-    pats: Option<(keel_envs::scaffold::ScaffoldState, methods::PatsPointer)>,
+    /// What the method restores (MR-4).
+    method: Option<crate::method::Restore>,
 }
 
 /// The first `rewind-<n>` not among `existing` branch names.
@@ -67,6 +66,126 @@ pub fn next_rewind_branch<'a>(existing: impl IntoIterator<Item = &'a str>) -> St
         .map(|n| format!("{REWIND_BRANCH_PREFIX}{n}"))
         .find(|b| !taken.contains(b.as_str()))
         .unwrap_or_default()
+}
+
+fn io_err(e: tokio::task::JoinError) -> ActorError {
+    ActorError::Internal(format!("rewind I/O task: {e}"))
+}
+
+fn mailbox(e: MailboxError) -> ActorError {
+    ActorError::Mailbox(e.to_string())
+}
+
+/// The asynchronous part of a rewind: everything it needs, owned.
+struct RewindJob {
+    store: RunStore,
+    io: tokio::runtime::Handle,
+    learner: Addr<LearnerActor>,
+    /// The lowered learning rate.
+    lr: f64,
+    /// The anomaly, for the error when no target exists.
+    reason: String,
+    rewinds: u32,
+    /// The method's reader of the target (MR-4).
+    method: Option<RewindRead>,
+}
+
+impl RewindJob {
+    /// Finds the target, restores the learner from it, reads the method's state and starts the
+    /// new branch (GD-6).
+    async fn run(self) -> Result<Rewound, ActorError> {
+        let target = Arc::new(self.find_target().await?);
+        let started = std::time::Instant::now();
+        let files = self.read_files(&target).await?;
+        let read_bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
+        let read_seconds = started.elapsed().as_secs_f64();
+        let version = self.learner.send(Restore(files)).await.map_err(mailbox)??;
+        let lr = SetLearningRate(self.lr);
+        self.learner.send(lr).await.map_err(mailbox)??;
+        let weights = self.learner.send(CurrentWeights).await.map_err(mailbox)??;
+        let method = match self.method {
+            Some(read) => Some(read(target.clone()).await?),
+            None => None,
+        };
+        let reference_id = if target.tags.iter().any(|t| t == REFERENCE_RESET_TAG) {
+            Some(target.id.clone())
+        } else {
+            target.reference.clone()
+        };
+        let branch = start_branch(&self.store, &self.io).await?;
+        Ok(Rewound {
+            frontier: Frontier {
+                next_task: target.data.next_task_index,
+                pending: target.data.pending_tasks.clone(),
+                next_batch_seq: target.data.next_batch_seq,
+            },
+            target_id: target.id.clone(),
+            target_step: target.step,
+            version,
+            weights,
+            branch,
+            read_seconds,
+            read_bytes,
+            reference_id,
+            method,
+        })
+    }
+
+    /// The newest checkpoint tagged `healthy` on the lineage, or the collapse error.
+    async fn find_target(&self) -> Result<CheckpointManifest, ActorError> {
+        let s = self.store.clone();
+        let found = self
+            .io
+            .spawn(async move { s.newest_tagged_on_lineage(HEALTHY_TAG).await })
+            .await
+            .map_err(io_err)??;
+        found.ok_or_else(|| ActorError::Collapse {
+            reason: format!(
+                "{}, and no checkpoint on the lineage is tagged `{HEALTHY_TAG}`",
+                self.reason
+            ),
+            rewinds: self.rewinds,
+        })
+    }
+
+    /// Every file of `target`, verified (CK-7).
+    async fn read_files(
+        &self,
+        target: &Arc<CheckpointManifest>,
+    ) -> Result<Vec<(String, Vec<u8>)>, ActorError> {
+        let mut files = Vec::with_capacity(target.files.len());
+        for f in &target.files {
+            let (s, m, name) = (self.store.clone(), target.clone(), f.name.clone());
+            let bytes: Bytes = self
+                .io
+                .spawn(async move { s.read_checkpoint_file(&m, &name).await })
+                .await
+                .map_err(io_err)??;
+            files.push((f.name.clone(), bytes.to_vec()));
+        }
+        Ok(files)
+    }
+}
+
+/// Names the new branch and tags the abandoned head with it (GD-6: a resume follows it).
+async fn start_branch(store: &RunStore, io: &tokio::runtime::Handle) -> Result<String, ActorError> {
+    let s = store.clone();
+    let heads = io
+        .spawn(async move { s.list_branches().await })
+        .await
+        .map_err(io_err)??;
+    let branch = next_rewind_branch(heads.iter().map(|h| h.branch.as_str()));
+    if let Some(head) = heads.iter().find(|h| h.branch == store.branch()) {
+        let (s, id, tag) = (
+            store.clone(),
+            head.id.clone(),
+            format!("{REWOUND_TO_PREFIX}{branch}"),
+        );
+        io.spawn(async move { s.tag_checkpoint(&id, &tag).await })
+            .await
+            .map_err(io_err)??;
+    }
+    Ok(branch)
 }
 
 impl Controller {
@@ -96,8 +215,38 @@ impl Controller {
         }
         self.rewinding = true;
         self.epoch += 1;
-        // An RTPO tree is abandoned with its branch; RW-1 owes its range again.
-        self.rtpo = None;
+        // MR-4: what the method holds is abandoned with its branch; RW-1 owes its range again.
+        self.method.abandon();
+        self.drop_ready();
+        let lr = self
+            .s
+            .cfg
+            .guard
+            .rewound_lr(self.s.cfg.learner.lr, rewinds + 1);
+        let job = RewindJob {
+            store: self.s.store.clone(),
+            io: self.s.io.clone(),
+            learner: self.s.learner.clone(),
+            lr,
+            reason: anomaly.to_string(),
+            rewinds,
+            method: self.method.rewind_reader(&self.method_io()),
+        };
+        let from_step = self.s.version;
+        job.run()
+            .into_actor(self)
+            .map(move |res, act, ctx| {
+                act.rewinding = false;
+                match res {
+                    Ok(r) => act.rewound(r, from_step, &anomaly, lr, ctx),
+                    Err(e) => act.finish(ctx, Err(e)),
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// Drops the ready batches of the abandoned branch (held ones are the method's, MR-2).
+    fn drop_ready(&mut self) {
         for b in self.ready.drain(..) {
             if b.branch {
                 continue;
@@ -109,187 +258,67 @@ impl Controller {
                 reason: "trained on a branch a collapse-guard rewind abandoned".into(),
             });
         }
-        let from_step = self.s.version;
-        let store: RunStore = self.s.store.clone();
-        let io = self.s.io.clone();
-        let learner = self.s.learner.clone();
-        let lr = self
-            .s
-            .cfg
-            .guard
-            .rewound_lr(self.s.cfg.learner.lr, rewinds + 1);
-        let reason = anomaly.to_string();
-        let armor = self.s.cfg.learner.algo == keel_learner::Algo::Armor;
-        let fut = async move {
-            let io_err =
-                |e: tokio::task::JoinError| ActorError::Internal(format!("rewind I/O task: {e}"));
-            let s = store.clone();
-            let found = io
-                .spawn(async move { s.newest_tagged_on_lineage(HEALTHY_TAG).await })
-                .await
-                .map_err(io_err)??;
-            let Some(target) = found else {
-                return Err(ActorError::Collapse {
-                    reason: format!(
-                        "{reason}, and no checkpoint on the lineage is tagged `{HEALTHY_TAG}`"
-                    ),
-                    rewinds,
-                });
-            };
-            let started = std::time::Instant::now();
-            let mut files = Vec::with_capacity(target.files.len());
-            for f in &target.files {
-                let (s, m, name) = (store.clone(), target.clone(), f.name.clone());
-                let bytes: Bytes = io
-                    .spawn(async move { s.read_checkpoint_file(&m, &name).await })
-                    .await
-                    .map_err(io_err)??;
-                files.push((f.name.clone(), bytes.to_vec()));
-            }
-            let read_bytes = files.iter().map(|(_, b)| b.len() as u64).sum();
-            let read_seconds = started.elapsed().as_secs_f64();
-            let mailbox = |e: MailboxError| ActorError::Mailbox(e.to_string());
-            let version = learner.send(Restore(files)).await.map_err(mailbox)??;
-            learner.send(SetLearningRate(lr)).await.map_err(mailbox)??;
-            let weights = learner.send(CurrentWeights).await.map_err(mailbox)??;
-            let reference_weights = if armor {
-                Some(learner.send(ReferenceWeights).await.map_err(mailbox)??)
-            } else {
-                None
-            };
-            let reference_id = if target
-                .tags
-                .iter()
-                .any(|t| t == methods::REFERENCE_RESET_TAG)
-            {
-                Some(target.id.clone())
-            } else {
-                target.reference.clone()
-            };
-            let pats = match target.data.method_state.get(methods::PATS_STATE) {
-                Some(text) => {
-                    let pointer: methods::PatsPointer =
-                        serde_json::from_str(text).map_err(|e| {
-                            ActorError::Resume(format!(
-                                "checkpoint {}: method_state.pats: {e}",
-                                target.id
-                            ))
-                        })?;
-                    let (s, key) = (store.clone(), pointer.key.clone());
-                    let bytes = io
-                        .spawn(async move { s.get_object(&key).await })
-                        .await
-                        .map_err(io_err)??;
-                    let state = keel_envs::scaffold::ScaffoldState::from_json_bytes(&bytes)
-                        .map_err(|e| {
-                            ActorError::Resume(format!("PATS state {}: {e}", pointer.key))
-                        })?;
-                    Some((state, pointer))
-                }
-                None => None,
-            };
-            let s = store.clone();
-            let heads = io
-                .spawn(async move { s.list_branches().await })
-                .await
-                .map_err(io_err)??;
-            let branch = next_rewind_branch(heads.iter().map(|h| h.branch.as_str()));
-            // GD-6: the abandoned head points to the new branch, so a resume follows it.
-            if let Some(head) = heads.iter().find(|h| h.branch == store.branch()) {
-                let (s, id, tag) = (
-                    store.clone(),
-                    head.id.clone(),
-                    format!("{REWOUND_TO_PREFIX}{branch}"),
-                );
-                io.spawn(async move { s.tag_checkpoint(&id, &tag).await })
-                    .await
-                    .map_err(io_err)??;
-            }
-            Ok(Rewound {
-                frontier: Frontier {
-                    next_task: target.data.next_task_index,
-                    pending: target.data.pending_tasks.clone(),
-                    next_batch_seq: target.data.next_batch_seq,
-                },
-                target_id: target.id,
-                target_step: target.step,
-                version,
-                weights,
-                branch,
-                read_seconds,
-                read_bytes,
-                reference_weights,
-                reference_id,
-                pats,
-            })
+    }
+
+    /// The restored learner's branch: switches to it, restores the method's state and commits
+    /// the branch's first checkpoint before any further update (CT-4).
+    fn rewound(
+        &mut self,
+        r: Rewound,
+        from_step: u64,
+        anomaly: &Anomaly,
+        lr: f64,
+        ctx: &mut Context<Self>,
+    ) {
+        let store = match self.s.store.on_branch(&r.branch) {
+            Ok(s) => s,
+            Err(e) => return self.finish(ctx, Err(e.into())),
         };
+        self.s.store = store;
+        self.head_generation = None; // a fresh branch: its first commit creates the head
+        self.s.version = r.version;
+        self.s.parent_checkpoint = Some(r.target_id.clone());
+        self.replay_from(&r.frontier);
+        self.s.board.rewind(r.weights);
+        if let Some(restore) = r.method {
+            let at = MethodRewound {
+                board: self.s.board.as_ref(),
+                version: r.version,
+            };
+            if let Err(e) = restore(&at) {
+                return self.finish(ctx, Err(e));
+            }
+        }
+        if r.reference_id.is_some() {
+            self.s.reference = r.reference_id;
+        }
+        self.guard.on_rewound();
+        let m = &self.s.metrics;
+        m.store_get_seconds
+            .observe_for("checkpoint", r.read_seconds);
+        m.store_bytes.inc_for("get", r.read_bytes);
+        m.set_branch(&r.branch);
+        m.guard_rewinds.inc();
+        self.export_static(lr);
         let kind = anomaly.kind();
-        let reason = anomaly.to_string();
-        fut.into_actor(self)
-            .map(move |res, act, ctx| {
-                act.rewinding = false;
-                let r = match res {
-                    Ok(r) => r,
-                    Err(e) => return act.finish(ctx, Err(e)),
-                };
-                let store = match act.s.store.on_branch(&r.branch) {
-                    Ok(s) => s,
-                    Err(e) => return act.finish(ctx, Err(e.into())),
-                };
-                act.s.store = store;
-                act.head_generation = None; // a fresh branch: its first commit creates the head
-                act.s.version = r.version;
-                act.s.parent_checkpoint = Some(r.target_id.clone());
-                act.replay_from(&r.frontier);
-                act.s.board.rewind(r.weights);
-                if let Some(weights) = r.reference_weights {
-                    // MS-3: anchors sample from the restored reference, named as before.
-                    act.s.board.publish_reference(PublishedReference {
-                        copied_at: r.version,
-                        serial: 0,
-                        safetensors: std::sync::Arc::new(weights),
-                    });
-                }
-                if r.reference_id.is_some() {
-                    act.s.reference = r.reference_id;
-                }
-                if let Some(pats) = act.pats.as_mut() {
-                    // MS-2: the bank goes back with the weights it was trained under.
-                    let (state, pointer) = match r.pats {
-                        Some((state, pointer)) => (state, Some(pointer)),
-                        None => (keel_envs::scaffold::ScaffoldState::new(), None),
-                    };
-                    if let Err(e) = pats.controller.restore_state(state) {
-                        return act.finish(ctx, Err(ActorError::Resume(format!("PATS rewind: {e}"))));
-                    }
-                    pats.bank = std::sync::Arc::new(pats.controller.bank().clone());
-                    pats.pointer = pointer;
-                }
-                act.guard.on_rewound();
-                let m = &act.s.metrics;
-                m.store_get_seconds.observe_for("checkpoint", r.read_seconds);
-                m.store_bytes.inc_for("get", r.read_bytes);
-                m.set_branch(&r.branch);
-                m.guard_rewinds.inc();
-                act.export_static(lr);
-                act.next_tags = vec!["rewind".to_string(), format!("anomaly-{kind}")];
-                act.last_metrics.insert("rewind_from_step".into(), from_step as f64);
-                act.last_metrics.insert("rewind_number".into(), f64::from(act.guard.rewinds()));
-                tracing::warn!(from_step, to = %r.target_id, to_step = r.target_step, branch = %r.branch, lr, "collapse guard: rewound");
-                (act.s.events)(&TrainEvent::Rewind {
-                    from_step,
-                    to_step: r.target_step,
-                    to_checkpoint: r.target_id,
-                    branch: r.branch,
-                    kind: kind.to_string(),
-                    reason: reason.clone(),
-                    lr,
-                });
-                // The branch's first checkpoint: committed before any further update (CT-4).
-                act.checkpointed_version = None;
-                act.checkpoint(ctx);
-            })
-            .spawn(ctx);
+        self.next_tags = vec!["rewind".to_string(), format!("anomaly-{kind}")];
+        self.last_metrics
+            .insert("rewind_from_step".into(), from_step as f64);
+        self.last_metrics
+            .insert("rewind_number".into(), f64::from(self.guard.rewinds()));
+        tracing::warn!(from_step, to = %r.target_id, to_step = r.target_step, branch = %r.branch, lr, "collapse guard: rewound");
+        (self.s.events)(&TrainEvent::Rewind {
+            from_step,
+            to_step: r.target_step,
+            to_checkpoint: r.target_id,
+            branch: r.branch,
+            kind: kind.to_string(),
+            reason: anomaly.to_string(),
+            lr,
+        });
+        // The branch's first checkpoint: committed before any further update (CT-4).
+        self.checkpointed_version = None;
+        self.checkpoint(ctx);
     }
 }
 
