@@ -220,14 +220,10 @@ pub fn evaluate_weights(
     weights: PublishedWeights,
     plan: &EvalPlan,
 ) -> Result<EvalReport, ActorError> {
-    let io = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(|e| ActorError::Internal(format!("tokio runtime: {e}")))?;
+    let process = crate::process::Process::start()?;
     let device = crate::setup::select_device(&cfg.run.device)?;
-    let handle = io.handle().clone();
-    actix::System::new().block_on(async move {
+    let handle = process.io();
+    let report = process.run_actors(async move {
         let model = ModelSetup::prepare(cfg, &handle, device).await?;
         let local = LocalGenerators::start(cfg, &model, store, &handle, None, 0..1, false)?;
         local.board.publish(weights);
@@ -239,5 +235,7 @@ pub fn evaluate_weights(
                 .ok_or_else(|| ActorError::Internal("no generator".into()))?,
         );
         evaluate(&[generator], plan).await
-    })
+    });
+    process.end();
+    report
 }

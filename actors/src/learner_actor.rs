@@ -93,7 +93,7 @@ pub struct RunSft {
     /// Seed of the demonstration order.
     pub seed: u64,
     /// A stop request ends the run at the next step boundary (SF-2).
-    pub stop: crate::job::StopSignal,
+    pub stop: crate::process::StopSignal,
 }
 
 /// How far an SFT run got.

@@ -357,10 +357,5 @@ pub fn run_episodes(
     Ok(engine.finish())
 }
 
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// Milliseconds since the Unix epoch: the process's one wall clock.
+pub use crate::process::unix_ms;

@@ -252,11 +252,7 @@ fn run(cli: Cli) -> Result<()> {
 fn run_report(args: cli::ReportArgs) -> Result<()> {
     let store =
         RunStore::open(&args.run).with_context(|| format!("cannot open run root {}", args.run))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let text = rt
-        .block_on(keel_actors::jsonl::read_log(&store))
+    let text = keel_actors::process::block_on(keel_actors::jsonl::read_log(&store))?
         .with_context(|| format!("cannot read the metrics log of {}", args.run))?;
     if text.is_empty() {
         anyhow::bail!(
@@ -349,13 +345,10 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     // GD-6: without --branch/--from, continue where the collapse guard's rewinds led.
     let branch = match (&args.branch, &args.from) {
         (None, None) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let b = rt.block_on(keel_actors::guard::follow_rewinds(
+            let b = keel_actors::process::block_on(keel_actors::guard::follow_rewinds(
                 &store,
                 keel_store::DEFAULT_BRANCH,
-            ))?;
+            ))??;
             (b != keel_store::DEFAULT_BRANCH).then(|| {
                 eprintln!("branch: {b} (a collapse-guard rewind moved the run there)");
                 b
@@ -368,12 +361,9 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
         branch,
         reference: args.reference.clone(),
         role,
+        stop: preemption::stop_signal(cfg.run.sigterm_grace_s)?,
         ..JobOptions::default()
     };
-    preemption::install(
-        options.stop.clone(),
-        std::time::Duration::from_secs(cfg.run.sigterm_grace_s),
-    )?;
     let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
     progress.finish();
     if let Some((url, run)) = push {
@@ -450,9 +440,7 @@ fn generator(args: cli::GeneratorArgs) -> Result<()> {
         RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
     let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
     let store = store.on_branch(branch)?;
-    let stop = keel_actors::StopSignal::default();
-    let grace = cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s);
-    preemption::install(stop.clone(), std::time::Duration::from_secs(grace))?;
+    let stop = preemption::stop_signal(cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s))?;
     eprintln!(
         "generator rank {} on run root {} (branch {branch})",
         args.rank,

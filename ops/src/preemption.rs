@@ -15,8 +15,17 @@ use std::time::Duration;
 use anyhow::Result;
 use keel_actors::StopSignal;
 
+/// The one process bootstrap of `keel train`, `keel trainer` and `keel generator`: a stop
+/// signal that SIGTERM/SIGINT request, with handlers installed (PE-1) before this returns and
+/// `grace_s` seconds to stop in (PE-2).
+pub fn stop_signal(grace_s: u64) -> Result<StopSignal> {
+    let stop = StopSignal::default();
+    install(stop.clone(), Duration::from_secs(grace_s))?;
+    Ok(stop)
+}
+
 /// Installs the handlers (PE-1) on a thread of their own.
-pub fn install(stop: StopSignal, grace: Duration) -> Result<()> {
+fn install(stop: StopSignal, grace: Duration) -> Result<()> {
     crate::term_signals::spawn("keel-signals", move |mut signals| async move {
         let name = signals.next().await.name();
         eprintln!(

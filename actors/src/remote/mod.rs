@@ -344,11 +344,6 @@ fn parse<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// A tag unique to this process: its start time and pid (hex).
-pub fn process_tag() -> String {
-    crate::controller::methods::life_tag()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

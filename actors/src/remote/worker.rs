@@ -26,13 +26,13 @@ use actix::Addr;
 use keel_store::{LifeRecord, RunStore, StoreError, WeightsId, WeightsPointer};
 use tokio::task::JoinHandle;
 
-use super::{process_tag, GeneratedWire, LifeKeys, OrderResult, Outcome, WorkOrder};
+use super::{GeneratedWire, LifeKeys, OrderResult, Outcome, WorkOrder};
 use crate::config::TrainConfig;
 use crate::env_shard::EnvFactory;
 use crate::error::ActorError;
 use crate::generator::Generator;
-use crate::job::StopSignal;
-use crate::setup::{select_device, LocalGenerators, ModelSetup};
+use crate::process::{generator_writer, life_tag, Process, StopSignal};
+use crate::setup::{LocalGenerators, ModelSetup};
 use crate::weights::{PublishedReference, PublishedWeights};
 
 /// How a generator process ended (GW-4).
@@ -55,25 +55,16 @@ pub fn run_generator(
     stop: StopSignal,
     env_factory: Option<EnvFactory>,
 ) -> Result<GeneratorExit, ActorError> {
-    let io_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("keel-io")
-        .enable_all()
-        .build()
-        .map_err(|e| ActorError::Internal(format!("cannot start the I/O runtime: {e}")))?;
-    let io = io_runtime.handle().clone();
+    let process = Process::start()?;
+    let io = process.io();
     let poll = Duration::from_millis(config.as_ref().map_or(100, |c| c.distributed.poll_ms));
     let from_branch = store.branch().to_string();
     let Some((store, first)) = io.block_on(wait_for_life(&store, &stop, poll))? else {
         return Ok(GeneratorExit::Stopped);
     };
     let cfg = config_of(config, &first)?;
-    if cfg.run.threads > 0 {
-        tch::set_num_threads(cfg.run.threads as i32);
-    }
-    let device = select_device(&cfg.run.device)?;
-    let system = actix::System::new();
-    let result = system.block_on(async {
+    let device = Process::torch(&cfg)?;
+    let result = process.run_actors(async {
         let model = ModelSetup::prepare(&cfg, &io, device).await?;
         // GW-1: the shards; a generator actor of this rank is started per trainer life.
         let local = LocalGenerators::start(&cfg, &model, &store, &io, env_factory, 0..0, true)?;
@@ -84,7 +75,7 @@ pub fn run_generator(
             local,
             store,
             io: io.clone(),
-            process: process_tag(),
+            process: life_tag(),
             poll: Duration::from_millis(poll.as_millis() as u64),
             loaded: None,
             loaded_reference: None,
@@ -95,9 +86,7 @@ pub fn run_generator(
         };
         worker.serve(first, &stop).await
     });
-    actix::System::current().stop();
-    drop(system);
-    io_runtime.shutdown_timeout(Duration::from_secs(10));
+    process.end();
     result
 }
 
@@ -350,7 +339,7 @@ impl Worker {
         if let Some(old) = self.prefetch.take() {
             old.task.abort();
         }
-        let writer = format!("l{:010}-r{:04}-{}", life.life, self.rank, self.process);
+        let writer = generator_writer(life.life, self.rank, &self.process);
         let store = self.store.clone().with_writer(&writer)?;
         let generator =
             self.local
@@ -359,7 +348,7 @@ impl Worker {
             "rank": self.rank,
             "process": self.process,
             "pid": std::process::id(),
-            "started_unix_ms": crate::rollout::unix_ms(),
+            "started_unix_ms": crate::process::unix_ms(),
         });
         let body = serde_json::to_vec_pretty(&record)
             .map_err(|e| ActorError::Internal(format!("rank start record: {e}")))?;
@@ -521,7 +510,7 @@ impl Worker {
             "rank": self.rank,
             "process": self.process,
             "withdrawn_batch_seq": seq,
-            "unix_ms": crate::rollout::unix_ms(),
+            "unix_ms": crate::process::unix_ms(),
         });
         let body = serde_json::to_vec_pretty(&record)
             .map_err(|e| ActorError::Internal(format!("heard record: {e}")))?;
