@@ -9,8 +9,13 @@ pub mod chaos;
 pub mod fuzz;
 pub mod procs;
 pub mod roles;
+pub mod runs;
 
 pub use procs::Guarded;
+pub use runs::{
+    head_step, kill_at_checkpoint, kill_once, train_command, train_method, train_output,
+    train_toml_output, wait_for,
+};
 
 use std::path::PathBuf;
 
@@ -467,14 +472,7 @@ pub fn log_tail(root: &std::path::Path) -> String {
 pub fn spawn_train(config: &std::path::Path, root: &std::path::Path, extra: &[&str]) -> Guarded {
     let log = std::fs::File::create(train_log(root)).expect("log file");
     Guarded::spawn(
-        std::process::Command::new(keel_bin())
-            .args(["train", "--no-progress", "--config"])
-            .arg(config)
-            .arg("--run-root")
-            .arg(root)
-            .arg("--summary-json")
-            .arg(root.with_extension("json"))
-            .args(extra)
+        train_command(config, root, extra)
             .env("KEEL_LOG", "warn")
             .stdout(std::process::Stdio::null())
             .stderr(log),
@@ -530,33 +528,20 @@ pub fn step_events(events: &[serde_json::Value]) -> Vec<serde_json::Value> {
 
 /// SIGKILLs `child` as soon as `ready(events of root's metrics log)` holds (polled every few
 /// ms; segments are stored in order, JL-1, so a line seen there was logged with everything
-/// before it). Panics when the run exits first or after 120 s.
+/// before it). Panics when the run exits first or makes no such progress (`kill_once`).
 pub fn kill_when(
     child: &mut std::process::Child,
     root: &std::path::Path,
     what: &str,
     ready: impl Fn(&[serde_json::Value]) -> bool,
 ) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        if ready(&read_events(root)) {
-            break;
-        }
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            panic!(
-                "keel train exited ({status}) before {what}:\n{}",
-                log_tail(root)
-            );
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {what} within 120 s:\n{}",
-            log_tail(root)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(3));
-    }
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap");
+    kill_once(
+        child,
+        what,
+        std::time::Duration::from_millis(3),
+        || log_tail(root),
+        || ready(&read_events(root)),
+    );
 }
 
 /// A runtime for store reads in tests.

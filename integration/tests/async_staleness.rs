@@ -35,10 +35,7 @@ fn async_mode_never_trains_beyond_the_bound() {
         run_job(cfg, store.clone(), metrics, sink, JobOptions::default()).expect("async run");
     assert_eq!(outcome.final_step, 8);
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let steps = steps.lock().expect("lock").clone();
     let writer = store.clone().with_writer("l0000000001").expect("writer");
     assert_eq!(steps.len(), 8);

@@ -18,10 +18,7 @@ fn keel(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn a_branch_from_a_checkpoint_coexists_with_main() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config_unguarded(10, 5, "sync", 1)).expect("config");

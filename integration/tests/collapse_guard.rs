@@ -7,19 +7,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use keel_integration::{keel_bin, tiny_config};
-
-fn train(dir: &Path, config: &str) -> Output {
-    let cfg = dir.join("keel.toml");
-    std::fs::write(&cfg, config).expect("write config");
-    Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&cfg)
-        .arg("--run-root")
-        .arg(dir.join("run"))
-        .output()
-        .expect("run keel train")
-}
+use keel_integration::{keel_bin, tiny_config, train_toml_output};
 
 fn events(dir: &Path) -> Vec<serde_json::Value> {
     keel_integration::read_events(&dir.join("run"))
@@ -53,7 +41,7 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg =
         tiny_config(10, 2, "sync", 1) + "\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n";
-    let out = train(dir.path(), &cfg);
+    let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
     let skipped = of_kind(&ev, "skipped");
@@ -116,7 +104,7 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
 
     // GD-6: a later `keel train` on the run root continues the new branch, not the abandoned one.
     let more = tiny_config(12, 2, "sync", 1);
-    let out = train(dir.path(), &more);
+    let out = train_toml_output(dir.path(), &more);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("branch: rewind-1"), "{t}");
@@ -167,7 +155,7 @@ fn gd2_an_async_rewind_with_orders_in_flight_continues_on_the_new_branch() {
     }
     .toml()
         + "\n[faults]\nnan_loss_at_step = 5\nnan_loss_count = 3\n";
-    let out = train(dir.path(), &cfg);
+    let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
     let rewinds = of_kind(&ev, "rewind");
@@ -185,7 +173,7 @@ fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg =
         tiny_config(12, 3, "sync", 1) + "\n[faults]\nlr_blowup_at_step = 8\nlr_blowup_to = 1.0\n";
-    let out = train(dir.path(), &cfg);
+    let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
     let rewinds = of_kind(&ev, "rewind");
@@ -220,7 +208,7 @@ fn gd5_with_no_rewinds_left_the_run_exits_3_naming_the_anomaly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = tiny_config(8, 2, "sync", 1)
         + "\n[guard]\nmax_rewinds = 0\nmax_consecutive_skips = 2\n\n[faults]\nnan_loss_at_step = 3\nnan_loss_count = 2\n";
-    let out = train(dir.path(), &cfg);
+    let out = train_toml_output(dir.path(), &cfg);
     let t = text(&out);
     assert_eq!(
         out.status.code(),
@@ -255,7 +243,7 @@ fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
     let dir = tempfile::tempdir().expect("tempdir");
     let guard = "\n[guard]\nmax_rewinds = 1\nmax_consecutive_skips = 1\nrewind_lr_factor = 0.5\n";
     let first = tiny_config(8, 2, "sync", 1) + guard + "\n[faults]\nnan_loss_at_step = 5\n";
-    let out = train(dir.path(), &first);
+    let out = train_toml_output(dir.path(), &first);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(of_kind(&events(dir.path()), "rewind").len(), 1);
     let lrs = checkpoint_lrs(dir.path());
@@ -266,7 +254,7 @@ fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
     // A new process on the rewind branch, with another fault at step 12: the one rewind is
     // spent, so the run must end naming the anomaly, at the cut rate until then.
     let second = tiny_config(14, 2, "sync", 1) + guard + "\n[faults]\nnan_loss_at_step = 12\n";
-    let out = train(dir.path(), &second);
+    let out = train_toml_output(dir.path(), &second);
     let t = text(&out);
     assert!(!out.status.success(), "a second rewind was allowed:\n{t}");
     assert!(t.contains("training collapsed"), "{t}");
@@ -293,7 +281,7 @@ fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
 fn la6_a_learner_panic_ends_the_run_naming_it_and_a_new_run_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let base = tiny_config(8, 2, "sync", 1);
-    let out = train(
+    let out = train_toml_output(
         dir.path(),
         &(base.clone() + "\n[faults]\nlearner_panic_at_step = 5\n"),
     );
@@ -316,7 +304,7 @@ fn la6_a_learner_panic_ends_the_run_naming_it_and_a_new_run_resumes() {
         "nothing after the panic"
     );
 
-    let out = train(dir.path(), &base);
+    let out = train_toml_output(dir.path(), &base);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(steps(dir.path()).iter().max(), Some(&8));
 }

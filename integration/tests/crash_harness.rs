@@ -83,10 +83,7 @@ fn check_store(
 /// last kill; `None` — the config's `run.steps` is effectively endless (a fast machine can never
 /// outrun the kills) and the final life is given `--steps <head + 20>`.
 fn harness(root: &str, config_toml: &str, kills: usize, delay_ms: (u64, u64), steps: Option<u64>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, config_toml).expect("config");
@@ -290,10 +287,7 @@ fn sync_run_killed_repeatedly_ends_bit_identical_to_an_uninterrupted_run() {
     .wait()
     .expect("clean run");
     assert!(status.success());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let weights = |root: &Path| {
         let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
         let m = rt

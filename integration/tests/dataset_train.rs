@@ -11,12 +11,14 @@
 //! never reach it.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use keel_envs::dataset::{DatasetConfig, RewardConfig};
 use keel_envs::{task_seed, Env, EnvConfig, EnvError, Split};
-use keel_integration::{head_weights, keel_bin, PythonServer};
+use keel_integration::{
+    head_weights, keel_bin, kill_at_checkpoint, run_train, spawn_train, test_rt, train_output,
+    PythonServer,
+};
 use keel_store::RunStore;
 
 /// `n` rows "what is A plus B ?" (numeric answers); every third row names the calculator.
@@ -93,41 +95,15 @@ algo = "grpo"
     path
 }
 
-fn train(config: &Path, root: &Path, summary: &Path) -> std::process::Child {
-    Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(config)
-        .arg("--run-root")
-        .arg(root)
-        .arg("--summary-json")
-        .arg(summary)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start keel train")
-}
-
-fn finish(child: std::process::Child) {
-    let out = child.wait_with_output().expect("wait");
-    assert!(
-        out.status.success(),
-        "keel train failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(dir.path(), 12, "");
 
     let clean = dir.path().join("clean");
     let clean_summary = dir.path().join("clean.json");
-    finish(train(&config, &clean, &clean_summary));
+    run_train(&config, &clean, &[]);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&clean_summary).expect("summary")).expect("json");
     assert_eq!(summary["final_step"], 12);
@@ -137,26 +113,8 @@ fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
 
     let killed = dir.path().join("killed");
     let summary_path = dir.path().join("killed.json");
-    let mut child = train(&config, &killed, &summary_path);
-    let store = RunStore::open(killed.to_str().expect("utf8")).expect("open");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint past step 4 in 300 s"
-        );
-        if let Some(status) = child.try_wait().expect("wait") {
-            panic!("training exited ({status}) before it could be killed");
-        }
-        let head = rt.block_on(store.latest_checkpoint()).ok().flatten();
-        if head.is_some_and(|m| m.step >= 4) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap");
-    finish(train(&config, &killed, &summary_path));
+    kill_at_checkpoint(&mut spawn_train(&config, &killed, &[]), &killed, 4);
+    run_train(&config, &killed, &[]);
     let resumed: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary_path).expect("summary")).expect("json");
     assert!(resumed["resumed_from"].is_string(), "{resumed}");
@@ -236,10 +194,7 @@ fn stats(server: &PythonServer) -> serde_json::Value {
 
 #[test]
 fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     // A user's reward function file with verl's signature: the last number must equal the
     // ground truth (what the built-in numeric verifier checks on these rows).
@@ -261,11 +216,7 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
     let builtin = dir.path().join("builtin");
     std::fs::create_dir_all(&builtin).expect("dir");
     let by_verifier = config(&builtin, 6, "");
-    finish(train(
-        &by_verifier,
-        &builtin.join("run"),
-        &builtin.join("s.json"),
-    ));
+    run_train(&by_verifier, &builtin.join("run"), &[]);
 
     let served = dir.path().join("served");
     std::fs::create_dir_all(&served).expect("dir");
@@ -274,11 +225,7 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
         server.url
     );
     let by_service = config(&served, 6, &extra);
-    finish(train(
-        &by_service,
-        &served.join("run"),
-        &served.join("s.json"),
-    ));
+    run_train(&by_service, &served.join("run"), &[]);
     let stats = stats(&server);
     eprintln!("reward service stats: {stats}");
     // Every final answer of every rollout and eval episode went through the service, in
@@ -320,9 +267,7 @@ fn a_reward_service_that_is_down_or_refuses_its_function_stops_the_run_before_it
             2,
             &format!("reward_url = {url:?}\nreward_retries = 1"),
         );
-        let out = train(&cfg, &dir.path().join("run"), &dir.path().join("s.json"))
-            .wait_with_output()
-            .expect("wait");
+        let out = train_output(&cfg, &dir.path().join("run"), &[]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(
@@ -330,10 +275,7 @@ fn a_reward_service_that_is_down_or_refuses_its_function_stops_the_run_before_it
             "{err}"
         );
         let store = RunStore::open(dir.path().join("run").to_str().expect("utf8")).expect("open");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("rt");
+        let rt = test_rt();
         assert!(
             rt.block_on(store.latest_checkpoint())
                 .expect("head")

@@ -10,10 +10,12 @@
 //! logits. Needs python3 with torch, transformers and peft (scripts/setup.sh installs them).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use keel_integration::{checkpoint_file, checkpoints, keel_bin, python};
+use keel_integration::{
+    checkpoint_file, checkpoints, keel_bin, kill_at_checkpoint, python, run_train, spawn_train,
+    train_output,
+};
 
 /// The newest checkpoint of a local run root, if any.
 fn newest(root: &Path) -> Option<keel_store::CheckpointManifest> {
@@ -70,39 +72,9 @@ enabled = false
 algo = "grpo"
 "#;
 
-fn train(config: &Path, model: &Path, root: &Path) -> std::process::Child {
-    train_with(config, model, root, &[])
-}
-
-fn train_with(
-    config: &Path,
-    model: &Path,
-    root: &Path,
-    extra: &[&std::ffi::OsStr],
-) -> std::process::Child {
-    Command::new(keel_bin())
-        .args(["train", "--no-progress"])
-        .args(extra)
-        .arg("--config")
-        .arg(config)
-        .arg("--model")
-        .arg(model)
-        .arg("--run-root")
-        .arg(root)
-        .arg("--summary-json")
-        .arg(root.with_extension("json"))
-        .env("KEEL_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start keel train")
-}
-
-fn finish(child: std::process::Child) -> String {
-    let out = child.wait_with_output().expect("wait");
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "keel train failed:\n{err}");
-    err
+/// `path` as a command-line argument (test folders are UTF-8).
+fn arg(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
 }
 
 /// Trains into `root`, SIGKILLs the run after its step-2 checkpoint, resumes it to the end and
@@ -112,19 +84,9 @@ fn kill_after_step_2_and_resume(
     model: &Path,
     root: &Path,
 ) -> keel_store::CheckpointManifest {
-    let mut child = train(config, model, root);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while newest(root).is_none_or(|m| m.step < 2) {
-        assert!(Instant::now() < deadline, "no step-2 checkpoint in 120 s");
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "finished before the kill"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-    finish(train(config, model, root));
+    let with_model = ["--model", arg(model)];
+    kill_at_checkpoint(&mut spawn_train(config, root, &with_model), root, 2);
+    run_train(config, root, &with_model);
     newest(root).expect("head")
 }
 
@@ -164,7 +126,7 @@ fn a_hugging_face_folder_trains_resumes_and_exports() {
 
     // Uninterrupted run.
     let clean = dir.path().join("clean");
-    finish(train(&config, &model, &clean));
+    run_train(&config, &clean, &["--model", arg(&model)]);
     let head = newest(&clean).expect("a checkpoint");
     assert_eq!(head.step, 6);
     let learner: serde_json::Value =
@@ -218,8 +180,8 @@ fn sao_trains_a_separate_critic_started_from_a_folder() {
         .replace("steps = 6", "steps = 2");
     std::fs::write(&config, text).expect("config");
     let root = dir.path().join("sao");
-    let critic = ["--critic".as_ref(), model.as_os_str()];
-    finish(train_with(&config, &model, &root, &critic));
+    let critic = ["--model", arg(&model), "--critic", arg(&model)];
+    run_train(&config, &root, &critic);
     let head = newest(&root).expect("a checkpoint");
     let learner: serde_json::Value =
         serde_json::from_slice(&checkpoint_file(&root, &head, "learner.json")).expect("json");
@@ -346,9 +308,7 @@ fn bad_model_folders_are_refused_and_nothing_is_written() {
         let root = dir
             .path()
             .join(format!("run-{}", folder.display().to_string().len()));
-        let out = train(&config, folder, &root)
-            .wait_with_output()
-            .expect("wait");
+        let out = train_output(&config, &root, &["--model", arg(folder)]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{} was accepted", folder.display());
         assert!(err.contains(says), "{}: {err}", folder.display());
@@ -448,7 +408,7 @@ fn lora_adapters_train_on_a_frozen_folder_resume_and_export_for_transformers_and
     std::fs::write(&config, text).expect("config");
 
     let clean = dir.path().join("clean");
-    finish(train(&config, &model, &clean));
+    run_train(&config, &clean, &["--model", arg(&model)]);
     let head = newest(&clean).expect("a checkpoint");
     assert_eq!(head.step, 4);
     let learner: serde_json::Value =

@@ -2,34 +2,12 @@
 //! (step and weights verified) and finishes; in sync mode on CPU the resumed run ends with
 //! weights bit-identical to an uninterrupted run of the same config.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use keel_integration::{head_weights, keel_bin, tiny_config};
+use keel_integration::{head_weights, kill_at_checkpoint, spawn_train, test_rt, tiny_config};
 use keel_store::RunStore;
-
-fn train(config: &Path, root: &Path, summary: &Path) -> keel_integration::Guarded {
-    keel_integration::Guarded::spawn(
-        Command::new(keel_bin())
-            .args(["train", "--no-progress", "--config"])
-            .arg(config)
-            .arg("--run-root")
-            .arg(root)
-            .arg("--summary-json")
-            .arg(summary)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )
-    .expect("start keel train")
-}
 
 #[test]
 fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_run() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config(30, 3, "sync", 1)).expect("config");
@@ -37,25 +15,8 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
     // Run 1: killed once it has committed a checkpoint past step 6.
     let root = dir.path().join("killed");
     let summary = dir.path().join("killed.json");
-    let mut child = train(&config, &root, &summary);
+    kill_at_checkpoint(&mut spawn_train(&config, &root, &[]), &root, 6);
     let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint past step 6 within 300 s"
-        );
-        if let Some(status) = child.try_wait().expect("wait") {
-            panic!("training exited ({status}) before it could be killed");
-        }
-        let head = rt.block_on(store.latest_checkpoint()).ok().flatten();
-        if head.is_some_and(|m| m.step >= 6) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap");
     let at_kill = rt
         .block_on(store.latest_checkpoint())
         .expect("head")
@@ -70,7 +31,7 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
         .expect("weights");
 
     // Restart on the same run root: it must resume from that checkpoint and finish.
-    let status = train(&config, &root, &summary).wait().expect("resume run");
+    let status = spawn_train(&config, &root, &[]).wait().expect("resume run");
     assert!(status.success(), "resumed run failed: {status}");
     let outcome: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
@@ -91,7 +52,7 @@ fn sigkill_mid_training_resumes_from_last_checkpoint_and_matches_uninterrupted_r
 
     // Run 2: the same config, never interrupted.
     let clean_root = dir.path().join("clean");
-    let status = train(&config, &clean_root, &dir.path().join("clean.json"))
+    let status = spawn_train(&config, &clean_root, &[])
         .wait()
         .expect("clean run");
     assert!(status.success());

@@ -3,33 +3,18 @@
 //! (stored batches, checkpoints, the metrics log), not just for finishing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use keel_integration::{
     assert_finite_metrics, checkpoint_file, checkpoints, method_events, read_events, run_train,
-    seed_bank_version, step_events, stored_batches, MethodRun,
+    seed_bank_version, step_events, stored_batches, train_method, MethodRun,
 };
 use keel_store::{RolloutBatch, Source, Trajectory};
 use serde_json::Value;
 
 const GROUP: usize = 4; // MethodRun's rollout.group_size
 const REFERENCE_RESET_TAG: &str = keel_actors::controller::methods::REFERENCE_RESET_TAG;
-
-/// Runs `run` to its end in a fresh folder; answers (folder, run root, config, summary, events).
-fn train(run: &MethodRun, name: &str) -> (tempfile::TempDir, PathBuf, Value, Vec<Value>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = run.write(dir.path(), name);
-    let root = dir.path().join(name);
-    let summary = run_train(&config, &root, &[]);
-    assert_eq!(
-        summary["final_step"],
-        serde_json::json!(run.steps),
-        "{name}"
-    );
-    let events = read_events(&root);
-    (dir, root, summary, events)
-}
 
 /// `batch_seq → step` of every trained batch.
 fn trained_at(steps: &[Value]) -> BTreeMap<u64, u64> {
@@ -64,7 +49,7 @@ fn metric(step: &Value, key: &str) -> f64 {
 fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
     let mut run = MethodRun::new("sampo");
     run.learner = "dynamic_sampling_cold_start = 0\n".into();
-    let (_dir, root, _, events) = train(&run, "sampo");
+    let (_dir, root, _, events) = train_method(&run, "sampo");
     let max_tries = 3; // the preset's (spec §2: 3 generation passes)
 
     // GN-5: a batch left with uniform groups used every pass; one that stopped early has none.
@@ -155,7 +140,7 @@ fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
 fn sampo_similarity_groups_store_anchor_states_and_train() {
     let mut run = MethodRun::new("sampo");
     run.learner = "dynamic_sampling_cold_start = 0\ngigpo_similarity = 0.5\n".into();
-    let (_dir, root, _, events) = train(&run, "sampo-similarity");
+    let (_dir, root, _, events) = train_method(&run, "sampo-similarity");
     let batches = stored_batches(&root);
     assert_eq!(batches.len(), 6);
     for b in &batches {
@@ -190,7 +175,7 @@ fn sao_warms_up_the_critic_and_trains_inside_the_dis_band() {
     run.bound = 2;
     run.group_size = 1;
     run.learner = "critic_warmup = 2\n".into();
-    let (_dir, _root, _, events) = train(&run, "sao");
+    let (_dir, _root, _, events) = train_method(&run, "sao");
     let steps = step_events(&events);
     assert_eq!(steps.len(), 6);
     let (low, high) = (0.3, 5.0); // the preset's band (1 − 0.3, 1 + 5.0)
@@ -238,7 +223,7 @@ fn armor_keeps_successful_anchors_and_resets_the_reference() {
     // show up in 6 steps; 3 passes instead of 10 keep the test short.
     run.learner = "dynamic_sampling_tries = 3\n".into();
     run.extra = "[armor]\nanchor_episodes = 2\nreference_reset_every = 3\n".into();
-    let (_dir, root, _, events) = train(&run, "armor");
+    let (_dir, root, _, events) = train_method(&run, "armor");
     let steps = step_events(&events);
     let at = trained_at(&steps);
 
@@ -355,7 +340,7 @@ fn sorl(algo: &'static str, mode: &'static str, bound: u64) {
     let mut run = MethodRun::new(algo);
     run.mode = mode;
     run.bound = bound;
-    let (_dir, _root, _, events) = train(&run, algo);
+    let (_dir, _root, _, events) = train_method(&run, algo);
     let steps = step_events(&events);
     assert_eq!(steps.len(), 6, "{algo}");
     for s in &steps {
@@ -396,7 +381,7 @@ fn so_ppo_async_reports_turn_ratios_within_the_bound() {
 #[test]
 fn rtpo_branches_every_depth_in_reverse_turn_order_from_the_trunk() {
     let run = MethodRun::new("rtpo");
-    let (_dir, root, _, events) = train(&run, "rtpo");
+    let (_dir, root, _, events) = train_method(&run, "rtpo");
     let steps = step_events(&events);
     let at = trained_at(&steps);
 
@@ -518,7 +503,7 @@ fn dr_mas_trains_an_agent_model_and_resumes_it() {
     run.difficulty = 2;
     run.context_len = 128;
     run.extra = "[[agent_models]]\nagents = [1]\nlr = 0.0005\n".into();
-    let (dir, root, _, _) = train(&run, "drmas");
+    let (dir, root, _, _) = train_method(&run, "drmas");
 
     let mut agents = BTreeSet::new();
     for b in &stored_batches(&root) {
@@ -634,7 +619,7 @@ fn dr_mas_a_non_finite_agent_model_update_keeps_the_versions_together() {
     run.extra = "[[agent_models]]\nagents = [1]\nlr = 0.0005\n\n\
                  [faults]\nnan_loss_at_step = 2\nnan_loss_model = 1\n"
         .into();
-    let (_dir, root, _, _) = train(&run, "drmas-nan");
+    let (_dir, root, _, _) = train_method(&run, "drmas-nan");
     let ckpts = checkpoints(&root);
     let at = |step: u64| {
         ckpts
@@ -675,7 +660,7 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
     let mut run = MethodRun::new("pats");
     run.context_len = 64;
     run.extra = "[pats]\nrender_words = 24\n".into();
-    let (_dir, root, _, events) = train(&run, "pats");
+    let (_dir, root, _, events) = train_method(&run, "pats");
     let steps = step_events(&events);
     let at = trained_at(&steps);
 
@@ -775,17 +760,12 @@ fn eval_has_no_scaffold(
         .model_spec(&tokenizer, tch::Device::Cpu)
         .expect("model spec");
     let weights = checkpoint_file(root, head, "model.safetensors");
-    let io = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("io");
+    let process = keel_actors::process::Process::start().expect("io");
     let scratch = tempfile::tempdir().expect("tempdir");
     let store = keel_store::RunStore::open(scratch.path().to_str().expect("utf8")).expect("store");
-    let handle = io.handle().clone();
+    let handle = process.io();
     let version = bank.version();
-    let system = actix::System::new();
-    let (eval, train, batch) = system.block_on(async move {
+    let (eval, train, batch) = process.run_actors(async move {
         let factory: EnvFactory = Arc::new(move || keel_envs::build_env(&env_cfg));
         let budget = RestartBudget::new("env_shard", 4);
         let shard = actix::Supervisor::start(move |_| {

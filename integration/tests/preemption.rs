@@ -10,10 +10,7 @@ use keel_store::RunStore;
 
 #[test]
 fn sigterm_commits_a_checkpoint_within_the_grace_period_and_exits_zero() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let steps = 300;
     // Checkpoints every 1000 steps: the only one after SFT is the one SIGTERM asks for.

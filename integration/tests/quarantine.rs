@@ -9,10 +9,7 @@ use keel_store::RunStore;
 
 #[test]
 fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config_unguarded(20, 5, "async", 2)).expect("config");

@@ -383,10 +383,7 @@ fn ray_launch_survives_a_killed_generator_and_finishes_the_run() {
         );
         return;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let steps = 16;
     let config = dir.path().join("tiny.toml");

@@ -14,10 +14,7 @@ fn a_20_second_s3_outage_pauses_the_run_and_loses_nothing() {
     eprintln!("own seaweedfs on {}", server.endpoint);
     // This test binary talks only to its own server.
     std::env::set_var("AWS_ENDPOINT_URL", &server.endpoint);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
+    let rt = keel_integration::test_rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let steps = 150;
     let toml = tiny_config_unguarded(steps, 2, "async", 2);

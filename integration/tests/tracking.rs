@@ -11,8 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_integration::{
-    checkpoints, free_port, log_tail, python, run_train, spawn_train, tiny_config,
+    checkpoints, free_port, head_step, kill_once, log_tail, python, run_train, spawn_train,
+    tiny_config,
 };
+
+/// How often a kill checks for its progress.
+const POLL: Duration = Duration::from_millis(20);
 
 /// A tiny GRPO run of `steps` steps, checkpoints every 3, trackers delivering every step.
 fn config(dir: &Path, steps: u64, tracking: &str) -> PathBuf {
@@ -23,35 +27,6 @@ fn config(dir: &Path, steps: u64, tracking: &str) -> PathBuf {
     );
     std::fs::write(&path, text).expect("config");
     path
-}
-
-/// Waits until `ready()` (polled every 20 ms), then SIGKILLs `child`; panics after 120 s or if
-/// the run ends first.
-fn kill_when(mut child: keel_integration::Guarded, root: &Path, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !ready() {
-        assert!(
-            Instant::now() < deadline,
-            "not ready in 120 s:\n{}",
-            log_tail(root)
-        );
-        assert!(
-            child.try_wait().expect("wait").is_none(),
-            "finished before the kill:\n{}",
-            log_tail(root)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().expect("SIGKILL");
-    let _ = child.wait();
-}
-
-/// The newest checkpoint step of a local run root.
-fn head_step(root: &Path) -> u64 {
-    if !root.exists() {
-        return 0;
-    }
-    checkpoints(root).iter().map(|m| m.step).max().unwrap_or(0)
 }
 
 /// The TensorBoard folder of `branch` as the tensorboard package reads it.
@@ -96,12 +71,16 @@ fn tensorboard_reads_the_event_files_and_a_resume_logs_no_step_twice() {
     let root = dir.path().join("run");
     let run = root.join("tensorboard/main");
     // Killed once steps past its step-3 checkpoint are delivered, before the step-6 one.
-    let child = spawn_train(&cfg, &root, &[]);
-    kill_when(child, &root, || {
-        segment_last_step(&run) >= 4 && head_step(&root) >= 3
-    });
+    let mut child = spawn_train(&cfg, &root, &[]);
+    kill_once(
+        &mut child,
+        "steps past the checkpoint",
+        POLL,
+        || log_tail(&root),
+        || segment_last_step(&run) >= 4 && head_step(&root).is_some_and(|s| s >= 3),
+    );
     let delivered = segment_last_step(&run);
-    let resumed_from = head_step(&root);
+    let resumed_from = head_step(&root).unwrap_or(0);
     assert!(
         delivered > resumed_from,
         "the test needs steps after the checkpoint"
@@ -286,17 +265,23 @@ fn mlflow_gets_one_run_with_params_metrics_and_tags_and_a_resume_logs_no_step_tw
     );
     let cfg = config(dir.path(), 8, &tracking);
     let root = dir.path().join("run");
-    let child = spawn_train(&cfg, &root, &[]);
-    kill_when(child, &root, || {
-        head_step(&root) >= 3
-            && server.run(&root).is_some_and(|r| {
-                let id = r["info"]["run_id"].as_str().unwrap_or_default().to_string();
-                server
-                    .history(&id, "rollout/success")
-                    .last()
-                    .is_some_and(|&s| s >= 4)
-            })
-    });
+    let mut child = spawn_train(&cfg, &root, &[]);
+    kill_once(
+        &mut child,
+        "steps past the checkpoint",
+        POLL,
+        || log_tail(&root),
+        || {
+            head_step(&root).is_some_and(|s| s >= 3)
+                && server.run(&root).is_some_and(|r| {
+                    let id = r["info"]["run_id"].as_str().unwrap_or_default().to_string();
+                    server
+                        .history(&id, "rollout/success")
+                        .last()
+                        .is_some_and(|&s| s >= 4)
+                })
+        },
+    );
     run_train(&cfg, &root, &[]);
 
     let run = server
