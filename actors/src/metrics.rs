@@ -12,12 +12,16 @@
 //!   branch stay (they no longer move).
 //! - MT-5: `docs/metrics.md`, `ops/alerts/keel-rules.yml` and `ops/dashboards/keel.json` name only
 //!   metrics registered here (checked by a test).
+//! - MT-6: every metric is declared once: a row of the `train_metrics!` table below, or, for a
+//!   learner statistic, the `export` of its row in `keel_learner::step_metrics` (gauges named
+//!   and explained there, set from each step's `StepMetrics` by iterating that registry).
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
+use keel_learner::step_metrics::{Stat, STATS};
 use keel_learner::StepMetrics;
 
 /// The branch label every series carries; shared by all handles of one run.
@@ -161,148 +165,6 @@ impl BranchHistogram {
     }
 }
 
-/// Reads one number of a learner step.
-pub type StepField = fn(&StepMetrics) -> f64;
-
-/// The metric handles of one training run. Cheap to clone; all clones share one registry.
-#[derive(Clone)]
-pub struct TrainMetrics {
-    registry: Registry,
-    branch: BranchCell,
-    gauges: Vec<GaugeVec>,
-    names: Vec<String>,
-    started: Instant,
-    /// Learner updates taken.
-    pub learner_step: BranchGauge,
-    /// Current policy version.
-    pub policy_version: BranchGauge,
-    /// Updates applied (counter, for rates and the stall alert).
-    pub learner_steps: BranchCounter,
-    /// Total loss.
-    pub loss: BranchGauge,
-    /// Policy-gradient loss.
-    pub pg_loss: BranchGauge,
-    /// Value loss (PPO).
-    pub value_loss: BranchGauge,
-    /// Fraction of tokens whose ratio was clipped.
-    pub pg_clipfrac: BranchGauge,
-    /// Approximate KL to the behaviour (old) policy.
-    pub ppo_kl: BranchGauge,
-    /// Extra learner numbers, `(gauge, field)`: clip sides, reference KL, KL loss/reward,
-    /// explained variance, advantage statistics.
-    pub extra: Vec<(BranchGauge, StepField)>,
-    /// Mean token entropy.
-    pub entropy: BranchGauge,
-    /// Gradient norm before clipping (last step).
-    pub grad_norm: BranchGauge,
-    /// Gradient norm before clipping (distribution).
-    pub grad_norm_hist: BranchHistogram,
-    /// Learning rate in force.
-    pub lr: BranchGauge,
-    /// Seconds per learner step.
-    pub step_seconds: BranchHistogram,
-    /// Learner tokens per second.
-    pub learner_tokens_per_s: BranchGauge,
-    /// Updates refused because the loss or gradient was non-finite (GD-1).
-    pub nonfinite_steps: BranchCounter,
-    /// Fraction of wall time the learner waited for batches.
-    pub learner_idle_ratio: BranchGauge,
-    /// Success rate of the last training batch, by `env`.
-    pub rollout_success: BranchGauge,
-    /// Mean final reward of the last training batch, by `env`.
-    pub rollout_reward: BranchGauge,
-    /// Mean agent turns per episode of the last batch.
-    pub episode_turns: BranchGauge,
-    /// Mean model tokens per episode of the last batch.
-    pub response_length: BranchGauge,
-    /// Invalid-action rate (per turn) of the last batch.
-    pub rollout_invalid_rate: BranchGauge,
-    /// Model tokens sampled per second of generation.
-    pub generated_tokens_per_s: BranchGauge,
-    /// Policy-version lag of each trained model token.
-    pub token_staleness: BranchHistogram,
-    /// Policy-version lag of each trained trajectory (its oldest turn).
-    pub trajectory_staleness: BranchHistogram,
-    /// Largest lag in the last trained batch.
-    pub staleness_max: BranchGauge,
-    /// The staleness bound in force (0 in sync mode).
-    pub staleness_bound: BranchGauge,
-    /// Stored batches waiting for the learner.
-    pub queue_depth: BranchGauge,
-    /// Batches being sampled.
-    pub batches_in_flight: BranchGauge,
-    /// Fraction of generator wall time spent idle.
-    pub generator_idle_ratio: BranchGauge,
-    /// Fraction of the last batch's decode steps with at least 90% of the sampler's slots busy.
-    pub sampler_utilization: BranchGauge,
-    /// Held-out evaluation success rate.
-    pub eval_success: BranchGauge,
-    /// Batches trained on.
-    pub batches_trained: BranchCounter,
-    /// Batches dropped, by `reason`.
-    pub batches_dropped_by: BranchCounter,
-    /// Events a tracker (TensorBoard, MLflow) could not deliver, by `tracker` (TR-1).
-    pub tracking_dropped: BranchCounter,
-    /// Batches dropped (any reason; kept for the call sites that do not say why).
-    pub batches_dropped: DroppedCounter,
-    /// Store put latency by `object`.
-    pub store_put_seconds: BranchHistogram,
-    /// Store get latency by `object`.
-    pub store_get_seconds: BranchHistogram,
-    /// Bytes moved to or from the store, by `direction`.
-    pub store_bytes: BranchCounter,
-    /// Store operations that failed (after the store's own retries), by `op`.
-    pub store_errors: BranchCounter,
-    /// Store requests retried, as reported by the store.
-    pub store_retries: BranchCounter,
-    /// Corrupt objects moved to quarantine, by `object`.
-    pub store_quarantined: BranchCounter,
-    /// Seconds to commit a checkpoint.
-    pub checkpoint_commit_seconds: BranchHistogram,
-    /// Bytes of the last committed checkpoint.
-    pub checkpoint_bytes: BranchGauge,
-    /// Unix time of the last committed checkpoint.
-    pub last_checkpoint_time: BranchGauge,
-    /// Seconds since the last committed checkpoint (computed at scrape time).
-    pub seconds_since_checkpoint: BranchGauge,
-    /// Committed checkpoints.
-    pub checkpoints: BranchCounter,
-    /// Supervised actor restarts, by `kind`.
-    pub actor_restarts: BranchCounter,
-    /// Live actors, by `kind`.
-    pub actors_alive: BranchGauge,
-    /// Generator ranks the trainer addresses (`keel trainer`) or generator actors (`keel train`).
-    pub generator_ranks: BranchGauge,
-    /// Generator ranks that answer (not silent past `distributed.order_timeout_s`).
-    pub generator_ranks_alive: BranchGauge,
-    /// Work orders issued again after their rank went silent (RM-5).
-    pub orders_reissued: BranchCounter,
-    /// Seconds to store one published weights version for other processes (SB-1).
-    pub weights_publish_seconds: BranchHistogram,
-    /// Seconds a generator process took to load an order's weights (as it reports them).
-    pub weights_load_seconds: BranchHistogram,
-    /// Weight bytes stored (`publish`) and loaded by generator processes (`load`).
-    pub weights_bytes: BranchCounter,
-    /// Work orders whose weights a generator process had loaded ahead (GW-5).
-    pub weights_prefetched: BranchCounter,
-    /// 1 when a kind's restart budget is spent (SV-2), by `kind`.
-    pub budget_exhausted: BranchGauge,
-    /// Anomalies the collapse guard saw, by `kind`.
-    pub guard_anomalies: BranchCounter,
-    /// Rewinds to a healthy checkpoint.
-    pub guard_rewinds: BranchCounter,
-    /// Non-finite skips in a row right now.
-    pub guard_consecutive_skips: BranchGauge,
-    /// PATS: version of the scaffold bank in force.
-    pub scaffold_version: BranchGauge,
-    /// PATS: entries in the scaffold bank.
-    pub scaffold_entries: BranchGauge,
-    /// 1 while the RL loop runs.
-    pub rl_active: BranchGauge,
-    /// 1, labelled with the config hash and mode.
-    pub run_info: GaugeVec,
-}
-
 /// `batches_dropped` without a reason: counted under `reason="other"`.
 #[derive(Clone)]
 pub struct DroppedCounter(BranchCounter);
@@ -384,444 +246,400 @@ impl Builder<'_> {
             branch: self.branch.clone(),
         })
     }
+
+    /// One gauge per learner statistic that declares a Prometheus export (MT-6).
+    fn learner_gauges(&mut self) -> Result<Vec<(BranchGauge, Stat)>, prometheus::Error> {
+        STATS
+            .iter()
+            .filter_map(|s| s.export.map(|e| (e, s.stat)))
+            .map(|(e, stat)| Ok((self.gauge(e.metric, e.help, &[])?, stat)))
+            .collect()
+    }
 }
 
-fn lag_buckets() -> Vec<f64> {
-    vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0]
+fn lag_buckets() -> Result<Vec<f64>, prometheus::Error> {
+    Ok(vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0])
+}
+
+fn secs_buckets() -> Result<Vec<f64>, prometheus::Error> {
+    prometheus::exponential_buckets(0.001, 2.0, 18)
+}
+
+fn grad_norm_buckets() -> Result<Vec<f64>, prometheus::Error> {
+    prometheus::exponential_buckets(0.01, 2.0, 18)
+}
+
+/// Declares `TrainMetrics` from one table of `field: kind("name", "help", [labels] [,
+/// buckets]);` rows (`batches_dropped` counts into the row it names), and `TrainMetrics::register_table`, which registers each row.
+macro_rules! train_metrics {
+    (batches_dropped from $dropped:ident; $(
+        $(#[doc = $doc:literal])*
+        $field:ident: $kind:ident($name:literal, $help:literal, [$($label:literal),*]
+            $(, $buckets:expr)?);
+    )*) => {
+        /// The metric handles of one training run. Cheap to clone; all clones share one
+        /// registry.
+        #[derive(Clone)]
+        pub struct TrainMetrics {
+            registry: Registry,
+            branch: BranchCell,
+            gauges: Vec<GaugeVec>,
+            names: Vec<String>,
+            started: Instant,
+            /// The exported learner statistics (MT-6), each with its gauge.
+            learner: Vec<(BranchGauge, Stat)>,
+            /// Batches dropped (any reason; kept for the call sites that do not say why).
+            pub batches_dropped: DroppedCounter,
+            /// 1, labelled with the config hash and mode.
+            pub run_info: GaugeVec,
+            $( $(#[doc = $doc])* pub $field: train_metrics!(@type $kind), )*
+        }
+
+        impl TrainMetrics {
+            /// Registers every row of the table on `b`; `run_info` and the learner gauges are
+            /// registered by the caller.
+            fn register_table(
+                mut b: Builder<'_>,
+                learner: Vec<(BranchGauge, Stat)>,
+                run_info: GaugeVec,
+            ) -> Result<Self, prometheus::Error> {
+                $( let $field = train_metrics!(@make b, $kind, $name, $help, [$($label),*]
+                    $(, $buckets)?); )*
+                Ok(TrainMetrics {
+                    batches_dropped: DroppedCounter($dropped.clone()),
+                    $( $field, )*
+                    learner,
+                    run_info,
+                    registry: b.registry.clone(),
+                    branch: b.branch,
+                    gauges: b.gauges,
+                    names: b.names,
+                    started: Instant::now(),
+                })
+            }
+        }
+    };
+    (@type gauge) => { BranchGauge };
+    (@type counter) => { BranchCounter };
+    (@type histogram) => { BranchHistogram };
+    (@make $b:ident, gauge, $name:literal, $help:literal, [$($label:literal),*]) => {
+        $b.gauge($name, $help, &[$($label),*])?
+    };
+    (@make $b:ident, counter, $name:literal, $help:literal, [$($label:literal),*]) => {
+        $b.counter($name, $help, &[$($label),*])?
+    };
+    (@make $b:ident, histogram, $name:literal, $help:literal, [$($label:literal),*],
+        $buckets:expr) => {
+        $b.histogram($name, $help, &[$($label),*], $buckets?)?
+    };
+}
+
+train_metrics! {
+    batches_dropped from batches_dropped_by;
+    /// Learner updates taken.
+    learner_step: gauge("keel_learner_step", "Learner updates taken on this branch's lineage", []);
+    /// Current policy version.
+    policy_version: gauge("keel_policy_version", "Current policy version", []);
+    /// Updates applied (counter, for rates and the stall alert).
+    learner_steps: counter(
+        "keel_learner_steps_total",
+        "Learner updates applied by this process",
+        []
+    );
+    /// Gradient norm before clipping (distribution).
+    grad_norm_hist: histogram(
+        "keel_actor_grad_norm_histogram",
+        "Gradient L2 norm before clipping, every step",
+        [],
+        grad_norm_buckets()
+    );
+    /// Learning rate in force.
+    lr: gauge("keel_actor_lr", "Learning rate in force", []);
+    /// Seconds per learner step.
+    step_seconds: histogram(
+        "keel_learner_step_seconds",
+        "Seconds per learner step",
+        [],
+        secs_buckets()
+    );
+    /// Updates refused because the loss or gradient was non-finite (GD-1).
+    nonfinite_steps: counter(
+        "keel_learner_nonfinite_steps_total",
+        "Updates skipped for a non-finite loss or gradient",
+        []
+    );
+    /// Fraction of wall time the learner waited for batches.
+    learner_idle_ratio: gauge(
+        "keel_trainer_idle_ratio",
+        "Fraction of wall time the learner waited for batches since the last step",
+        []
+    );
+    /// Success rate of the last training batch, by `env`.
+    rollout_success: gauge(
+        "keel_rollout_success_rate",
+        "Success rate of the last training batch",
+        ["env"]
+    );
+    /// Mean final reward of the last training batch, by `env`.
+    rollout_reward: gauge(
+        "keel_rollout_reward_mean",
+        "Mean final reward of the last training batch",
+        ["env"]
+    );
+    /// Mean agent turns per episode of the last batch.
+    episode_turns: gauge(
+        "keel_rollout_episode_turns_mean",
+        "Mean agent turns per episode in the last batch",
+        []
+    );
+    /// Mean model tokens per episode of the last batch.
+    response_length: gauge(
+        "keel_rollout_response_length_mean",
+        "Mean model tokens per episode in the last batch",
+        []
+    );
+    /// Invalid-action rate (per turn) of the last batch.
+    rollout_invalid_rate: gauge(
+        "keel_rollout_invalid_action_rate",
+        "Invalid actions per turn in the last batch",
+        []
+    );
+    /// Model tokens sampled per second of generation.
+    generated_tokens_per_s: gauge(
+        "keel_perf_generated_tokens_per_second",
+        "Model tokens sampled per second by one generator",
+        []
+    );
+    /// Policy-version lag of each trained model token.
+    token_staleness: histogram(
+        "keel_rollout_token_staleness_versions",
+        "Policy versions between a trained token's sampling and its update",
+        [],
+        lag_buckets()
+    );
+    /// Policy-version lag of each trained trajectory (its oldest turn).
+    trajectory_staleness: histogram(
+        "keel_rollout_trajectory_staleness_versions",
+        "Policy versions between a trained trajectory's oldest turn and its update",
+        [],
+        lag_buckets()
+    );
+    /// Largest lag in the last trained batch.
+    staleness_max: gauge(
+        "keel_rollout_staleness_max_versions",
+        "Largest policy-version lag in the last trained batch",
+        []
+    );
+    /// The staleness bound in force (0 in sync mode).
+    staleness_bound: gauge(
+        "keel_rollout_staleness_bound",
+        "The staleness bound in force (0 in sync mode)",
+        []
+    );
+    /// Stored batches waiting for the learner.
+    queue_depth: gauge("keel_rollout_queue_depth", "Stored batches waiting for the learner", []);
+    /// Batches being sampled.
+    batches_in_flight: gauge("keel_rollout_batches_in_flight", "Batches being sampled", []);
+    /// Fraction of generator wall time spent idle.
+    generator_idle_ratio: gauge(
+        "keel_rollouter_idle_ratio",
+        "Fraction of generator wall time spent idle since the last step",
+        []
+    );
+    /// Fraction of the last batch's decode steps with at least 90% of the sampler's slots busy.
+    sampler_utilization: gauge(
+        "keel_rollout_sampler_utilization",
+        "Fraction of the last stored batch's decode steps with at least 90% of the sampler's slots busy",
+        []
+    );
+    /// Held-out evaluation success rate.
+    eval_success: gauge("keel_eval_success_rate", "Held-out evaluation success rate", []);
+    /// Batches trained on.
+    batches_trained: counter("keel_rollout_batches_trained_total", "Batches trained on", []);
+    /// Batches dropped, by `reason`.
+    batches_dropped_by: counter(
+        "keel_rollout_batches_dropped_total",
+        "Batches dropped, by reason (stale, rewind, corrupt, other)",
+        ["reason"]
+    );
+    /// Events a tracker (TensorBoard, MLflow) could not deliver, by `tracker` (TR-1).
+    tracking_dropped: counter(
+        "keel_tracking_events_dropped_total",
+        "Events a tracker could not deliver (full queue, server down), by tracker",
+        ["tracker"]
+    );
+    /// Store put latency by `object`.
+    store_put_seconds: histogram(
+        "keel_store_put_seconds",
+        "Store put latency",
+        ["object"],
+        secs_buckets()
+    );
+    /// Store get latency by `object`.
+    store_get_seconds: histogram(
+        "keel_store_get_seconds",
+        "Store get latency",
+        ["object"],
+        secs_buckets()
+    );
+    /// Bytes moved to or from the store, by `direction`.
+    store_bytes: counter(
+        "keel_store_bytes_total",
+        "Bytes moved to (put) or from (get) the store",
+        ["direction"]
+    );
+    /// Store operations that failed (after the store's own retries), by `op`.
+    store_errors: counter(
+        "keel_store_errors_total",
+        "Store operations that failed after the store's retries",
+        ["op"]
+    );
+    /// Store requests retried, as reported by the store.
+    store_retries: counter("keel_store_retries_total", "Store requests retried", []);
+    /// Corrupt objects moved to quarantine, by `object`.
+    store_quarantined: counter(
+        "keel_store_quarantined_objects_total",
+        "Corrupt objects moved to quarantine, by object kind",
+        ["object"]
+    );
+    /// Seconds to commit a checkpoint.
+    checkpoint_commit_seconds: histogram(
+        "keel_store_checkpoint_commit_seconds",
+        "Seconds to snapshot and commit a checkpoint",
+        [],
+        secs_buckets()
+    );
+    /// Bytes of the last committed checkpoint.
+    checkpoint_bytes: gauge(
+        "keel_store_checkpoint_bytes",
+        "Bytes of the last committed checkpoint",
+        []
+    );
+    /// Unix time of the last committed checkpoint.
+    last_checkpoint_time: gauge(
+        "keel_store_last_checkpoint_timestamp_seconds",
+        "Unix time of the last committed checkpoint",
+        []
+    );
+    /// Seconds since the last committed checkpoint (computed at scrape time).
+    seconds_since_checkpoint: gauge(
+        "keel_store_seconds_since_checkpoint",
+        "Seconds since the last committed checkpoint",
+        []
+    );
+    /// Committed checkpoints.
+    checkpoints: counter("keel_store_checkpoints_committed_total", "Checkpoints committed", []);
+    /// Supervised actor restarts, by `kind`.
+    actor_restarts: counter(
+        "keel_runtime_actor_restarts_total",
+        "Supervised actor restarts, by actor kind",
+        ["kind"]
+    );
+    /// Live actors, by `kind`.
+    actors_alive: gauge("keel_runtime_actors_alive", "Live actors, by actor kind", ["kind"]);
+    /// Generator ranks the trainer addresses (`keel trainer`) or generator actors (`keel train`).
+    generator_ranks: gauge(
+        "keel_generator_ranks",
+        "Generator ranks (keel trainer) or generator actors (keel train) of the run",
+        []
+    );
+    /// Generator ranks that answer (not silent past `distributed.order_timeout_s`).
+    generator_ranks_alive: gauge(
+        "keel_generator_ranks_alive",
+        "Generator ranks that answer work orders (not silent past the order timeout)",
+        []
+    );
+    /// Work orders issued again after their rank went silent (RM-5).
+    orders_reissued: counter(
+        "keel_generator_orders_reissued_total",
+        "Work orders issued again because their rank did not answer in time",
+        []
+    );
+    /// Seconds to store one published weights version for other processes (SB-1).
+    weights_publish_seconds: histogram(
+        "keel_weights_publish_seconds",
+        "Seconds to store one published weights version for generator processes",
+        [],
+        secs_buckets()
+    );
+    /// Seconds a generator process took to load an order's weights (as it reports them).
+    weights_load_seconds: histogram(
+        "keel_weights_load_seconds",
+        "Seconds a generator process took to load the weights a work order names",
+        [],
+        secs_buckets()
+    );
+    /// Weight bytes stored (`publish`) and loaded by generator processes (`load`).
+    weights_bytes: counter(
+        "keel_weights_bytes_total",
+        "Weight bytes stored for (publish) and loaded by (load) generator processes",
+        ["direction"]
+    );
+    /// Work orders whose weights a generator process had loaded ahead (GW-5).
+    weights_prefetched: counter(
+        "keel_weights_prefetched_total",
+        "Work orders whose weights a generator process had loaded ahead, while it sampled",
+        []
+    );
+    /// 1 when a kind's restart budget is spent (SV-2), by `kind`.
+    budget_exhausted: gauge(
+        "keel_runtime_supervisor_budget_exhausted",
+        "1 when an actor kind spent its restart budget",
+        ["kind"]
+    );
+    /// Anomalies the collapse guard saw, by `kind`.
+    guard_anomalies: counter(
+        "keel_guard_anomalies_total",
+        "Anomalies seen by the collapse guard, by kind",
+        ["kind"]
+    );
+    /// Rewinds to a healthy checkpoint.
+    guard_rewinds: counter("keel_guard_rewinds_total", "Rewinds to a healthy checkpoint", []);
+    /// Non-finite skips in a row right now.
+    guard_consecutive_skips: gauge("keel_guard_consecutive_skips", "Non-finite skips in a row", []);
+    /// PATS: version of the scaffold bank in force.
+    scaffold_version: gauge(
+        "keel_pats_scaffold_version",
+        "PATS: version of the scaffold bank in force",
+        []
+    );
+    /// PATS: entries in the scaffold bank.
+    scaffold_entries: gauge("keel_pats_scaffold_entries", "PATS: entries in the scaffold bank", []);
+    /// 1 while the RL loop runs.
+    rl_active: gauge("keel_run_rl_active", "1 while the RL loop runs", []);
 }
 
 impl TrainMetrics {
-    /// Creates and registers every metric for run `run`, on branch `main`.
+    /// Creates and registers every metric for run `run`, on branch `main`: the table above,
+    /// the exported learner statistics (MT-6) and `keel_run_info`.
     pub fn new(run: &str) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let branch = BranchCell(Arc::new(RwLock::new("main".to_string())));
         let mut b = Builder {
             registry: &registry,
             run,
-            branch: branch.clone(),
+            branch: BranchCell(Arc::new(RwLock::new("main".to_string()))),
             gauges: Vec::new(),
             names: vec!["keel_run_info".to_string()],
         };
-        let secs = prometheus::exponential_buckets(0.001, 2.0, 18)?;
-        let dropped_by = b.counter(
-            "keel_rollout_batches_dropped_total",
-            "Batches dropped, by reason (stale, rewind, corrupt, other)",
-            &["reason"],
-        )?;
+        let learner = b.learner_gauges()?;
         let run_info = GaugeVec::new(
             Opts::new("keel_run_info", "Always 1; labels describe the run").const_label("run", run),
             &["branch", "config_hash", "mode"],
         )?;
         registry.register(Box::new(run_info.clone()))?;
-        let m = Self {
-            learner_step: b.gauge(
-                "keel_learner_step",
-                "Learner updates taken on this branch's lineage",
-                &[],
-            )?,
-            policy_version: b.gauge("keel_policy_version", "Current policy version", &[])?,
-            learner_steps: b.counter(
-                "keel_learner_steps_total",
-                "Learner updates applied by this process",
-                &[],
-            )?,
-            loss: b.gauge("keel_actor_loss", "Total loss of the last step", &[])?,
-            pg_loss: b.gauge(
-                "keel_actor_pg_loss",
-                "Policy-gradient loss of the last step",
-                &[],
-            )?,
-            value_loss: b.gauge(
-                "keel_critic_vf_loss",
-                "Value loss of the last step (PPO)",
-                &[],
-            )?,
-            pg_clipfrac: b.gauge(
-                "keel_actor_pg_clipfrac",
-                "Fraction of model tokens whose ratio was clipped",
-                &[],
-            )?,
-            ppo_kl: b.gauge(
-                "keel_actor_ppo_kl",
-                "Approximate KL between the behaviour (old) and current policy",
-                &[],
-            )?,
-            extra: vec![
-                (
-                    b.gauge(
-                        "keel_actor_pg_clipfrac_high",
-                        "Fraction of model tokens clipped with the ratio above 1",
-                        &[],
-                    )?,
-                    |m| m.clip_frac_upper,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_pg_clipfrac_low",
-                        "Fraction of model tokens clipped with the ratio below 1",
-                        &[],
-                    )?,
-                    |m| m.clip_frac_lower,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_pg_clipfrac_lower",
-                        "Fraction of model tokens capped by dual-clip (verl pg_clipfrac_lower)",
-                        &[],
-                    )?,
-                    |m| m.clip_frac_dual,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_kl_ref",
-                        "k3 KL estimate of the current policy to the reference (0 without one)",
-                        &[],
-                    )?,
-                    |m| m.kl_ref,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_kl_loss",
-                        "KL loss term before its coefficient (0 when off)",
-                        &[],
-                    )?,
-                    |m| m.kl_loss,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_kl_reward",
-                        "Token-mean KL(old || ref) subtracted in the reward (0 when off)",
-                        &[],
-                    )?,
-                    |m| m.kl_reward,
-                ),
-                (
-                    b.gauge(
-                        "keel_actor_kl_reward_beta",
-                        "KL-in-reward coefficient used this step",
-                        &[],
-                    )?,
-                    |m| m.kl_reward_beta,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_vf_explained_var",
-                        "Explained variance of the returns by the critic",
-                        &[],
-                    )?,
-                    |m| m.explained_var,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_vf_clipfrac",
-                        "Fraction of model tokens whose value loss the value clip decided",
-                        &[],
-                    )?,
-                    |m| m.vf_clipfrac,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_advantages_mean",
-                        "Mean advantage over model tokens",
-                        &[],
-                    )?,
-                    |m| m.adv_mean,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_advantages_std",
-                        "Std of the advantage over model tokens",
-                        &[],
-                    )?,
-                    |m| m.adv_std,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_advantages_min",
-                        "Smallest advantage on a model token",
-                        &[],
-                    )?,
-                    |m| m.adv_min,
-                ),
-                (
-                    b.gauge(
-                        "keel_critic_advantages_max",
-                        "Largest advantage on a model token",
-                        &[],
-                    )?,
-                    |m| m.adv_max,
-                ),
-            ],
-            entropy: b.gauge(
-                "keel_actor_entropy",
-                "Mean token entropy of the policy",
-                &[],
-            )?,
-            grad_norm: b.gauge(
-                "keel_actor_grad_norm",
-                "Gradient L2 norm before clipping, last step",
-                &[],
-            )?,
-            grad_norm_hist: b.histogram(
-                "keel_actor_grad_norm_histogram",
-                "Gradient L2 norm before clipping, every step",
-                &[],
-                prometheus::exponential_buckets(0.01, 2.0, 18)?,
-            )?,
-            lr: b.gauge("keel_actor_lr", "Learning rate in force", &[])?,
-            step_seconds: b.histogram(
-                "keel_learner_step_seconds",
-                "Seconds per learner step",
-                &[],
-                secs.clone(),
-            )?,
-            learner_tokens_per_s: b.gauge(
-                "keel_perf_learner_tokens_per_second",
-                "Learner model tokens per second",
-                &[],
-            )?,
-            nonfinite_steps: b.counter(
-                "keel_learner_nonfinite_steps_total",
-                "Updates skipped for a non-finite loss or gradient",
-                &[],
-            )?,
-            learner_idle_ratio: b.gauge(
-                "keel_trainer_idle_ratio",
-                "Fraction of wall time the learner waited for batches since the last step",
-                &[],
-            )?,
-            rollout_success: b.gauge(
-                "keel_rollout_success_rate",
-                "Success rate of the last training batch",
-                &["env"],
-            )?,
-            rollout_reward: b.gauge(
-                "keel_rollout_reward_mean",
-                "Mean final reward of the last training batch",
-                &["env"],
-            )?,
-            episode_turns: b.gauge(
-                "keel_rollout_episode_turns_mean",
-                "Mean agent turns per episode in the last batch",
-                &[],
-            )?,
-            response_length: b.gauge(
-                "keel_rollout_response_length_mean",
-                "Mean model tokens per episode in the last batch",
-                &[],
-            )?,
-            rollout_invalid_rate: b.gauge(
-                "keel_rollout_invalid_action_rate",
-                "Invalid actions per turn in the last batch",
-                &[],
-            )?,
-            generated_tokens_per_s: b.gauge(
-                "keel_perf_generated_tokens_per_second",
-                "Model tokens sampled per second by one generator",
-                &[],
-            )?,
-            token_staleness: b.histogram(
-                "keel_rollout_token_staleness_versions",
-                "Policy versions between a trained token's sampling and its update",
-                &[],
-                lag_buckets(),
-            )?,
-            trajectory_staleness: b.histogram(
-                "keel_rollout_trajectory_staleness_versions",
-                "Policy versions between a trained trajectory's oldest turn and its update",
-                &[],
-                lag_buckets(),
-            )?,
-            staleness_max: b.gauge(
-                "keel_rollout_staleness_max_versions",
-                "Largest policy-version lag in the last trained batch",
-                &[],
-            )?,
-            staleness_bound: b.gauge(
-                "keel_rollout_staleness_bound",
-                "The staleness bound in force (0 in sync mode)",
-                &[],
-            )?,
-            queue_depth: b.gauge(
-                "keel_rollout_queue_depth",
-                "Stored batches waiting for the learner",
-                &[],
-            )?,
-            batches_in_flight: b.gauge(
-                "keel_rollout_batches_in_flight",
-                "Batches being sampled",
-                &[],
-            )?,
-            generator_idle_ratio: b.gauge(
-                "keel_rollouter_idle_ratio",
-                "Fraction of generator wall time spent idle since the last step",
-                &[],
-            )?,
-            sampler_utilization: b.gauge(
-                "keel_rollout_sampler_utilization",
-                "Fraction of the last stored batch's decode steps with at least 90% of the sampler's slots busy",
-                &[],
-            )?,
-            eval_success: b.gauge(
-                "keel_eval_success_rate",
-                "Held-out evaluation success rate",
-                &[],
-            )?,
-            batches_trained: b.counter(
-                "keel_rollout_batches_trained_total",
-                "Batches trained on",
-                &[],
-            )?,
-            tracking_dropped: b.counter(
-                "keel_tracking_events_dropped_total",
-                "Events a tracker could not deliver (full queue, server down), by tracker",
-                &["tracker"],
-            )?,
-            batches_dropped: DroppedCounter(dropped_by.clone()),
-            batches_dropped_by: dropped_by,
-            store_put_seconds: b.histogram(
-                "keel_store_put_seconds",
-                "Store put latency",
-                &["object"],
-                secs.clone(),
-            )?,
-            store_get_seconds: b.histogram(
-                "keel_store_get_seconds",
-                "Store get latency",
-                &["object"],
-                secs.clone(),
-            )?,
-            store_bytes: b.counter(
-                "keel_store_bytes_total",
-                "Bytes moved to (put) or from (get) the store",
-                &["direction"],
-            )?,
-            store_errors: b.counter(
-                "keel_store_errors_total",
-                "Store operations that failed after the store's retries",
-                &["op"],
-            )?,
-            store_retries: b.counter("keel_store_retries_total", "Store requests retried", &[])?,
-            store_quarantined: b.counter(
-                "keel_store_quarantined_objects_total",
-                "Corrupt objects moved to quarantine, by object kind",
-                &["object"],
-            )?,
-            checkpoint_commit_seconds: b.histogram(
-                "keel_store_checkpoint_commit_seconds",
-                "Seconds to snapshot and commit a checkpoint",
-                &[],
-                secs,
-            )?,
-            checkpoint_bytes: b.gauge(
-                "keel_store_checkpoint_bytes",
-                "Bytes of the last committed checkpoint",
-                &[],
-            )?,
-            last_checkpoint_time: b.gauge(
-                "keel_store_last_checkpoint_timestamp_seconds",
-                "Unix time of the last committed checkpoint",
-                &[],
-            )?,
-            seconds_since_checkpoint: b.gauge(
-                "keel_store_seconds_since_checkpoint",
-                "Seconds since the last committed checkpoint",
-                &[],
-            )?,
-            checkpoints: b.counter(
-                "keel_store_checkpoints_committed_total",
-                "Checkpoints committed",
-                &[],
-            )?,
-            actor_restarts: b.counter(
-                "keel_runtime_actor_restarts_total",
-                "Supervised actor restarts, by actor kind",
-                &["kind"],
-            )?,
-            actors_alive: b.gauge(
-                "keel_runtime_actors_alive",
-                "Live actors, by actor kind",
-                &["kind"],
-            )?,
-            generator_ranks: b.gauge(
-                "keel_generator_ranks",
-                "Generator ranks (keel trainer) or generator actors (keel train) of the run",
-                &[],
-            )?,
-            generator_ranks_alive: b.gauge(
-                "keel_generator_ranks_alive",
-                "Generator ranks that answer work orders (not silent past the order timeout)",
-                &[],
-            )?,
-            orders_reissued: b.counter(
-                "keel_generator_orders_reissued_total",
-                "Work orders issued again because their rank did not answer in time",
-                &[],
-            )?,
-            weights_publish_seconds: b.histogram(
-                "keel_weights_publish_seconds",
-                "Seconds to store one published weights version for generator processes",
-                &[],
-                prometheus::exponential_buckets(0.001, 2.0, 18)?,
-            )?,
-            weights_load_seconds: b.histogram(
-                "keel_weights_load_seconds",
-                "Seconds a generator process took to load the weights a work order names",
-                &[],
-                prometheus::exponential_buckets(0.001, 2.0, 18)?,
-            )?,
-            weights_bytes: b.counter(
-                "keel_weights_bytes_total",
-                "Weight bytes stored for (publish) and loaded by (load) generator processes",
-                &["direction"],
-            )?,
-            weights_prefetched: b.counter(
-                "keel_weights_prefetched_total",
-                "Work orders whose weights a generator process had loaded ahead, while it sampled",
-                &[],
-            )?,
-            budget_exhausted: b.gauge(
-                "keel_runtime_supervisor_budget_exhausted",
-                "1 when an actor kind spent its restart budget",
-                &["kind"],
-            )?,
-            guard_anomalies: b.counter(
-                "keel_guard_anomalies_total",
-                "Anomalies seen by the collapse guard, by kind",
-                &["kind"],
-            )?,
-            guard_rewinds: b.counter(
-                "keel_guard_rewinds_total",
-                "Rewinds to a healthy checkpoint",
-                &[],
-            )?,
-            guard_consecutive_skips: b.gauge(
-                "keel_guard_consecutive_skips",
-                "Non-finite skips in a row",
-                &[],
-            )?,
-            scaffold_version: b.gauge(
-                "keel_pats_scaffold_version",
-                "PATS: version of the scaffold bank in force",
-                &[],
-            )?,
-            scaffold_entries: b.gauge(
-                "keel_pats_scaffold_entries",
-                "PATS: entries in the scaffold bank",
-                &[],
-            )?,
-            rl_active: b.gauge("keel_run_rl_active", "1 while the RL loop runs", &[])?,
-            run_info,
-            gauges: b.gauges,
-            names: b.names,
-            started: Instant::now(),
-            registry,
-            branch,
-        };
+        let m = Self::register_table(b, learner, run_info)?;
         if let Ok(g) = m.run_info.get_metric_with_label_values(&["main", "", ""]) {
             g.set(1.0);
         }
         Ok(m)
+    }
+
+    /// The gauge of an exported learner statistic (None when `stat` is not exported).
+    pub fn stat(&self, stat: Stat) -> Option<&BranchGauge> {
+        self.learner
+            .iter()
+            .find(|(_, s)| *s == stat)
+            .map(|(g, _)| g)
     }
 
     /// The registry to serve on `/metrics`.
@@ -857,25 +675,18 @@ impl TrainMetrics {
         }
     }
 
-    /// Records one learner step's learner-side numbers.
+    /// Records one learner step's learner-side numbers: every exported statistic (MT-6), the
+    /// step counters and the grad-norm and step-time histograms.
     pub fn record_step(&self, step: u64, m: &StepMetrics) {
         self.learner_step.set(step as f64);
         self.policy_version.set(step as f64);
         self.learner_steps.inc();
-        self.pg_loss.set(m.pg_loss);
-        self.loss.set(m.loss);
-        self.value_loss.set(m.value_loss);
-        self.pg_clipfrac.set(m.clip_frac);
-        self.ppo_kl.set(m.approx_kl);
-        for (gauge, field) in &self.extra {
-            gauge.set(field(m));
+        for (gauge, stat) in &self.learner {
+            gauge.set(m.get(*stat));
         }
-        self.entropy.set(m.entropy);
-        self.grad_norm.set(m.grad_norm);
         if m.grad_norm.is_finite() {
             self.grad_norm_hist.observe(m.grad_norm);
         }
-        self.learner_tokens_per_s.set(m.tokens_per_s);
         self.step_seconds.observe(m.step_seconds);
         self.batches_trained.inc();
     }
@@ -982,7 +793,7 @@ mod tests {
     #[test]
     fn mt1_every_series_has_run_and_branch() {
         let m = TrainMetrics::new("r1").expect("metrics");
-        m.grad_norm.set(1.5);
+        m.stat(Stat::GradNorm).expect("exported").set(1.5);
         m.rollout_success.set_for("calc", 0.5);
         m.actor_restarts.inc_for("generator", 1);
         let text = m.render();
@@ -1002,10 +813,10 @@ mod tests {
     #[test]
     fn mt4_branch_switch_drops_old_gauges_keeps_counters() {
         let m = TrainMetrics::new("r").expect("metrics");
-        m.grad_norm.set(9.0);
+        m.stat(Stat::GradNorm).expect("exported").set(9.0);
         m.learner_steps.inc();
         m.set_branch("main-r1");
-        m.grad_norm.set(1.0);
+        m.stat(Stat::GradNorm).expect("exported").set(1.0);
         let text = m.render();
         assert!(
             !text.contains("keel_actor_grad_norm{branch=\"main\""),

@@ -55,6 +55,8 @@
 //! - LR-8 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 
+mod actor_loss;
+
 use std::time::Instant;
 
 use rand::seq::SliceRandom;
@@ -62,19 +64,11 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
-use crate::algo::aggregation::{
-    agg_loss, masked_mean, masked_mean_value, turn_records, AggDenominators, AggMode,
-};
-use crate::algo::armor::{armor_loss, ArmorInputs};
+use crate::algo::aggregation::{masked_mean, masked_mean_value, turn_records, AggDenominators};
 use crate::algo::dapo::informative_groups;
-use crate::algo::gspo::gspo_loss;
-use crate::algo::kl::{masked_kl, KlController, KlEstimator};
-use crate::algo::ppo::vanilla_ppo;
+use crate::algo::kl::KlController;
 use crate::algo::presets::{PolicyLossKind, PresetConfig};
-use crate::algo::reinforce::reinforce_loss;
-use crate::algo::sao::dis_loss;
 use crate::algo::seq_mask::sequence_mask;
-use crate::algo::sorl::turn_level_loss;
 use crate::algo::value::{
     explained_variance, value_clip_frac, value_loss, CriticModel, CriticSchedule,
 };
@@ -187,27 +181,6 @@ fn masked_stats(x: &Tensor, mask: &Tensor) -> (f64, f64, f64, f64) {
             v.max().double_value(&[]),
         )
     })
-}
-
-/// One mini-batch's metrics from its micro-batches' (MB-1): losses add up (each is already
-/// over the mini-batch's denominators); rates and means are token-weighted; extremes fold.
-fn combine_micro(parts: Vec<StepMetrics>) -> StepMetrics {
-    let total: f64 = parts.iter().map(|m| m.tokens as f64).sum::<f64>().max(1.0);
-    let mut out = StepMetrics::default();
-    for (k, mut m) in parts.into_iter().enumerate() {
-        let w = m.tokens as f64 / total;
-        out.fold_extremes(&m, k == 0);
-        let sums = (m.loss, m.pg_loss, m.value_loss, m.kl_loss);
-        for (acc, x) in out.averaged().into_iter().zip(m.averaged()) {
-            *acc += *x * w;
-        }
-        out.loss += sums.0 * (1.0 - w);
-        out.pg_loss += sums.1 * (1.0 - w);
-        out.value_loss += sums.2 * (1.0 - w);
-        out.kl_loss += sums.3 * (1.0 - w);
-        out.tokens += m.tokens;
-    }
-    out
 }
 
 impl Learner {
@@ -564,19 +537,12 @@ impl Learner {
             }
             for k in 0..n_mb {
                 let chunk = &order[k * b / n_mb..(k + 1) * b / n_mb];
-                let mut m = self.minibatch_step(&tg, chunk, actor)?;
-                sum.fold_extremes(&m, n == 0.0);
-                for (acc, x) in sum.averaged().into_iter().zip(m.averaged()) {
-                    *acc += *x;
-                }
+                let m = self.minibatch_step(&tg, chunk, actor)?;
+                sum.accumulate(&m, n as usize);
                 n += 1.0;
             }
         }
-        for acc in sum.averaged() {
-            *acc /= n;
-        }
-        sum.actor_steps *= n;
-        sum.critic_steps *= n;
+        sum.finish_means(n);
         let (mean, std, min, max) = masked_stats(&tg.advantages, &tg.mask);
         (sum.adv_mean, sum.adv_std, sum.adv_min, sum.adv_max) = (mean, std, min, max);
         sum.groups_total = groups_total as f64;
@@ -706,7 +672,7 @@ impl Learner {
             }
         }
         let grad_norm = self.clip_and_step()?;
-        let mut actor_out = combine_micro(parts);
+        let mut actor_out = StepMetrics::combine_micro(parts);
         actor_out.critic_steps = out.critic_steps;
         if out.critic_steps > 0.0 && actor_out.value_loss == 0.0 {
             actor_out.value_loss = out.value_loss;
@@ -753,163 +719,46 @@ impl Learner {
 
     /// Forward, loss and backward of the actor on `rows` (one micro-batch); gradients
     /// accumulate. `global` = the mini-batch's (policy, value) denominators, or None to take
-    /// them from these rows (a single micro-batch).
+    /// them from these rows (a single micro-batch). Each loss part returns its statistics by
+    /// name (`actor_loss`, AL-1).
     fn actor_micro_backward(
         &mut self,
         tg: &Targets,
         rows: &[i64],
-        global: Option<&(AggDenominators, AggDenominators)>,
+        global: Option<&actor_loss::Global>,
     ) -> Result<StepMetrics, LearnerError> {
         let p = self.preset.clone();
-        let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
-        let pick = |t: &Tensor| t.f_index_select(0, &idx);
-        let (tokens, mut mask, old_logp, adv) = (
-            pick(&tg.tokens)?,
-            pick(&tg.mask)?,
-            pick(&tg.old_logp)?,
-            pick(&tg.advantages)?,
-        );
-        let critic = match (&tg.critic, &p.critic) {
-            (Some((v, r)), Some(c)) => Some((pick(v)?, pick(r)?, c.clone())),
-            _ => None,
-        };
+        let mut r = actor_loss::MicroRows::of(tg, rows, self.model.device())?;
         let mut out = StepMetrics::default();
-        let ref_logp = match &tg.ref_logp {
-            Some(r) => Some(pick(r)?),
-            None => None,
-        };
         let salt = self.opt.steps().wrapping_mul(1 << 20) + rows.first().map_or(0, |&r| r as u64);
         seed_lora_dropout(&self.model, self.seed, salt);
         let pass = self
             .model
-            .train_pass(&tokens, self.cfg.activation_checkpointing)?;
+            .train_pass(&r.tokens, self.cfg.activation_checkpointing)?;
         let logits = scale_logits(self.model.logits(&pass.hidden)?, self.temperature)?;
         let values = self.model.values(&pass.hidden)?;
-        let logp = token_logprobs(&logits, &tokens);
+        let logp = token_logprobs(&logits, &r.tokens);
         if let Some(delta) = p.seq_mask_delta {
-            let (m, frac) = sequence_mask(&logp, &old_logp, &adv, &mask, delta);
-            mask = m;
+            let (m, frac) = sequence_mask(&logp, &r.old_logp, &r.adv, &r.mask, delta);
+            r.mask = m;
             out.seq_mask_frac = frac;
         }
-        let mut agg = p.agg;
-        let token_loss = match p.policy_loss {
-            PolicyLossKind::Ppo => {
-                let l = vanilla_ppo(&logp, &old_logp, &adv, &mask, p.clip);
-                out.set_clip(l.stats);
-                l.loss
-            }
-            PolicyLossKind::Gspo => {
-                agg = AggMode::SeqMeanTokenMean; // verl forces it for GSPO
-                let l = gspo_loss(&logp, &old_logp, &adv, &mask, p.clip);
-                out.set_clip(l.stats);
-                l.loss
-            }
-            PolicyLossKind::TurnLevel { ctn_delta } => {
-                let turns = pick(&tg.turn_ids)?;
-                let (l, s) = turn_level_loss(
-                    &logp,
-                    &old_logp,
-                    &adv,
-                    &mask,
-                    &turns,
-                    tg.max_turns,
-                    p.clip,
-                    ctn_delta,
-                );
-                out.set_clip(l.stats);
-                (
-                    out.turn_ratio_mean,
-                    out.turn_ratio_min,
-                    out.turn_ratio_max,
-                    out.ctn_trigger_frac,
-                ) = (s.ratio_mean, s.ratio_min, s.ratio_max, s.ctn_trigger_frac);
-                l.loss
-            }
-            PolicyLossKind::Dis => {
-                let beh = pick(&tg.behaviour_logp)?;
-                let (l, masked, (lo, hi)) =
-                    dis_loss(&logp, &beh, &adv, &mask, p.clip.low, p.clip.high);
-                out.dis_masked_frac = masked;
-                (out.dis_kept_ratio_min, out.dis_kept_ratio_max) = (lo, hi);
-                out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
-                l
-            }
-            PolicyLossKind::Armor(opt) => {
-                let r = ref_logp.as_ref().ok_or_else(|| {
-                    LearnerError::input("armor needs the reference policy's log-probs")
-                })?;
-                let anchor_rows = pick(&tg.anchor_rows)?;
-                let inputs = ArmorInputs {
-                    logp: &logp,
-                    old_logp: &old_logp,
-                    ref_logp: r,
-                    adv: &adv,
-                    mask: &mask,
-                    anchor_rows: &anchor_rows,
-                };
-                let ratio = opt.ratio(tg.policy_share);
-                let (l, s) = armor_loss(&inputs, &opt, ratio, p.clip)?;
-                out.set_clip(l.stats);
-                out.armor_mix_ratio = ratio;
-                out.armor_replace_ratio = opt.replace_weight(ratio);
-                out.armor_renorm_weight = s.renorm_weight_mean;
-                out.anchor_mixed_ratio_max = s.anchor_mixed_ratio_max;
-                out.anchor_plain_ratio_max = s.anchor_plain_ratio_max;
-                out.anchor_tokens = s.anchor_tokens;
-                l.loss
-            }
-            PolicyLossKind::Reinforce { is_threshold } => {
-                let beh = pick(&tg.behaviour_logp)?;
-                out.approx_kl = masked_mean_value(&(&beh - logp.detach()), &mask);
-                reinforce_loss(&logp, &beh, &adv, &mask, is_threshold)
-            }
-        };
-        // Layout P: aggregate over turn records (spec §0.1) instead of trajectories.
-        let turn_ids = if p.turn_records {
-            Some(pick(&tg.turn_ids)?)
-        } else {
-            None
-        };
-        let records = |x: &Tensor| match &turn_ids {
-            Some(ids) => turn_records(x, &mask, ids, tg.max_turns),
-            None => (x.shallow_clone(), mask.shallow_clone()),
-        };
-        let den = match global {
-            Some((den, _)) => *den,
-            None => AggDenominators::of(&records(&mask).1, p.loss_scale_factor),
-        };
-        let agg_rec = |x: &Tensor| {
-            let (xs, ms) = records(x);
-            agg_loss(&xs, &ms, agg, &den)
-        };
-        let pg = agg_rec(&token_loss);
+        let (token_loss, agg, stats) = actor_loss::policy_token_loss(&p, tg, &r, &logp)?;
+        out.absorb(&stats);
+        let records = actor_loss::Records::new(&p, tg, &r, agg, global)?;
+        let pg = records.agg(&token_loss);
         let mut loss = pg.shallow_clone();
         let entropy = token_entropy(&logits);
         if p.entropy_coef > 0.0 {
-            loss = loss.f_sub(&agg_rec(&entropy).f_mul_scalar(p.entropy_coef)?)?;
+            loss = loss.f_sub(&records.agg(&entropy).f_mul_scalar(p.entropy_coef)?)?;
         }
-        out.entropy = masked_mean_value(&entropy, &mask);
-        if let Some(r) = &ref_logp {
-            out.kl_ref =
-                masked_mean_value(&masked_kl(&logp.detach(), r, &mask, KlEstimator::K3), &mask);
-            if let Some(k) = p.kl_loss {
-                let kl = agg_rec(&masked_kl(&logp, r, &mask, k.estimator));
-                out.kl_loss = kl.f_double_value(&[])?;
-                loss = loss.f_add(&kl.f_mul_scalar(k.coef)?)?;
-            }
-        }
-        if let (Some((old_v, returns, c)), Some(values)) = (&critic, values) {
-            if c.joint() {
-                let v = align_values(&values)?;
-                let vden = match global {
-                    Some((_, vden)) => *vden,
-                    None => AggDenominators::of(&mask, p.loss_scale_factor),
-                };
-                let vl = value_loss(&v, old_v, returns, &mask, c.value_clip, agg, &vden);
-                out.value_loss = vl.f_double_value(&[])?;
-                out.explained_var = explained_variance(&v, returns, &mask);
-                out.vf_clipfrac = value_clip_frac(&v, old_v, returns, &mask, c.value_clip);
-                loss = loss.f_add(&vl.f_mul_scalar(c.value_coef)?)?;
+        out.entropy = masked_mean_value(&entropy, &r.mask);
+        let (kl, kl_stats) = actor_loss::kl_terms(&p, &r, &logp, &records)?;
+        let (value, value_stats) = actor_loss::value_term(&p, tg, &r, values, agg, global)?;
+        for (term, stats) in [(kl, kl_stats), (value, value_stats)] {
+            out.absorb(&stats);
+            if let Some(t) = term {
+                loss = loss.f_add(&t)?;
             }
         }
         let loss_value = loss.f_double_value(&[])?;
@@ -921,7 +770,7 @@ impl Learner {
         pass.backward(&loss, &self.model)?;
         out.loss = loss_value;
         out.pg_loss = pg.f_double_value(&[])?;
-        out.tokens = f64::try_from(mask.f_sum(Kind::Double)?)? as usize;
+        out.tokens = f64::try_from(r.mask.f_sum(Kind::Double)?)? as usize;
         Ok(out)
     }
 

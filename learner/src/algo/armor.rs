@@ -47,6 +47,7 @@ use tch::{Kind, Tensor};
 
 use crate::algo::ppo::{clip_surrogate, select, ClipBounds, TokenLoss};
 use crate::error::LearnerError;
+use crate::step_metrics::{Stat, Stats};
 
 /// ARMOR's shipped clip: ε 0.2 / 0.28, dual-clip c = 10 (its scripts; the preset's).
 pub const ARMOR_CLIP: ClipBounds = ClipBounds {
@@ -227,6 +228,17 @@ pub struct ArmorStats {
     pub anchor_tokens: f64,
     /// Mean advantage weight of `renorm_adv` over response tokens (1 without it).
     pub renorm_weight_mean: f64,
+}
+
+impl ArmorStats {
+    /// These statistics by name (docs/metrics-learner.md).
+    pub fn named(&self) -> Stats {
+        Stats::new()
+            .with(Stat::ArmorRenormWeight, self.renorm_weight_mean)
+            .with(Stat::AnchorMixedRatioMax, self.anchor_mixed_ratio_max)
+            .with(Stat::AnchorPlainRatioMax, self.anchor_plain_ratio_max)
+            .with(Stat::AnchorTokens, self.anchor_tokens)
+    }
 }
 
 /// `log(r·exp(a) + (1 − r)·exp(b))`, elementwise (AM-2); `r` in (0, 1].

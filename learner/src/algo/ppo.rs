@@ -24,6 +24,7 @@
 use tch::{Kind, Tensor};
 
 use crate::algo::aggregation::masked_mean_value;
+use crate::step_metrics::{Stat, Stats};
 
 /// Clip bounds of the PPO surrogate.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -57,6 +58,18 @@ pub struct ClipStats {
     pub clip_frac_dual: f64,
     /// k1 estimate of KL(old ‖ current): mean of `−x`.
     pub approx_kl: f64,
+}
+
+impl ClipStats {
+    /// These statistics by name (docs/metrics-learner.md).
+    pub fn named(&self) -> Stats {
+        Stats::new()
+            .with(Stat::ClipFrac, self.clip_frac)
+            .with(Stat::ClipFracUpper, self.clip_frac_upper)
+            .with(Stat::ClipFracLower, self.clip_frac_lower)
+            .with(Stat::ClipFracDual, self.clip_frac_dual)
+            .with(Stat::ApproxKl, self.approx_kl)
+    }
 }
 
 /// `x` with mask-0 entries replaced by 0 (PP-1).

@@ -27,6 +27,7 @@ use tch::{Kind, Tensor};
 
 use crate::algo::gspo::segment_log_ratio;
 use crate::algo::ppo::{clip_surrogate, select, ClipBounds, TokenLoss};
+use crate::step_metrics::{Stat, Stats};
 
 /// Turn-ratio statistics (module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -39,6 +40,17 @@ pub struct TurnStats {
     pub ratio_max: f64,
     /// Fraction of samples whose CTN weight is below 1.
     pub ctn_trigger_frac: f64,
+}
+
+impl TurnStats {
+    /// These statistics by name (docs/metrics-learner.md).
+    pub fn named(&self) -> Stats {
+        Stats::new()
+            .with(Stat::TurnRatioMean, self.ratio_mean)
+            .with(Stat::TurnRatioMin, self.ratio_min)
+            .with(Stat::TurnRatioMax, self.ratio_max)
+            .with(Stat::CtnTriggerFrac, self.ctn_trigger_frac)
+    }
 }
 
 /// Turn ratios `ρ_k` of turns that have at least one valid token (row-major order).
