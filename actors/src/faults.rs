@@ -8,48 +8,7 @@
 //!   loss from NaN behaviour log-probs (it is refused by LR-2 like any other); a learning-rate
 //!   blow-up really trains at that rate.
 
-use serde::{Deserialize, Serialize};
-
-/// `[faults]`: testing aid; all off by default.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct FaultsSection {
-    /// Poison the update that would produce this policy version with NaN log-probs (0 = off).
-    pub nan_loss_at_step: u64,
-    /// How many attempts at that update are poisoned in a row.
-    pub nan_loss_count: u32,
-    /// Which model's update is poisoned: 0 = the main model, k = the k-th `[[agent_models]]`
-    /// (Dr. MAS).
-    pub nan_loss_model: usize,
-    /// Before the update that would produce this policy version, set the learning rate to
-    /// `lr_blowup_to` (0 = off).
-    pub lr_blowup_at_step: u64,
-    /// The blown-up learning rate.
-    pub lr_blowup_to: f64,
-    /// Panic in the learner before the update that would produce this policy version
-    /// (0 = off): stands for a bug in the loss code (LA-6).
-    pub learner_panic_at_step: u64,
-}
-
-impl Default for FaultsSection {
-    fn default() -> Self {
-        Self {
-            nan_loss_at_step: 0,
-            nan_loss_count: 1,
-            nan_loss_model: 0,
-            lr_blowup_at_step: 0,
-            lr_blowup_to: 1.0,
-            learner_panic_at_step: 0,
-        }
-    }
-}
-
-impl FaultsSection {
-    /// True when no fault is configured.
-    pub fn is_off(&self) -> bool {
-        self.nan_loss_at_step == 0 && self.lr_blowup_at_step == 0 && self.learner_panic_at_step == 0
-    }
-}
+pub use crate::config::FaultsSection;
 
 /// The one-shot state of the configured faults (FI-1).
 #[derive(Debug, Clone, Default)]

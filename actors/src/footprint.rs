@@ -1,7 +1,8 @@
 //! What a run allocates, bounded from its config before anything is written (issue 32 item 6).
 //!
 //! Invariants:
-//! - VB-1: every key that sizes an allocation has a hard cap ([`SIZE_CAPS`], and episodes per
+//! - VB-1: every key that sizes an allocation has a hard cap (the maximum of its declared range,
+//!   `config::key::Range::Int`, checked by its section; and episodes per
 //!   batch = `rollout.tasks_per_batch × rollout.group_size` at most [`MAX_EPISODES_PER_BATCH`]),
 //!   so no product of keys can overflow and no count can ask for terabytes; the caps are orders
 //!   of magnitude above any run keel can serve on one machine.
@@ -24,24 +25,6 @@
 //! `TrainConfig::preflight` runs VB-2 and VB-4 again with a model folder's own shape.
 
 use crate::config::{ConfigError, TrainConfig};
-
-/// The largest value each size key may take (VB-1).
-pub const SIZE_CAPS: [(&str, u64); 14] = [
-    ("model.context_len", 1 << 20),
-    ("model.d_model", 1 << 16),
-    ("model.n_layer", 1 << 10),
-    ("model.n_head", 1 << 10),
-    ("sft.batch_size", 1 << 16),
-    ("sft.demos", 10_000_000),
-    ("rollout.tasks_per_batch", 1 << 16),
-    ("rollout.group_size", 1 << 10),
-    ("rollout.max_turn_tokens", 1 << 20),
-    ("rollout.generators", 1 << 10),
-    ("rollout.env_shards", 1 << 10),
-    ("rollout.eval_tasks", 1_000_000),
-    ("env.concurrency", 1 << 16),
-    ("run.steps", 1 << 40),
-];
 
 /// The most episodes one batch may hold (VB-1): `rollout.tasks_per_batch × rollout.group_size`.
 pub const MAX_EPISODES_PER_BATCH: u64 = 1 << 16;
@@ -138,37 +121,9 @@ fn too_big(key: &str, reason: String) -> ConfigError {
     }
 }
 
-/// The value of size key `key` in `cfg`.
-fn size_of(cfg: &TrainConfig, key: &str) -> u64 {
-    let (m, s, r) = (&cfg.model, &cfg.sft, &cfg.rollout);
-    let v = match key {
-        "model.context_len" => m.context_len,
-        "model.d_model" => m.d_model,
-        "model.n_layer" => m.n_layer,
-        "model.n_head" => m.n_head,
-        "sft.batch_size" => s.batch_size,
-        "sft.demos" => s.demos,
-        "rollout.tasks_per_batch" => r.tasks_per_batch,
-        "rollout.group_size" => r.group_size,
-        "rollout.max_turn_tokens" => r.max_turn_tokens,
-        "rollout.generators" => r.generators,
-        "rollout.env_shards" => r.env_shards,
-        "rollout.eval_tasks" => r.eval_tasks,
-        "env.concurrency" => cfg.env.concurrency,
-        "run.steps" => return cfg.run.steps,
-        _ => 0,
-    };
-    v as u64
-}
-
-/// VB-1 and VB-3: the caps of every size key and of `run.threads`.
+/// VB-1 and VB-3: the cap of episodes per batch and of `run.threads` (each size key's own cap
+/// is the maximum of its declared range, checked by its section).
 pub fn check_caps(cfg: &TrainConfig) -> Result<(), ConfigError> {
-    for (key, cap) in SIZE_CAPS {
-        let v = size_of(cfg, key);
-        if v > cap {
-            return Err(too_big(key, format!("must be at most {cap}, got {v}")));
-        }
-    }
     let (tasks, group) = (
         cfg.rollout.tasks_per_batch as u64,
         cfg.rollout.group_size as u64,

@@ -33,48 +33,7 @@ use serde::{Deserialize, Serialize};
 /// The tag of checkpoints committed with no anomaly since the previous one (GD-4).
 pub const HEALTHY_TAG: &str = "healthy";
 
-/// `[guard]`: collapse detection and automatic rewind.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct GuardSection {
-    /// Watch for collapses at all (off: a non-finite step ends the run, spikes are ignored).
-    pub enabled: bool,
-    /// Non-finite steps in a row that trigger a rewind.
-    pub max_consecutive_skips: u32,
-    /// Healthy values in each median window.
-    pub window: usize,
-    /// Healthy values needed before spikes are judged.
-    pub warmup: usize,
-    /// Grad-norm spike: this many times the window median (0 disables).
-    pub grad_norm_spike_ratio: f64,
-    /// Grad norms at or below this are never spikes.
-    pub grad_norm_floor: f64,
-    /// KL spike: this many times the window median (0 disables).
-    pub kl_spike_ratio: f64,
-    /// KL values at or below this are never spikes.
-    pub kl_floor: f64,
-    /// Rewinds allowed before the run gives up (GD-5).
-    pub max_rewinds: u32,
-    /// The learning rate is multiplied by this at every rewind (1 keeps it).
-    pub rewind_lr_factor: f64,
-}
-
-impl Default for GuardSection {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            max_consecutive_skips: 3,
-            window: 20,
-            warmup: 5,
-            grad_norm_spike_ratio: 10.0,
-            grad_norm_floor: 1.0,
-            kl_spike_ratio: 10.0,
-            kl_floor: 0.05,
-            max_rewinds: 3,
-            rewind_lr_factor: 0.5,
-        }
-    }
-}
+pub use crate::config::GuardSection;
 
 /// Why the guard asked for a rewind.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,15 +103,6 @@ pub enum Verdict {
     },
     /// Rewind to the newest healthy checkpoint (GD-2).
     Rewind(Anomaly),
-}
-
-impl GuardSection {
-    /// The learning rate after `rewinds` rewinds from `base`: `base · rewind_lr_factor^rewinds`.
-    pub fn rewound_lr(&self, base: f64, rewinds: u32) -> f64 {
-        base * self
-            .rewind_lr_factor
-            .powi(rewinds.min(i32::MAX as u32) as i32)
-    }
 }
 
 /// The key of the guard's state in a checkpoint's `method_state` (GD-7).

@@ -8,7 +8,6 @@
 #![deny(missing_docs)]
 
 pub mod config;
-pub mod config_keys;
 pub mod controller;
 pub mod demo_tokens;
 pub mod env_shard;
@@ -25,6 +24,7 @@ pub mod jsonl;
 pub mod learner_actor;
 pub mod method;
 pub mod metrics;
+pub mod parts;
 pub mod pats_seed;
 pub mod process;
 pub mod remote;

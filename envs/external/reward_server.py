@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference reward service of keel's `env.reward_url` (standard library only).
+"""Reference reward service of keel's `env.dataset.reward.url` (standard library only).
 
 keel's dataset env asks it for the reward of each model response that ends an episode, in
 batches:

@@ -67,7 +67,7 @@ pub enum EnvError {
         reason: String,
     },
     /// The reward service of a dataset env failed (after the configured retries).
-    #[error("reward service at {url} (env.reward_url): {reason}; check that it is running and answers GET /health and POST /score (reference: envs/external/reward_server.py)")]
+    #[error("reward service at {url} (env.dataset.reward.url): {reason}; check that it is running and answers GET /health and POST /score (reference: envs/external/reward_server.py)")]
     RewardService {
         /// The service's base URL (credentials redacted).
         url: String,

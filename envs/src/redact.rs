@@ -1,4 +1,4 @@
-//! Credentials never shown: URLs a user configures (`env.url`, `pats.reviewer_url`,
+//! Credentials never shown: URLs a user configures (`env.external.url`, `pats.reviewer_url`,
 //! `metrics.pushgateway_url`, `tracking.mlflow_url`) may carry `user:password@`, which the
 //! clients use but no message, log line, printed config or tracker may repeat.
 //!

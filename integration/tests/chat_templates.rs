@@ -12,7 +12,8 @@
 
 use std::path::Path;
 
-use keel_actors::config::{codec_from_files, ModelSection};
+use keel_actors::config::ModelSection;
+use keel_actors::parts::codec_from_files;
 use keel_integration::{family_models, python, run_train};
 use keel_learner::hf::{ChatCodec, ChatMessage, TemplateCheck};
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! (system prompts, numeric answers, some rows with the calculator tool) trains the built-in
 //! model; a run SIGKILLed mid-training resumes and ends bit-identical to an uninterrupted one
 //! (the data frontier is the dataset position: no row trained twice or skipped); `keel data
-//! check` shows a good file and names the file, row and field of a bad one; `env.reward_url`
+//! check` shows a good file and names the file, row and field of a bad one; `env.dataset.reward.url`
 //! drives a run through the reference reward service (a verl-signature reward function file),
 //! batched and retried, and a service that is down, or whose reward function fits no verl
 //! signature, stops the run before it starts. The reference service calls reward functions as
@@ -45,7 +45,7 @@ fn write_rows(path: &Path, n: usize, offset: usize) {
     std::fs::write(path, text).expect("write rows");
 }
 
-fn config(dir: &Path, steps: u64, env_extra: &str) -> std::path::PathBuf {
+fn config(dir: &Path, steps: u64, reward: &str) -> std::path::PathBuf {
     let (train, eval) = (dir.join("train.jsonl"), dir.join("test.jsonl"));
     write_rows(&train, 40, 0);
     write_rows(&eval, 8, 100);
@@ -61,10 +61,14 @@ threads = 1
 
 [env]
 name = "dataset"
+
+[env.dataset]
 train_file = {train:?}
 eval_file = {eval:?}
 max_turns = 2
-{env_extra}
+
+[env.dataset.reward]
+{reward}
 
 [model]
 context_len = 64
@@ -220,10 +224,7 @@ fn reward_service_scores_a_run_like_the_builtin_verifier_batched_and_retried() {
 
     let served = dir.path().join("served");
     std::fs::create_dir_all(&served).expect("dir");
-    let extra = format!(
-        "reward_url = {:?}\nreward_batch_wait_ms = 20\nreward_retries = 4",
-        server.url
-    );
+    let extra = format!("url = {:?}\nbatch_wait_ms = 20\nretries = 4", server.url);
     let by_service = config(&served, 6, &extra);
     run_train(&by_service, &served.join("run"), &[]);
     let stats = stats(&server);
@@ -262,16 +263,14 @@ fn a_reward_service_that_is_down_or_refuses_its_function_stops_the_run_before_it
         ),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = config(
-            dir.path(),
-            2,
-            &format!("reward_url = {url:?}\nreward_retries = 1"),
-        );
+        let cfg = config(dir.path(), 2, &format!("url = {url:?}\nretries = 1"));
         let out = train_output(&cfg, &dir.path().join("run"), &[]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
         assert!(
-            err.contains(&format!("reward service at {url} (env.reward_url): {why}")),
+            err.contains(&format!(
+                "reward service at {url} (env.dataset.reward.url): {why}"
+            )),
             "{err}"
         );
         let store = RunStore::open(dir.path().join("run").to_str().expect("utf8")).expect("open");

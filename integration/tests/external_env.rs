@@ -186,7 +186,7 @@ fn failed_job(server: &Server, sft_steps: u64) -> String {
         .replace(
             "name = \"calc\"",
             &format!(
-                "name = \"external\"\nurl = \"{}\"\nretries = 1\ntimeout_ms = 2000",
+                "name = \"external\"\nexternal = {{ url = \"{}\", retries = 1, timeout_ms = 2000 }}",
                 server.url
             ),
         )
@@ -414,7 +414,7 @@ fn sigterm_is_honoured_while_the_external_env_hangs() {
     .replace(
         "name = \"calc\"",
         &format!(
-            "name = \"external\"\nurl = \"{}\"\nretries = 3\ntimeout_ms = 30000",
+            "name = \"external\"\nexternal = {{ url = \"{}\", retries = 3, timeout_ms = 30000 }}",
             server.url
         ),
     )

@@ -230,7 +230,7 @@ fn episodes_render_as_transformers_renders_the_conversation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = tiny_qwen2(dir.path());
     let files = keel_learner::hf::tokenizer::folder_files(&model).expect("files");
-    let codec = keel_actors::config::codec_from_files(&files, &Default::default()).expect("codec");
+    let codec = keel_actors::parts::codec_from_files(&files, &Default::default()).expect("codec");
     let (prompt, action, obs) = ("task 3 + 4 * 5", "calc 3 + 4", "result 7");
     let out = dir.path().join("chat.json");
     python(&[

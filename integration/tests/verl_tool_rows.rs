@@ -36,6 +36,8 @@ threads = 1
 
 [env]
 name = "dataset"
+
+[env.dataset]
 train_file = {data:?}
 eval_file = {data:?}
 max_turns = 3

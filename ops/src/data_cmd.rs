@@ -75,11 +75,7 @@ fn check(args: &CheckArgs) -> Result<()> {
     let data_cfg = DatasetConfig {
         train_file: args.file.clone(),
         eval_file: args.file.clone(),
-        verifier: cfg.env.verifier.clone(),
-        prompt_key: cfg.env.prompt_key.clone(),
-        answer_key: cfg.env.answer_key.clone(),
-        max_turns: cfg.env.max_turns,
-        ..DatasetConfig::default()
+        ..cfg.env.dataset.clone()
     };
     data_cfg.validate()?;
     let raw = file::read(&args.file)?;

@@ -235,7 +235,7 @@ fn eval_checkpoint(args: &EvalArgs, id: &str) -> Result<String> {
     cfg.env.name = args.env.name.clone();
     cfg.env.difficulty = args.env.difficulty;
     if let Some(url) = &args.env.url {
-        cfg.env.url = url.clone();
+        cfg.env.external.url = url.clone();
     }
     if let Some(n) = args.max_turn_tokens {
         cfg.rollout.max_turn_tokens = n;

@@ -20,39 +20,13 @@ pub mod tensorboard;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
-use serde::{Deserialize, Serialize};
-
 use crate::metrics::BranchCounter;
 use serde_json::Value;
 
 /// Events a tracker's queue holds before new ones are dropped (TR-1).
 pub const QUEUE_EVENTS: usize = 4096;
 
-/// `[tracking]`: where besides Prometheus and the metrics log the run is recorded.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrackingSection {
-    /// Write TensorBoard event files under `<run root>/tensorboard/<branch>/`.
-    pub tensorboard: bool,
-    /// Base URL of an MLflow tracking server (`http://host:port`); empty = off.
-    pub mlflow_url: String,
-    /// MLflow experiment the runs go to (created when missing); empty = `keel`.
-    pub mlflow_experiment: String,
-    /// Steps between deliveries when no checkpoint comes sooner (TensorBoard segment files,
-    /// MLflow requests; MLflow also sends after 2 s).
-    pub flush_every_steps: u64,
-}
-
-impl Default for TrackingSection {
-    fn default() -> Self {
-        TrackingSection {
-            tensorboard: false,
-            mlflow_url: String::new(),
-            mlflow_experiment: String::new(),
-            flush_every_steps: 50,
-        }
-    }
-}
+pub use crate::config::TrackingSection;
 
 /// One tracker: turns events into its own records.
 pub trait Tracker: Send {

@@ -168,7 +168,7 @@ impl DatasetConfig {
                 "an integer in 2..=64",
             );
         }
-        Ok(())
+        self.reward.validate()
     }
 
     /// How rows are parsed.

@@ -1,4 +1,4 @@
-//! The client of a user's reward service (`env.reward_url`): the reward of a model response
+//! The client of a user's reward service (`env.dataset.reward.url`): the reward of a model response
 //! that ends a dataset episode is asked over HTTP instead of computed by a built-in verifier.
 //!
 //! Protocol (the reference server is `envs/external/reward_server.py`, stdlib only, which calls
@@ -89,28 +89,28 @@ impl RewardConfig {
         };
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return bad(
-                "reward_url",
+                "reward.url",
                 crate::redact_url(&self.url),
                 "an http:// or https:// base URL of a reward service",
             );
         }
         if self.timeout_ms == 0 {
             return bad(
-                "reward_timeout_ms",
+                "reward.timeout_ms",
                 "0".into(),
                 "a positive number of milliseconds",
             );
         }
         if !(1..=4096).contains(&self.batch) {
             return bad(
-                "reward_batch",
+                "reward.batch",
                 self.batch.to_string(),
                 "an integer in 1..=4096",
             );
         }
         if !(1..=256).contains(&self.concurrency) {
             return bad(
-                "reward_concurrency",
+                "reward.concurrency",
                 self.concurrency.to_string(),
                 "an integer in 1..=256",
             );
@@ -160,7 +160,7 @@ impl RewardClient {
             discipline,
             &cfg.auth_env,
             "dataset",
-            "reward_auth_env",
+            "reward.auth_env",
         )?;
         let url = crate::redact_url(&cfg.url);
         check_health(http.call::<Value>("health", None)).map_err(|reason| {

@@ -8,8 +8,8 @@
 //! ```
 //!
 //! The prompt may also be a plain string (one user message), and the two keys that hold the
-//! prompt and the answer are configurable dotted paths (`env.prompt_key`, default `prompt`;
-//! `env.answer_key`, default `reward_model.ground_truth`), so OpenRLHF-style JSONL
+//! prompt and the answer are configurable dotted paths (`env.dataset.prompt_key`, default `prompt`;
+//! `env.dataset.answer_key`, default `reward_model.ground_truth`), so OpenRLHF-style JSONL
 //! (`{"input": "…", "label": "…"}`) reads with `prompt_key = "input"`, `answer_key = "label"`.
 //!
 //! Invariants:
@@ -214,7 +214,7 @@ impl Row {
             return Err(err.at(
                 &schema.answer_key,
                 format!(
-                    "the ground truth {:?} does not pass its own `{}` verifier (answered {:?}), so no answer could be rewarded; set env.verifier or fix the row",
+                    "the ground truth {:?} does not pass its own `{}` verifier (answered {:?}), so no answer could be rewarded; set env.dataset.verifier or fix the row",
                     row.ground_truths[0], row.verifier, row.oracle
                 ),
             ));
@@ -547,7 +547,7 @@ mod tests {
                        "reward_model": {"ground_truth": "1,000"}});
         assert_eq!(
             Row::parse(&v, &RowSchema::default(), "f", 2).unwrap_err().to_string(),
-            "dataset f, row 2, field `reward_model.ground_truth`: the ground truth \"1,000\" does not pass its own `gsm8k` verifier (answered \"#### 1,000\"), so no answer could be rewarded; set env.verifier or fix the row"
+            "dataset f, row 2, field `reward_model.ground_truth`: the ground truth \"1,000\" does not pass its own `gsm8k` verifier (answered \"#### 1,000\"), so no answer could be rewarded; set env.dataset.verifier or fix the row"
         );
     }
 
