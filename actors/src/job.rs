@@ -12,7 +12,7 @@
 //!   tagged `sft-partial` (every `sft.checkpoint_every` steps, and at a stop request) hold its
 //!   progress; a run root whose head is one continues SFT from it (SF-1, SF-2).
 //! - JB-3: all store I/O runs on a dedicated I/O runtime; the actix threads only wait on it.
-//! - JB-4: a resume verifies every blob of the checkpoint it restores (CK-7); when the head fails
+//! - JB-4: a resume verifies every blob of the checkpoint it restores (CP-7); when the head fails
 //!   it falls back to the newest verifiable ancestor, says so, and continues the branch from it.
 //! - JB-5: `--from <ckpt>` starts a new branch whose first checkpoint's parent is `<ckpt>`; a
 //!   branch that already has a head is resumed instead (JB-1), so a crashed branch run restarts

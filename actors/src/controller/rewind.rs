@@ -148,7 +148,7 @@ impl RewindJob {
         })
     }
 
-    /// Every file of `target`, verified (CK-7).
+    /// Every file of `target`, verified (CP-7).
     async fn read_files(
         &self,
         target: &Arc<CheckpointManifest>,
