@@ -341,7 +341,7 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     eprintln!("run root: {}", store.root_url());
     let progress = progress::Progress::new(cfg.run.steps, args.no_progress);
     let push = (!cfg.metrics.pushgateway_url.is_empty())
-        .then(|| (cfg.metrics.pushgateway_url.clone(), cfg.run.name.clone()));
+        .then(|| (cfg.metrics.clone(), cfg.run.name.clone()));
     // GD-6: without --branch/--from, continue where the collapse guard's rewinds led.
     let branch = match (&args.branch, &args.from) {
         (None, None) => {
@@ -366,13 +366,13 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     };
     let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
     progress.finish();
-    if let Some((url, run)) = push {
+    if let Some((push_to, run)) = push {
         // Batch jobs: the final values outlive the process (PGW-1), also when the run failed.
         store_retries::export(&metrics);
-        match pushgateway::push(&url, &run, metrics.render()) {
+        match pushgateway::push(&push_to, &run, metrics.render()) {
             Ok(()) => eprintln!(
                 "metrics pushed to {}",
-                keel_envs::redact_url(&pushgateway::group_url(&url, &run))
+                keel_envs::redact_url(&pushgateway::group_url(&push_to.pushgateway_url, &run))
             ),
             Err(e) => eprintln!("warning: {}", error_chain(&e)),
         }

@@ -5,15 +5,17 @@
 //! but never loses the run's results (they are in the run root already).
 
 use anyhow::{bail, Result};
+use keel_actors::config::MetricsSection;
 
 /// The Pushgateway URL of run `run`'s group under base URL `base`.
 pub fn group_url(base: &str, run: &str) -> String {
     format!("{}/metrics/job/keel/run/{run}", base.trim_end_matches('/'))
 }
 
-/// PUTs `text` (Prometheus text format) to the group of `run` (PGW-1).
-pub fn push(base: &str, run: &str, text: String) -> Result<()> {
-    let url = group_url(base, run);
+/// PUTs `text` (Prometheus text format) to the group of `run` at `metrics.pushgateway_url`,
+/// within `metrics.pushgateway_timeout_s` (PGW-1).
+pub fn push(cfg: &MetricsSection, run: &str, text: String) -> Result<()> {
+    let url = group_url(&cfg.pushgateway_url, run);
     let shown = keel_envs::redact_url(&url);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -23,7 +25,7 @@ pub fn push(base: &str, run: &str, text: String) -> Result<()> {
             .put(&url)
             .header("Content-Type", "text/plain; version=0.0.4")
             .body(text)
-            .timeout(std::time::Duration::from_secs(30))
+            .timeout(std::time::Duration::from_secs(cfg.pushgateway_timeout_s))
             .send()
             .await
             // reqwest's message names the URL, credentials included: drop it, ours is redacted.
@@ -44,6 +46,13 @@ pub fn push(base: &str, run: &str, text: String) -> Result<()> {
 mod tests {
     use super::*;
 
+    fn at(pushgateway_url: String) -> MetricsSection {
+        MetricsSection {
+            pushgateway_url,
+            ..MetricsSection::default()
+        }
+    }
+
     #[test]
     fn pg1_push_puts_the_text_format_to_the_run_group() {
         let server = tiny_http::Server::http("127.0.0.1:0").expect("listener");
@@ -59,7 +68,7 @@ mod tests {
         });
         let text = "# TYPE keel_actor_grad_norm gauge\nkeel_actor_grad_norm{branch=\"main\"} 1.5\n"
             .to_string();
-        push(&format!("http://{addr}/"), "r1", text).expect("push");
+        push(&at(format!("http://{addr}/")), "r1", text).expect("push");
         let (method, url, body) = handle.join().expect("server thread");
         assert_eq!(method, "PUT");
         assert_eq!(url, "/metrics/job/keel/run/r1");
@@ -75,7 +84,7 @@ mod tests {
             req.respond(tiny_http::Response::from_string("bad").with_status_code(400))
                 .expect("respond");
         });
-        let err = push(&format!("http://{addr}"), "r1", String::new()).expect_err("400");
+        let err = push(&at(format!("http://{addr}")), "r1", String::new()).expect_err("400");
         handle.join().expect("server thread");
         assert!(err.to_string().contains("400"), "{err}");
     }

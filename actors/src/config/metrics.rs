@@ -17,6 +17,8 @@ pub struct MetricsSection {
     pub port: u16,
     /// Pushgateway base URL (`http://host:9091`) to push the final metrics to; empty = off.
     pub pushgateway_url: String,
+    /// Seconds the final push may take before the job gives up on it and exits.
+    pub pushgateway_timeout_s: u64,
 }
 
 impl Default for MetricsSection {
@@ -26,6 +28,7 @@ impl Default for MetricsSection {
             bind: "127.0.0.1".into(),
             port: 9464,
             pushgateway_url: String::new(),
+            pushgateway_timeout_s: 30,
         }
     }
 }
@@ -39,6 +42,12 @@ const PUSHGATEWAY_URL: Key = Key::new(
     "metrics.pushgateway_url",
     Range::Text("empty or http(s)://host:port"),
     "Push the final metrics to this Prometheus Pushgateway when the run ends (batch jobs).",
+);
+
+const PUSHGATEWAY_TIMEOUT_S: Key = Key::new(
+    "metrics.pushgateway_timeout_s",
+    ints(1, 3600),
+    "Seconds the final push to the Pushgateway may take; past it the job reports the push as failed and exits with the run's own status (its results are in the run root already).",
 );
 
 /// The keys of `[metrics]`.
@@ -55,6 +64,7 @@ pub const KEYS: &[Key] = &[
         "Port of /metrics (0 picks a free port, printed at start).",
     ),
     PUSHGATEWAY_URL,
+    PUSHGATEWAY_TIMEOUT_S,
 ];
 
 impl MetricsSection {
@@ -63,6 +73,7 @@ impl MetricsSection {
         if self.bind.parse::<std::net::IpAddr>().is_err() {
             return Err(BIND.error(format!("must be an IP address, got {:?}", self.bind)));
         }
+        PUSHGATEWAY_TIMEOUT_S.check_int(self.pushgateway_timeout_s)?;
         let url = &self.pushgateway_url;
         if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
             return Err(PUSHGATEWAY_URL.error(format!(
