@@ -54,7 +54,7 @@ use crate::generator::{Generate, Generated, Purpose};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
 use crate::learner_actor::{LearnerActor, ResetReference, Snapshot, TrainOn, Trained};
 use crate::method::plain::Plain;
-use crate::method::{MethodIo, MethodRuntime, Planned, Review, REFERENCE_RESET_TAG};
+use crate::method::{MethodIo, MethodRuntime, Planned, Review, StateKeys, REFERENCE_RESET_TAG};
 use crate::metrics::{TrainMetrics, Utilization};
 use crate::remote::GeneratorHandle;
 use crate::rollout::TaskRef;
@@ -153,7 +153,7 @@ pub struct ControllerSetup {
     /// Batches dropped when the job resumed; recorded in the first checkpoint (CT-6).
     pub dropped_on_resume: Vec<u64>,
     /// Set to stop with a checkpoint (CT-5).
-    pub stop: crate::process::StopSignal,
+    pub stop: crate::job::StopSignal,
     /// Method state of the checkpoint resumed from (MS-1..3).
     pub method_state: BTreeMap<String, String>,
     /// The method's runtime, started (`MethodRuntime::start`) from `method_state` (MR-1..4).
@@ -419,8 +419,11 @@ impl Controller {
     fn generate(&mut self, g: usize, ctx: &mut Context<Self>) {
         let seq = self.next_batch_seq;
         self.next_batch_seq += 1;
-        let io = self.method_io();
-        let planned = self.method.next_work(seq, &mut self.cursor, &io);
+        let keys = StateKeys {
+            store: self.s.store.clone(),
+            life_tag: self.life_tag.clone(),
+        };
+        let planned = self.method.next_work(seq, &mut self.cursor, &keys);
         let (first, epoch) = (planned.first_task, self.epoch);
         self.set_gen_busy(g, Some(seq));
         self.generating.insert(seq, (first, epoch));

@@ -21,7 +21,7 @@
 //!   are `held` (a lost one is sampled again by the method, not given back to the cursor), and
 //!   only [`MethodRuntime::on_held_consumed`] says when it counts as trained.
 //! - MR-3 (state keys): method state objects are stored create-only under keys carrying the
-//!   writing life's tag ([`MethodIo::state_key`], MS-4); `method_state` entries name them.
+//!   writing life's tag ([`StateKeys::key`], MS-4); `method_state` entries name them.
 //! - MR-4 (rewind): a rewind first [`MethodRuntime::abandon`]s what the method holds on the
 //!   abandoned branch, then reads what the target checkpoint names
 //!   ([`MethodRuntime::rewind_reader`]) and applies it only once the learner is restored.
@@ -93,11 +93,30 @@ pub struct MethodIo {
     pub life_tag: String,
 }
 
-impl MethodIo {
+/// Where method state objects go: the run root on the branch trained now and this life's tag.
+#[derive(Clone)]
+pub struct StateKeys {
+    /// The run root, on the branch trained now.
+    pub store: RunStore,
+    /// This life's tag (MS-4).
+    pub life_tag: String,
+}
+
+impl StateKeys {
     /// The store key of a method state object `<dir>/<stem>-<life>.json` (MR-3, MS-4).
-    pub fn state_key(&self, dir: &str, stem: &str) -> String {
+    pub fn key(&self, dir: &str, stem: &str) -> String {
         self.store
             .state_key(&format!("{dir}/{stem}-{}.json", self.life_tag))
+    }
+}
+
+impl MethodIo {
+    /// Where this life's method state objects go (MR-3).
+    pub fn keys(&self) -> StateKeys {
+        StateKeys {
+            store: self.store.clone(),
+            life_tag: self.life_tag.clone(),
+        }
     }
 
     /// Runs `f` on the I/O runtime.
@@ -246,7 +265,7 @@ pub trait MethodRuntime: Send {
     fn abandon(&mut self) {}
 
     /// What the generation of batch `seq` samples.
-    fn next_work(&mut self, _seq: u64, cursor: &mut TaskCursor, _io: &MethodIo) -> Planned {
+    fn next_work(&mut self, _seq: u64, cursor: &mut TaskCursor, _keys: &StateKeys) -> Planned {
         Planned {
             first_task: cursor.take(),
             work: Work::Groups,
@@ -317,3 +336,6 @@ pub fn select(cfg: &TrainConfig) -> Box<dyn MethodRuntime> {
 pub fn life_tag() -> String {
     format!("{:x}-{:x}", crate::rollout::unix_ms(), std::process::id())
 }
+
+#[cfg(test)]
+mod tests;

@@ -25,12 +25,12 @@ use keel_envs::scaffold::{
     ScaffoldState, StepReview,
 };
 use keel_learner::hf::ChatCodec;
-use keel_store::{CheckpointManifest, RolloutBatch, RunStore};
+use keel_store::{CheckpointManifest, RolloutBatch};
 use serde::{Deserialize, Serialize};
 
 use super::{
     Demos, MethodFuture, MethodIo, MethodRuntime, Restore, Review, RewindRead, Rewound, Sampling,
-    StateWrite,
+    StateKeys, StateWrite,
 };
 use crate::config::TrainConfig;
 use crate::controller::ReadyBatch;
@@ -120,8 +120,8 @@ impl Pats {
 }
 
 /// The key a bank version is stored under (MS-4).
-fn bank_key(store: &RunStore, life_tag: &str, version: u64) -> String {
-    store.state_key(&format!("pats/scaffold-{version:06}-{life_tag}.json"))
+fn bank_key(keys: &StateKeys, version: u64) -> String {
+    keys.key("pats", &format!("scaffold-{version:06}"))
 }
 
 impl MethodRuntime for Pats {
@@ -181,14 +181,14 @@ impl MethodRuntime for Pats {
         }
         let runtime = self.runtime.clone()?;
         let (groups, pool) = (batch.groups.clone(), io.io.clone());
-        let (store, life) = (io.store.clone(), io.life_tag.clone());
+        let keys = io.keys();
         Some(Box::pin(async move {
             let reviewed = pool
                 .spawn_blocking(move || {
                     let mut pats = runtime
                         .lock()
                         .map_err(|e| ActorError::Internal(format!("PATS runtime: {e}")))?;
-                    pats.review(step, &groups, |v| bank_key(&store, &life, v))
+                    pats.review(step, &groups, |v| bank_key(&keys, v))
                 })
                 .await
                 .map_err(|e| ActorError::Internal(format!("PATS review at step {step}: {e}")))?;
@@ -269,7 +269,7 @@ async fn seed(
     let demos =
         crate::pats_seed::seed_scaffold(&io.cfg, &model.codec, demos, &mut pats.controller)?;
     let version = pats.controller.bank().version();
-    let key = bank_key(&io.store, &io.life_tag, version);
+    let key = bank_key(&io.keys(), version);
     let bytes = pats
         .controller
         .state()

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use keel_store::{RolloutBatch, Source};
 use serde::{Deserialize, Serialize};
 
-use super::{HeldStep, MethodFuture, MethodIo, MethodRuntime, Planned};
+use super::{HeldStep, MethodFuture, MethodIo, MethodRuntime, Planned, StateKeys};
 use crate::error::ActorError;
 use crate::frontier::TaskCursor;
 use crate::generator::{Generated, Work};
@@ -96,7 +96,7 @@ impl MethodRuntime for Rtpo {
         self.tree = None;
     }
 
-    fn next_work(&mut self, seq: u64, cursor: &mut TaskCursor, io: &MethodIo) -> Planned {
+    fn next_work(&mut self, seq: u64, cursor: &mut TaskCursor, keys: &StateKeys) -> Planned {
         match &self.tree {
             Some(tree) => Planned {
                 first_task: tree.first_task,
@@ -109,7 +109,7 @@ impl MethodRuntime for Rtpo {
             None => Planned {
                 first_task: cursor.take(),
                 work: Work::Trunks {
-                    key: io.state_key("rtpo", &format!("trunk-{seq:010}")),
+                    key: keys.key("rtpo", &format!("trunk-{seq:010}")),
                 },
                 held: false,
             },
