@@ -153,7 +153,7 @@ pub struct ControllerSetup {
     /// Batches dropped when the job resumed; recorded in the first checkpoint (CT-6).
     pub dropped_on_resume: Vec<u64>,
     /// Set to stop with a checkpoint (CT-5).
-    pub stop: crate::job::StopSignal,
+    pub stop: crate::process::StopSignal,
     /// Method state of the checkpoint resumed from (MS-1..3).
     pub method_state: BTreeMap<String, String>,
     /// The method's runtime, started (`MethodRuntime::start`) from `method_state` (MR-1..4).

@@ -12,7 +12,7 @@
 //!   tagged `sft-partial` (every `sft.checkpoint_every` steps, and at a stop request) hold its
 //!   progress; a run root whose head is one continues SFT from it (SF-1, SF-2).
 //! - JB-3: all store I/O runs on a dedicated I/O runtime; the actix threads only wait on it.
-//! - JB-4: a resume verifies every blob of the checkpoint it restores (CK-7); when the head fails
+//! - JB-4: a resume verifies every blob of the checkpoint it restores (CP-7); when the head fails
 //!   it falls back to the newest verifiable ancestor, says so, and continues the branch from it.
 //! - JB-5: `--from <ckpt>` starts a new branch whose first checkpoint's parent is `<ckpt>`; a
 //!   branch that already has a head is resumed instead (JB-1), so a crashed branch run restarts
@@ -51,6 +51,7 @@ use crate::learner_actor::LoadReference;
 use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
 use crate::method::{MethodIo, MethodRuntime, REFERENCE_RESET_TAG};
 use crate::metrics::TrainMetrics;
+use crate::process::{trainer_writer, Process, StopSignal};
 use crate::remote::{GeneratorHandle, LifeKeys, StoreBoard};
 use crate::setup::{LocalGenerators, ModelSetup};
 use crate::stored_batches;
@@ -99,22 +100,6 @@ pub struct JobOptions {
     pub stop: StopSignal,
     /// Which roles run here.
     pub role: Role,
-}
-
-/// A request to stop after the current update with a checkpoint (SIGTERM), shared by clones.
-#[derive(Clone, Default, Debug)]
-pub struct StopSignal(Arc<std::sync::atomic::AtomicBool>);
-
-impl StopSignal {
-    /// Asks the job to stop.
-    pub fn request(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether a stop was asked for.
-    pub fn requested(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
 }
 
 /// The checkpoint a job starts from, with its verified blobs.
@@ -183,17 +168,9 @@ pub fn run_job(
     options: JobOptions,
 ) -> Result<JobOutcome, ActorError> {
     cfg.validate()?;
-    if cfg.run.threads > 0 {
-        tch::set_num_threads(cfg.run.threads as i32);
-    }
-    let device = select_device(&cfg.run.device)?;
-    let io_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("keel-io")
-        .enable_all()
-        .build()
-        .map_err(|e| ActorError::Internal(format!("cannot start the I/O runtime: {e}")))?;
-    let io = io_runtime.handle().clone();
+    let device = Process::torch(&cfg)?;
+    let process = Process::start()?;
+    let io = process.io();
     let branch = match (&options.branch, &options.from) {
         (Some(b), _) => b.clone(),
         (None, Some(from)) => format!("from-{from}"),
@@ -211,7 +188,7 @@ pub fn run_job(
         Ok::<_, StoreError>((life, fenced))
     })?;
     tracing::info!(life = life.life, branch = %branch, role = options.role.name(), "claimed trainer life");
-    let store = lives.clone().with_writer(&format!("l{:010}", life.life))?;
+    let store = lives.clone().with_writer(&trainer_writer(life.life))?;
     let (start, skipped) = io.block_on(find_start(&store, options.from.as_deref()))?;
     let latest = start.as_ref().map(|s| s.manifest.clone());
     let log = Arc::new(Mutex::new(MetricsLog::open(
@@ -256,17 +233,16 @@ pub fn run_job(
         lives: lives.clone(),
         head_generation,
     };
-    let system = actix::System::new();
-    let result = system.block_on(run_roles(job, start)).map(|mut outcome| {
-        if outcome.branch.is_empty() {
-            outcome.branch = branch; // the loop did not run
-        }
-        outcome.skipped_checkpoints = skipped;
-        outcome.life = life.life;
-        outcome
-    });
-    actix::System::current().stop();
-    drop(system);
+    let result = process
+        .run_actors(run_roles(job, start))
+        .map(|mut outcome| {
+            if outcome.branch.is_empty() {
+                outcome.branch = branch; // the loop did not run
+            }
+            outcome.skipped_checkpoints = skipped;
+            outcome.life = life.life;
+            outcome
+        });
     // HL-2 (keel-store health): once the store has failed, these last writes get a short
     // attempt each instead of a whole retry budget.
     if let Ok(log) = Arc::try_unwrap(log) {
@@ -278,7 +254,7 @@ pub fn run_job(
         trackers.finish();
     }
     io.block_on(record_end(&lives, life.life, &result));
-    io_runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    process.end();
     result
 }
 

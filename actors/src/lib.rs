@@ -8,7 +8,6 @@
 #![deny(missing_docs)]
 
 pub mod config;
-pub mod config_keys;
 pub mod controller;
 pub mod demo_tokens;
 pub mod env_shard;
@@ -25,7 +24,9 @@ pub mod jsonl;
 pub mod learner_actor;
 pub mod method;
 pub mod metrics;
+pub mod parts;
 pub mod pats_seed;
+pub mod process;
 pub mod remote;
 pub mod rollout;
 pub mod seeds;
@@ -38,6 +39,7 @@ pub mod weights;
 pub use config::{ConfigError, Mode, TrainConfig};
 pub use error::ActorError;
 pub use events::{EventSink, TrainEvent};
-pub use job::{run_job, JobOptions, JobOutcome, Role, StopSignal};
+pub use job::{run_job, JobOptions, JobOutcome, Role};
 pub use metrics::TrainMetrics;
+pub use process::StopSignal;
 pub use remote::{run_generator, GeneratorExit};

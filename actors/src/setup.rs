@@ -61,7 +61,7 @@ impl ModelSetup {
         let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
         let spec = cfg.model_spec(&tokenizer, device)?;
         let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
-        let codec = Arc::new(crate::config::codec_from_files(
+        let codec = Arc::new(crate::parts::codec_from_files(
             &tokenizer_files,
             &cfg.model,
         )?);
