@@ -114,6 +114,19 @@ pub fn kill_once(
     child.wait().expect("reap");
 }
 
+/// Starts `keel train` on `root` ([`crate::spawn_train`]) and SIGKILLs it once `ready()` holds
+/// (polled every 20 ms, see [`kill_once`]).
+pub fn train_killed_when(config: &Path, root: &Path, what: &str, ready: impl FnMut() -> bool) {
+    let mut child = crate::spawn_train(config, root, &[]);
+    kill_once(
+        &mut child,
+        what,
+        Duration::from_millis(20),
+        || log_tail(root),
+        ready,
+    );
+}
+
 /// The step of the head checkpoint of a local run root (`None` before the first one).
 pub fn head_step(root: &Path) -> Option<u64> {
     if !root.exists() {

@@ -5,20 +5,10 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::{free_port, keel_bin, tiny_config};
-
-/// Kills the child on drop (by its PID), so a failing assertion never leaves a server running.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use keel_integration::{free_port, spawn_train, tiny_config, Guarded};
 
 fn encode(q: &str) -> String {
     q.bytes()
@@ -87,22 +77,12 @@ fn prometheus_scrapes_a_running_keel_train() {
     let cfg = tiny_config(100_000, 50, "sync", 1).replace("enabled = false", "enabled = true");
     let cfg_path = dir.path().join("keel.toml");
     std::fs::write(&cfg_path, cfg).expect("write config");
-    let keel = Command::new(keel_bin())
-        .args([
-            "train",
-            "--no-progress",
-            "--metrics-port",
-            &keel_port.to_string(),
-            "--config",
-        ])
-        .arg(&cfg_path)
-        .arg("--run-root")
-        .arg(dir.path().join("run"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start keel train");
-    let _keel = Killed(keel);
+    let port = keel_port.to_string();
+    let _keel = spawn_train(
+        &cfg_path,
+        &dir.path().join("run"),
+        &["--metrics-port", &port],
+    );
 
     let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/alerts/keel-rules.yml");
     let prom_cfg = format!(
@@ -111,18 +91,18 @@ fn prometheus_scrapes_a_running_keel_train() {
     );
     let prom_cfg_path = dir.path().join("prometheus.yml");
     std::fs::write(&prom_cfg_path, prom_cfg).expect("write prometheus config");
-    let server = Command::new(prometheus)
-        .arg(format!("--config.file={}", prom_cfg_path.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus");
-    let _server = Killed(server);
+    let _server = Guarded::spawn(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", prom_cfg_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("start prometheus");
 
     wait_for("prometheus to answer", Duration::from_secs(60), || {
         http_get(prom_port, "/-/ready")

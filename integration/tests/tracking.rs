@@ -5,18 +5,13 @@
 //! A tracker that cannot be reached never stops training (TR-1).
 //! Needs python3 with tensorboard and mlflow (scripts/setup.sh installs them).
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_integration::{
-    checkpoints, free_port, head_step, kill_once, log_tail, python, run_train, spawn_train,
-    tiny_config,
+    checkpoints, free_port, head_step, python, run_train, tiny_config, train_killed_when, Guarded,
 };
-
-/// How often a kill checks for its progress.
-const POLL: Duration = Duration::from_millis(20);
 
 /// A tiny GRPO run of `steps` steps, checkpoints every 3, trackers delivering every step.
 fn config(dir: &Path, steps: u64, tracking: &str) -> PathBuf {
@@ -71,14 +66,9 @@ fn tensorboard_reads_the_event_files_and_a_resume_logs_no_step_twice() {
     let root = dir.path().join("run");
     let run = root.join("tensorboard/main");
     // Killed once steps past its step-3 checkpoint are delivered, before the step-6 one.
-    let mut child = spawn_train(&cfg, &root, &[]);
-    kill_once(
-        &mut child,
-        "steps past the checkpoint",
-        POLL,
-        || log_tail(&root),
-        || segment_last_step(&run) >= 4 && head_step(&root).is_some_and(|s| s >= 3),
-    );
+    train_killed_when(&cfg, &root, "steps past the checkpoint", || {
+        segment_last_step(&run) >= 4 && head_step(&root).is_some_and(|s| s >= 3)
+    });
     let delivered = segment_last_step(&run);
     let resumed_from = head_step(&root).unwrap_or(0);
     assert!(
@@ -133,7 +123,8 @@ fn tensorboard_reads_the_event_files_and_a_resume_logs_no_step_twice() {
 
 /// `mlflow server` on a free loopback port with a SQLite store in `dir`; killed on drop.
 struct MlflowServer {
-    child: Child,
+    /// Its own process group: the server's workers and job consumers die with it (PG-1).
+    _server: Guarded,
     url: String,
 }
 
@@ -141,27 +132,26 @@ impl MlflowServer {
     fn start(dir: &Path) -> Self {
         let port = free_port();
         let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        let child = Command::new(py)
-            .args([
-                "-m",
-                "mlflow",
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--workers",
-                "1",
-            ])
-            .args(["--port", &port.to_string()])
-            .arg("--backend-store-uri")
-            .arg(format!("sqlite:///{}", dir.join("mlflow.db").display()))
-            .arg("--artifacts-destination")
-            .arg(dir.join("artifacts"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("mlflow.log")).expect("log"))
-            // Its own process group: the server's workers and job consumers die with it.
-            .process_group(0)
-            .spawn()
-            .expect("start mlflow server (pip install mlflow)");
+        let server = Guarded::spawn(
+            Command::new(py)
+                .args([
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    "127.0.0.1",
+                    "--workers",
+                    "1",
+                ])
+                .args(["--port", &port.to_string()])
+                .arg("--backend-store-uri")
+                .arg(format!("sqlite:///{}", dir.join("mlflow.db").display()))
+                .arg("--artifacts-destination")
+                .arg(dir.join("artifacts"))
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join("mlflow.log")).expect("log")),
+        )
+        .expect("start mlflow server (pip install mlflow)");
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(120);
         while ureq::get(&format!("{url}/health")).call().is_err() {
@@ -172,7 +162,10 @@ impl MlflowServer {
             );
             std::thread::sleep(Duration::from_millis(250));
         }
-        MlflowServer { child, url }
+        MlflowServer {
+            _server: server,
+            url,
+        }
     }
 
     fn get(&self, path: &str, query: &[(&str, &str)]) -> serde_json::Value {
@@ -244,17 +237,6 @@ impl MlflowServer {
     }
 }
 
-impl Drop for MlflowServer {
-    fn drop(&mut self) {
-        // The whole group (mlflow leaves its huey job consumers running otherwise).
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn mlflow_gets_one_run_with_params_metrics_and_tags_and_a_resume_logs_no_step_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -265,23 +247,16 @@ fn mlflow_gets_one_run_with_params_metrics_and_tags_and_a_resume_logs_no_step_tw
     );
     let cfg = config(dir.path(), 8, &tracking);
     let root = dir.path().join("run");
-    let mut child = spawn_train(&cfg, &root, &[]);
-    kill_once(
-        &mut child,
-        "steps past the checkpoint",
-        POLL,
-        || log_tail(&root),
-        || {
-            head_step(&root).is_some_and(|s| s >= 3)
-                && server.run(&root).is_some_and(|r| {
-                    let id = r["info"]["run_id"].as_str().unwrap_or_default().to_string();
-                    server
-                        .history(&id, "rollout/success")
-                        .last()
-                        .is_some_and(|&s| s >= 4)
-                })
-        },
-    );
+    train_killed_when(&cfg, &root, "steps past the checkpoint", || {
+        head_step(&root).is_some_and(|s| s >= 3)
+            && server.run(&root).is_some_and(|r| {
+                let id = r["info"]["run_id"].as_str().unwrap_or_default().to_string();
+                server
+                    .history(&id, "rollout/success")
+                    .last()
+                    .is_some_and(|&s| s >= 4)
+            })
+    });
     run_train(&cfg, &root, &[]);
 
     let run = server
