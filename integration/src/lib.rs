@@ -13,8 +13,8 @@ pub mod runs;
 
 pub use procs::Guarded;
 pub use runs::{
-    head_step, kill_at_checkpoint, kill_once, train_command, train_killed_when, train_method,
-    train_output, train_toml_output, wait_for,
+    guarded_output, head_step, kill_at_checkpoint, kill_once, train_command, train_killed_when,
+    train_method, train_output, train_toml_output, wait_for,
 };
 
 use std::path::PathBuf;

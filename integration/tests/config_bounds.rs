@@ -1,9 +1,7 @@
 //! Sizes the validator used to accept crash the run (issue 32 item 6): each is now refused by
 //! `keel train` before the run root exists, naming its key (VB-1..3).
 
-use std::process::Command;
-
-use keel_integration::{keel_bin, MethodRun};
+use keel_integration::{train_output, MethodRun};
 
 /// `keel train` with `MethodRun::new("grpo")` patched by `edit`: (success, stderr, root written).
 fn train_with(edit: impl Fn(String) -> String) -> (bool, String, bool) {
@@ -11,13 +9,7 @@ fn train_with(edit: impl Fn(String) -> String) -> (bool, String, bool) {
     let cfg = dir.path().join("bad.toml");
     std::fs::write(&cfg, edit(MethodRun::new("grpo").toml())).expect("config");
     let root = dir.path().join("root");
-    let out = Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&cfg)
-        .arg("--run-root")
-        .arg(&root)
-        .output()
-        .expect("run keel train");
+    let out = train_output(&cfg, &root, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     (out.status.success(), stderr, root.exists())
 }

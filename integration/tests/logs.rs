@@ -1,25 +1,20 @@
 //! What a person reads in logs: `keel train` writing to a file (or a pipe) prints plain text,
 //! no ANSI colour codes.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use keel_integration::{free_port, keel_bin, tiny_config};
+use keel_integration::{free_port, guarded_output, keel_bin, tiny_config, train_command};
 
 #[test]
 fn logs_written_to_a_file_carry_no_colour_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config(1, 1, "sync", 0)).expect("config");
-    let out = Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&config)
-        .arg("--run-root")
-        .arg(dir.path().join("run"))
-        .env("KEEL_LOG", "info")
-        .env_remove("NO_COLOR")
-        .stdout(Stdio::null())
-        .output()
-        .expect("run keel train");
+    let out = guarded_output(
+        train_command(&config, &dir.path().join("run"), &[])
+            .env("KEEL_LOG", "info")
+            .env_remove("NO_COLOR"),
+    );
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "keel train failed:\n{text}");
     assert!(
@@ -74,14 +69,7 @@ fn url_credentials_appear_in_no_output_of_a_run() {
         .arg(&config)
         .output()
         .expect("config show");
-    let train = Command::new(keel_bin())
-        .args(["train", "--no-progress", "--config"])
-        .arg(&config)
-        .arg("--run-root")
-        .arg(&root)
-        .env("KEEL_LOG", "debug")
-        .output()
-        .expect("run keel train");
+    let train = guarded_output(train_command(&config, &root, &[]).env("KEEL_LOG", "debug"));
     let mut seen: Vec<(String, Vec<u8>)> = vec![
         ("config show stdout".into(), show.stdout.clone()),
         ("config show stderr".into(), show.stderr.clone()),

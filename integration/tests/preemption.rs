@@ -2,10 +2,10 @@
 //! within `run.sigterm_grace_s` and exit 0 (CT-5, JB-6, PE-1); the next start resumes from that
 //! checkpoint and finishes with every task range accounted for.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded};
+use keel_integration::{check_accounting, spawn_train, tiny_config_unguarded};
 use keel_store::RunStore;
 
 #[test]
@@ -19,21 +19,8 @@ fn sigterm_commits_a_checkpoint_within_the_grace_period_and_exits_zero() {
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, toml).expect("config");
     let root = dir.path().join("run");
-    let summary = dir.path().join("summary.json");
-    let train = || {
-        Command::new(keel_bin())
-            .args(["train", "--no-progress", "--config"])
-            .arg(&config)
-            .arg("--run-root")
-            .arg(&root)
-            .arg("--summary-json")
-            .arg(&summary)
-            .env("KEEL_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start keel train")
-    };
+    let summary = root.with_extension("json");
+    let train = || spawn_train(&config, &root, &[]);
     let store = RunStore::open(root.to_str().expect("utf8")).expect("open");
     let mut child = train();
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -2,9 +2,7 @@
 //! run continues (JB-7, QU-1); the accounting of task ranges still holds. The resume reads only
 //! the batches its checkpoint may reuse (DF-4): an old, trained-on batch is not read again.
 
-use std::process::{Command, Stdio};
-
-use keel_integration::{check_accounting, keel_bin, tiny_config_unguarded};
+use keel_integration::{check_accounting, guarded_output, tiny_config_unguarded, train_command};
 use keel_store::RunStore;
 
 #[test]
@@ -14,20 +12,10 @@ fn a_corrupt_batch_on_resume_is_quarantined_and_the_run_continues() {
     let config = dir.path().join("tiny.toml");
     std::fs::write(&config, tiny_config_unguarded(20, 5, "async", 2)).expect("config");
     let root = dir.path().join("run");
-    let summary = dir.path().join("summary.json");
+    let summary = root.with_extension("json");
     let train = |steps: &str| {
-        Command::new(keel_bin())
-            .args(["train", "--no-progress", "--steps", steps, "--config"])
-            .arg(&config)
-            .arg("--run-root")
-            .arg(&root)
-            .arg("--summary-json")
-            .arg(&summary)
-            .env("KEEL_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("keel train")
+        guarded_output(train_command(&config, &root, &["--steps", steps]).env("KEEL_LOG", "error"))
+            .status
     };
     assert!(train("20").success());
     // A batch stored after the head checkpoint (what a generator that outlived the trainer

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use keel_integration::{keel_bin, test_rt, Guarded, MethodRun};
+use keel_integration::{keel_bin, test_rt, train_command, Guarded, MethodRun};
 use keel_store::RunStore;
 
 #[test]
@@ -25,16 +25,10 @@ fn a_run_stopped_after_a_rewind_reports_its_branch_and_drops_truthfully() {
     let cfg = dir.path().join("run.toml");
     std::fs::write(&cfg, toml).expect("config");
     let root = dir.path().join("run");
-    let summary = dir.path().join("summary.json");
+    let summary = root.with_extension("json");
     let stdout = dir.path().join("stdout.txt");
     let mut child = Guarded::spawn(
-        Command::new(keel_bin())
-            .args(["train", "--no-progress", "--config"])
-            .arg(&cfg)
-            .arg("--run-root")
-            .arg(&root)
-            .arg("--summary-json")
-            .arg(&summary)
+        train_command(&cfg, &root, &[])
             .env("KEEL_LOG", "warn")
             .stdout(std::fs::File::create(&stdout).expect("stdout"))
             .stderr(Stdio::null()),

@@ -4,9 +4,8 @@
 //! that outlives the grace period is an orderly exit 1 (PE-2), never a crash.
 
 use std::path::Path;
-use std::process::Command;
 
-use keel_integration::{checkpoints, keel_bin, run_train, Guarded, MethodRun};
+use keel_integration::{checkpoints, run_train, train_command, Guarded, MethodRun};
 
 /// A run whose SFT takes many steps, checkpointed every 40.
 fn config(dir: &Path, name: &str, extra_sft: &str) -> std::path::PathBuf {
@@ -31,11 +30,7 @@ fn config(dir: &Path, name: &str, extra_sft: &str) -> std::path::PathBuf {
 
 fn spawn(cfg: &Path, root: &Path, out: &Path, err: &Path) -> Guarded {
     Guarded::spawn(
-        Command::new(keel_bin())
-            .args(["train", "--no-progress", "--config"])
-            .arg(cfg)
-            .arg("--run-root")
-            .arg(root)
+        train_command(cfg, root, &[])
             .env("KEEL_LOG", "info")
             .stdout(std::fs::File::create(out).expect("stdout"))
             .stderr(std::fs::File::create(err).expect("stderr")),
