@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use keel_integration::keel_bin;
+use keel_integration::{keel_bin, wait_for};
 
 fn smoke_grid() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/arena/smoke.toml")
@@ -34,14 +34,6 @@ fn arena(grid: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
 
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Whether `checkpoints/` holds a committed checkpoint of `step` (ids are `<step:08>-<hash>`).

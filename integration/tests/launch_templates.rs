@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_integration::keel_bin;
+use keel_integration::{keel_bin, wait_for};
 use serde_json::Value;
 
 /// A directory name no template may interpret: quotes, spaces, command substitution,
@@ -307,14 +307,6 @@ fn fake_records(run_root: &str, prefix: &str) -> Vec<Value> {
     out
 }
 
-fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + timeout;
     loop {
@@ -428,7 +420,7 @@ fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run the script");
-    wait_until(
+    wait_for(
         "the trainer and both ranks (rank 1 twice)",
         Duration::from_secs(60),
         || {
@@ -484,7 +476,7 @@ fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
         .stderr(Stdio::null())
         .spawn()
         .expect("run the script");
-    wait_until("every role", Duration::from_secs(60), || {
+    wait_for("every role", Duration::from_secs(60), || {
         fake_records(&h.run_root, "trainer-").len() == 1
             && fake_records(&h.run_root, "generator-").len() == 2
     });
