@@ -6,6 +6,7 @@
 //!   (`KEEL_TEST_S3_ENDPOINT`); tests that need S3 fail with a clear message without it.
 
 pub mod chaos;
+pub mod events;
 pub mod fuzz;
 pub mod procs;
 pub mod roles;

@@ -2,13 +2,14 @@
 //! leaves the other branch's lines alone (before, `--from`/`--branch` truncated them), a resumed
 //! run logs each step once, and every line says when it was logged.
 
-use keel_integration::{checkpoints, read_events, run_train, step_events, tiny_config_unguarded};
+use keel_integration::events::{logged_events, step_branches, train_events};
+use keel_integration::{checkpoints, run_train, tiny_config_unguarded};
 
-fn steps_of(events: &[serde_json::Value], branch: &str) -> Vec<u64> {
-    step_events(events)
-        .iter()
-        .filter(|e| e["branch"] == branch)
-        .filter_map(|e| e["step"].as_u64())
+fn steps_of(root: &std::path::Path, branch: &str) -> Vec<u64> {
+    step_branches(&train_events(root))
+        .into_iter()
+        .filter(|(_, b)| b == branch)
+        .map(|(step, _)| step)
         .collect()
 }
 
@@ -30,20 +31,16 @@ fn a_branch_from_an_old_checkpoint_keeps_the_other_branchs_lines() {
         &root,
         &["--from", &at2.id, "--branch", "side", "--steps", "4"],
     );
-    let events = read_events(&root);
-    assert_eq!(steps_of(&events, "main"), [1, 2, 3, 4, 5, 6]);
-    assert_eq!(steps_of(&events, "side"), [3, 4]);
+    assert_eq!(steps_of(&root, "main"), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(steps_of(&root, "side"), [3, 4]);
+    let lines = logged_events(&root);
     assert!(
-        events
+        lines
             .iter()
-            .all(|e| e["unix_ms"].as_u64().is_some_and(|t| t > 0)
-                && e["elapsed_s"].as_f64().is_some_and(|s| s >= 0.0)),
+            .all(|l| l.unix_ms.is_some_and(|t| t > 0) && l.elapsed_s.is_some_and(|s| s >= 0.0)),
         "every line has its time"
     );
-    let stamps: Vec<u64> = events
-        .iter()
-        .filter_map(|e| e["unix_ms"].as_u64())
-        .collect();
+    let stamps: Vec<u64> = lines.iter().filter_map(|l| l.unix_ms).collect();
     assert!(
         stamps.windows(2).all(|w| w[0] <= w[1]),
         "the stream is in the order the lives ran"

@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use keel_actors::events::{LoggedEvent, TrainEvent};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use serde_json::Value;
+use serde::Deserialize;
 
 /// The curves of the report: (file stem, title, how to read the value from a `step` event).
 pub const CURVES: &[(&str, &str)] = &[
@@ -118,119 +119,138 @@ pub struct MethodTotals {
     pub reference_resets: Vec<u64>,
 }
 
-fn num(v: &Value, path: &[&str]) -> Option<f64> {
-    let mut cur = v;
-    for p in path {
-        cur = cur.get(p)?;
-    }
-    cur.as_f64()
-}
-
-/// Parses the metrics log as JSONL text (RP-1, RP-3).
+/// Parses the metrics log as JSONL text (RP-1, RP-3): every line read as a `TrainEvent`
+/// (EVT-1); a line that is not JSON is counted as bad, one of an unknown event is skipped.
 pub fn parse_log(text: &str) -> RunLog {
     let mut log = RunLog::default();
     let mut life_elapsed = 0.0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
+        let Ok(read) = LoggedEvent::parse(line) else {
             log.bad_lines += 1;
             continue;
         };
-        if let Some(t) = num(&v, &["elapsed_s"]) {
+        if let Some(t) = read.elapsed_s {
             // A life's clock starts at 0: a smaller value than the last one is a new life.
             if t < life_elapsed {
                 log.wall_seconds += life_elapsed;
             }
             life_elapsed = t;
         }
-        match v.get("event").and_then(Value::as_str) {
-            Some("step") => {
-                let Some(step) = v.get("step").and_then(Value::as_u64) else {
-                    continue;
-                };
-                let branch = v
-                    .get("branch")
-                    .and_then(Value::as_str)
-                    .unwrap_or("main")
-                    .to_string();
-                let values = [
-                    ("success", num(&v, &["success"])),
-                    (
-                        "reward",
-                        num(&v, &["reward"]).or_else(|| num(&v, &["metrics", "mean_reward"])),
-                    ),
-                    ("grad_norm", num(&v, &["metrics", "grad_norm"])),
-                    ("kl", num(&v, &["metrics", "approx_kl"])),
-                    ("clip_frac", num(&v, &["metrics", "clip_frac"])),
-                    ("entropy", num(&v, &["metrics", "entropy"])),
-                    ("staleness", num(&v, &["max_lag"])),
-                    ("kl_ref", num(&v, &["metrics", "kl_ref"])),
-                ];
-                if !log.branches.contains(&branch) {
-                    log.branches.push(branch.clone());
-                }
-                for (stem, value) in values {
-                    if let Some(x) = value.filter(|x| x.is_finite()) {
-                        log.curves
-                            .entry(stem.to_string())
-                            .or_default()
-                            .entry(branch.clone())
-                            .or_default()
-                            .push((step, x));
-                    }
-                }
-            }
-            Some("eval") => {
-                let phase = v
-                    .get("phase")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_string();
-                let version = v.get("version").and_then(Value::as_u64).unwrap_or(0);
-                log.evals.push(EvalRow {
-                    phase,
-                    version,
-                    pass_at_1: num(&v, &["success"]).unwrap_or(f64::NAN),
-                    avg_at_k: num(&v, &["avg_at_k"]),
-                    samples: v.get("samples").and_then(Value::as_u64).unwrap_or(0),
-                });
-            }
-            Some("rewind") => log.rewinds.push((
-                v.get("from_step").and_then(Value::as_u64).unwrap_or(0),
-                v.get("to_step").and_then(Value::as_u64).unwrap_or(0),
-                v.get("branch")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_string(),
-                v.get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_string(),
-            )),
-            Some("method") => note_method(&mut log.methods, &v),
-            Some("rollout") => {
-                let r = &mut log.rollouts;
-                let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-                r.batches += 1;
-                r.episodes += n("episodes");
-                r.sample_seconds += num(&v, &["sample_seconds"]).unwrap_or(0.0);
-                r.decode_steps += n("decode_steps");
-                r.busy_decode_steps += n("busy_decode_steps");
-            }
-            Some("skipped") => log.skips += 1,
-            Some("checkpoint") => log.checkpoints += 1,
-            Some("dropped") => log.dropped += 1,
-            // Stored batches a resume could not reuse: the run's printed total counts them.
-            Some("resumed") => {
-                log.dropped += v
-                    .get("dropped_batches")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0)
-            }
-            _ => {}
+        if let Some(ev) = &read.event {
+            note_event(&mut log, ev);
         }
     }
     log.wall_seconds += life_elapsed;
     log
+}
+
+/// Adds one event to the report's totals and curves.
+fn note_event(log: &mut RunLog, ev: &TrainEvent) {
+    match ev {
+        TrainEvent::Step { .. } => note_step(log, ev),
+        TrainEvent::Eval {
+            phase,
+            version,
+            success,
+            avg_at_k,
+            samples,
+            ..
+        } => log.evals.push(EvalRow {
+            phase: or_unknown(phase),
+            version: *version,
+            pass_at_1: *success,
+            avg_at_k: *avg_at_k,
+            samples: *samples as u64,
+        }),
+        TrainEvent::Rewind {
+            from_step,
+            to_step,
+            branch,
+            reason,
+            ..
+        } => log
+            .rewinds
+            .push((*from_step, *to_step, or_unknown(branch), or_unknown(reason))),
+        TrainEvent::Method { method, detail, .. } => note_method(&mut log.methods, method, detail),
+        TrainEvent::Rollout {
+            episodes,
+            sample_seconds,
+            decode_steps,
+            busy_decode_steps,
+            ..
+        } => {
+            let r = &mut log.rollouts;
+            r.batches += 1;
+            r.episodes += *episodes as u64;
+            r.sample_seconds += finite_or_zero(*sample_seconds);
+            r.decode_steps += decode_steps;
+            r.busy_decode_steps += busy_decode_steps;
+        }
+        TrainEvent::Skipped { .. } => log.skips += 1,
+        TrainEvent::Checkpoint { .. } => log.checkpoints += 1,
+        TrainEvent::Dropped { .. } => log.dropped += 1,
+        // Stored batches a resume could not reuse: the run's printed total counts them.
+        TrainEvent::Resumed {
+            dropped_batches, ..
+        } => log.dropped += *dropped_batches as u64,
+        TrainEvent::SftDone { .. } => {}
+    }
+}
+
+/// `text`, or `?` when the log did not say (EVT-2 reads a missing text as empty).
+fn or_unknown(text: &str) -> String {
+    if text.is_empty() { "?" } else { text }.to_string()
+}
+
+fn finite_or_zero(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// The curves' points of a step event, on its branch (`main` when the log does not say).
+fn note_step(log: &mut RunLog, ev: &TrainEvent) {
+    let TrainEvent::Step {
+        step,
+        metrics: m,
+        success,
+        reward,
+        max_lag,
+        branch,
+        ..
+    } = ev
+    else {
+        return;
+    };
+    let branch = if branch.is_empty() { "main" } else { branch };
+    let reward = if reward.is_nan() {
+        m.mean_reward
+    } else {
+        *reward
+    };
+    let values = [
+        ("success", *success),
+        ("reward", reward),
+        ("grad_norm", m.grad_norm),
+        ("kl", m.approx_kl),
+        ("clip_frac", m.clip_frac),
+        ("entropy", m.entropy),
+        ("staleness", *max_lag as f64),
+        ("kl_ref", m.kl_ref),
+    ];
+    if !log.branches.iter().any(|b| b == branch) {
+        log.branches.push(branch.to_string());
+    }
+    for (stem, x) in values.into_iter().filter(|(_, x)| x.is_finite()) {
+        log.curves
+            .entry(stem.to_string())
+            .or_default()
+            .entry(branch.to_string())
+            .or_default()
+            .push((*step, x));
+    }
 }
 
 /// One curve along the history that survived: the branches' points in branch order, a later
@@ -378,33 +398,44 @@ fn last_mean(pts: &[(u64, f64)], n: usize) -> f64 {
 
 /// The markdown summary.
 /// Adds one `method` event to the totals.
-fn note_method(m: &mut MethodTotals, v: &Value) {
-    let d = |k: &str| {
-        v.get("detail")
-            .and_then(|d| d.get(k))
-            .and_then(Value::as_u64)
-    };
-    match v.get("method").and_then(Value::as_str) {
-        Some("generate") => {
-            if let Some(tries) = d("tries").filter(|&t| t > 1) {
+/// The numbers of a method event's record that the report sums (each method writes some).
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct MethodDetail {
+    tries: Option<u64>,
+    uniform_groups: Option<u64>,
+    prompt_tokens: Option<u64>,
+    scaffold_tokens: Option<u64>,
+    depth: Option<u64>,
+    depths: Option<u64>,
+    version: Option<u64>,
+    reference_reset_at: Option<u64>,
+}
+
+/// Adds one method event (`method`, its record `detail`) to the totals.
+fn note_method(m: &mut MethodTotals, method: &str, detail: &serde_json::Value) {
+    let d = MethodDetail::deserialize(detail).unwrap_or_default();
+    match method {
+        "generate" => {
+            if let Some(tries) = d.tries.filter(|&t| t > 1) {
                 m.rerolled_batches += 1;
                 m.reroll_passes += tries;
             }
-            m.uniform_groups_left += d("uniform_groups").unwrap_or(0);
-            m.prompt_tokens += d("prompt_tokens").unwrap_or(0);
-            m.scaffold_tokens += d("scaffold_tokens").unwrap_or(0);
+            m.uniform_groups_left += d.uniform_groups.unwrap_or(0);
+            m.prompt_tokens += d.prompt_tokens.unwrap_or(0);
+            m.scaffold_tokens += d.scaffold_tokens.unwrap_or(0);
         }
-        Some("rtpo") => {
+        "rtpo" => {
             m.rtpo_depths += 1;
-            if d("depth").zip(d("depths")).is_some_and(|(k, n)| k + 1 == n) {
+            if d.depth.zip(d.depths).is_some_and(|(k, n)| k + 1 == n) {
                 m.rtpo_trees += 1;
             }
         }
-        Some("pats") => {
+        "pats" => {
             m.pats_reviews += 1;
-            m.pats_version = m.pats_version.max(d("version").unwrap_or(0));
+            m.pats_version = m.pats_version.max(d.version.unwrap_or(0));
         }
-        Some("armor") => m.reference_resets.extend(d("reference_reset_at")),
+        "armor" => m.reference_resets.extend(d.reference_reset_at),
         _ => {}
     }
 }

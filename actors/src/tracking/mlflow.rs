@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::events::TrainEvent;
+
 use super::Tracker;
 
 /// Metrics per `runs/log-batch` request (MLflow's limit is 1000).
@@ -479,51 +481,41 @@ impl Tracker for MlflowTracker {
         "mlflow"
     }
 
-    fn handle(&mut self, ev: &Value) {
+    fn handle(&mut self, ev: &TrainEvent) {
         if let Some((step, values)) = super::step_values(ev) {
             self.point(step, values);
             self.steps_since_send += 1;
         }
-        let text_of = |k: &str| ev[k].as_str().unwrap_or_default().to_string();
-        match ev["event"].as_str() {
-            Some("eval") => {
-                let version = ev["version"].as_u64().unwrap_or(0);
-                let success = ev["success"].as_f64().unwrap_or(0.0);
-                let mut values = vec![("eval/success".to_string(), success)];
-                if let Some(avg) = ev["avg_at_k"].as_f64() {
-                    values.push(("eval/avg_at_k".into(), avg));
-                }
-                self.point(version, values);
-            }
-            Some("checkpoint") => {
-                let (id, step) = (text_of("id"), ev["step"].as_u64().unwrap_or(0));
+        if let Some((version, values)) = super::eval_values(ev) {
+            self.point(version, values);
+        }
+        match ev {
+            TrainEvent::Checkpoint { id, step, parent } => {
                 self.tags
                     .push((format!("keel.checkpoint.{step:010}"), id.clone()));
                 // Lineage: the checkpoint this one continues, as its manifest records it.
-                if let Some(parent) = ev["parent"].as_str() {
-                    self.tags.push((
-                        format!("keel.checkpoint.{step:010}.parent"),
-                        parent.to_string(),
-                    ));
+                if let Some(parent) = parent {
+                    self.tags
+                        .push((format!("keel.checkpoint.{step:010}.parent"), parent.clone()));
                 }
-                self.tags.push(("keel.last_checkpoint".into(), id));
+                self.tags.push(("keel.last_checkpoint".into(), id.clone()));
                 self.send();
             }
-            Some("rewind") => {
-                let branch = text_of("branch");
+            TrainEvent::Rewind {
+                from_step,
+                to_checkpoint,
+                branch,
+                ..
+            } => {
                 self.tags
                     .push(("keel.rewound_to_branch".into(), branch.clone()));
                 self.send();
-                let old = std::mem::replace(&mut self.branch, branch);
+                let old = std::mem::replace(&mut self.branch, branch.clone());
                 self.run_id = None;
                 self.logged_through = None;
                 self.tags.push((
                     "keel.rewound_from".into(),
-                    format!(
-                        "{old}@{} -> {}",
-                        ev["from_step"].as_u64().unwrap_or(0),
-                        text_of("to_checkpoint")
-                    ),
+                    format!("{old}@{from_step} -> {to_checkpoint}"),
                 ));
             }
             _ => {}

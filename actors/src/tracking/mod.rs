@@ -20,6 +20,7 @@ pub mod tensorboard;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 
+use crate::events::{LoggedEvent, TrainEvent};
 use crate::metrics::BranchCounter;
 use serde_json::Value;
 
@@ -34,32 +35,64 @@ pub trait Tracker: Send {
     fn name(&self) -> &'static str;
     /// Records one event, as the metrics log holds it (may buffer). Events at or before a
     /// step the tracker already delivered are ignored, so replaying history is harmless.
-    fn handle(&mut self, ev: &Value);
+    fn handle(&mut self, ev: &TrainEvent);
     /// Events dropped since the last call.
     fn take_dropped(&mut self) -> u64;
     /// Delivers everything buffered; returns the events dropped since the last report.
     fn finish(&mut self) -> u64;
 }
 
-/// The scalars of a step event (`{"event":"step",…}`): the batch's rollout numbers and every
-/// numeric learner metric.
-pub(crate) fn step_values(ev: &Value) -> Option<(u64, Vec<(String, f64)>)> {
-    if ev["event"] != "step" {
+/// The scalars of a step event: the batch's rollout numbers and every finite learner
+/// statistic, by name (as the metrics log holds them: non-finite ones are `null` there).
+pub(crate) fn step_values(ev: &TrainEvent) -> Option<(u64, Vec<(String, f64)>)> {
+    let TrainEvent::Step {
+        step,
+        metrics,
+        success,
+        reward,
+        invalid_rate,
+        max_lag,
+        ..
+    } = ev
+    else {
         return None;
-    }
-    let step = ev["step"].as_u64()?;
-    let mut values: Vec<(String, f64)> = ["success", "reward", "invalid_rate", "max_lag"]
+    };
+    let rollout = [
+        ("success", *success),
+        ("reward", *reward),
+        ("invalid_rate", *invalid_rate),
+        ("max_lag", *max_lag as f64),
+    ];
+    let mut train: Vec<(&str, f64)> = metrics.named().collect();
+    // Statistics in name order, as the log's JSON object lists them.
+    train.sort_by(|a, b| a.0.cmp(b.0));
+    let values = rollout
         .iter()
-        .filter_map(|k| ev[*k].as_f64().map(|x| (format!("rollout/{k}"), x)))
+        .map(|(k, x)| (format!("rollout/{k}"), *x))
+        .chain(train.iter().map(|(k, x)| (format!("train/{k}"), *x)))
+        .filter(|(_, x)| x.is_finite())
         .collect();
-    if let Some(fields) = ev["metrics"].as_object() {
-        for (k, v) in fields {
-            if let Some(x) = v.as_f64() {
-                values.push((format!("train/{k}"), x));
-            }
-        }
+    Some((*step, values))
+}
+
+/// The scalars of an eval event, at its policy version: pass@1 (0 when not finite) and
+/// avg@k when measured.
+pub(crate) fn eval_values(ev: &TrainEvent) -> Option<(u64, Vec<(String, f64)>)> {
+    let TrainEvent::Eval {
+        version,
+        success,
+        avg_at_k,
+        ..
+    } = ev
+    else {
+        return None;
+    };
+    let pass = if success.is_finite() { *success } else { 0.0 };
+    let mut values = vec![("eval/success".to_string(), pass)];
+    if let Some(avg) = avg_at_k.filter(|x| x.is_finite()) {
+        values.push(("eval/avg_at_k".into(), avg));
     }
-    Some((step, values))
+    Some((*version, values))
 }
 
 /// The effective config flattened to `section.key` = value (MLflow params).
@@ -126,7 +159,7 @@ pub fn from_config(
 
 struct Worker {
     name: &'static str,
-    tx: Option<SyncSender<Value>>,
+    tx: Option<SyncSender<TrainEvent>>,
     join: Option<JoinHandle<()>>,
 }
 
@@ -143,7 +176,7 @@ impl Trackers {
             .into_iter()
             .map(|mut t| {
                 let name = t.name();
-                let (tx, rx) = sync_channel::<Value>(QUEUE_EVENTS);
+                let (tx, rx) = sync_channel::<TrainEvent>(QUEUE_EVENTS);
                 let counter = dropped.clone();
                 let join = std::thread::Builder::new()
                     .name(format!("keel-{name}"))
@@ -166,8 +199,12 @@ impl Trackers {
         Trackers { workers, dropped }
     }
 
-    /// Offers `ev` (a metrics log event) to every tracker without blocking (TR-1).
+    /// Offers `ev` (a metrics log line) to every tracker without blocking (TR-1); a line of an
+    /// event keel does not know is no event (EVT-2).
     pub fn offer(&self, ev: &Value) {
+        let Some(ev) = LoggedEvent::from_value(ev).event else {
+            return;
+        };
         for w in &self.workers {
             let Some(tx) = &w.tx else {
                 self.dropped.inc_for(w.name, 1);
@@ -185,12 +222,15 @@ impl Trackers {
     /// Hands the kept history of a resumed job to every tracker, waiting for queue room (TR-3):
     /// the step events of `branch` and the evals and checkpoints.
     pub fn replay(&self, history: &[Value], branch: &str) {
-        let wanted = |ev: &Value| match ev["event"].as_str() {
-            Some("step") => ev["branch"].as_str().is_none_or(|b| b == branch),
-            Some("eval") | Some("checkpoint") => true,
+        let wanted = |ev: &TrainEvent| match ev {
+            TrainEvent::Step { branch: b, .. } => b.is_empty() || b == branch,
+            TrainEvent::Eval { .. } | TrainEvent::Checkpoint { .. } => true,
             _ => false,
         };
-        for ev in history.iter().filter(|ev| wanted(ev)) {
+        for ev in crate::events::events_of(history)
+            .iter()
+            .filter(|ev| wanted(ev))
+        {
             for w in &self.workers {
                 if let Some(tx) = &w.tx {
                     if tx.send(ev.clone()).is_err() {
@@ -232,7 +272,7 @@ mod tests {
         fn name(&self) -> &'static str {
             "stuck"
         }
-        fn handle(&mut self, _: &Value) {
+        fn handle(&mut self, _: &TrainEvent) {
             let mut seen = self.seen.lock().expect("seen");
             if *seen == 0 {
                 let _ = self.entered.lock().expect("tx").send(());

@@ -26,8 +26,8 @@ use bytes::Bytes;
 use keel_store::RunStore;
 
 use super::event_file::{append, file_version, scalars, text, Event};
-use super::{step_values, Tracker};
-use serde_json::Value;
+use super::{eval_values, step_values, Tracker};
+use crate::events::TrainEvent;
 
 /// The folder of TensorBoard runs under the run root.
 pub const TENSORBOARD_DIR: &str = "tensorboard";
@@ -172,7 +172,7 @@ impl Tracker for TensorBoardWriter {
         "tensorboard"
     }
 
-    fn handle(&mut self, ev: &Value) {
+    fn handle(&mut self, ev: &TrainEvent) {
         if let Some((step, values)) = step_values(ev) {
             self.push(step, &scalars(now(), step, &values));
             self.since_flush += 1;
@@ -181,35 +181,29 @@ impl Tracker for TensorBoardWriter {
             }
             return;
         }
-        let step = |k: &str| ev[k].as_u64().unwrap_or(0);
-        let text_of = |k: &str| ev[k].as_str().unwrap_or_default().to_string();
-        match ev["event"].as_str() {
-            Some("eval") => {
-                let version = step("version");
-                let success = ev["success"].as_f64().unwrap_or(0.0);
-                let mut values = vec![("eval/success".to_string(), success)];
-                if let Some(avg) = ev["avg_at_k"].as_f64() {
-                    values.push(("eval/avg_at_k".into(), avg));
-                }
-                let e = scalars(now(), version, &values);
-                self.push(version, &e);
-            }
-            Some("checkpoint") => {
-                let s = step("step");
-                self.push(s, &text(now(), s, "checkpoint", &text_of("id")));
+        if let Some((version, values)) = eval_values(ev) {
+            self.push(version, &scalars(now(), version, &values));
+            return;
+        }
+        match ev {
+            TrainEvent::Checkpoint { id, step, .. } => {
+                self.push(*step, &text(now(), *step, "checkpoint", id));
                 self.write_segment();
             }
-            Some("rewind") => {
-                let (from, to) = (step("from_step"), step("to_step"));
-                let branch = text_of("branch");
+            TrainEvent::Rewind {
+                from_step,
+                to_step,
+                to_checkpoint,
+                branch,
+                reason,
+                ..
+            } => {
                 let note = format!(
-                    "rewound to {} (step {to}) on branch {branch}: {}",
-                    text_of("to_checkpoint"),
-                    text_of("reason")
+                    "rewound to {to_checkpoint} (step {to_step}) on branch {branch}: {reason}"
                 );
-                self.push(from, &text(now(), from, "rewind", &note));
+                self.push(*from_step, &text(now(), *from_step, "rewind", &note));
                 self.write_segment();
-                self.switch(&branch, to);
+                self.switch(branch, *to_step);
             }
             _ => {}
         }
