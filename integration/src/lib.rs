@@ -15,7 +15,7 @@ pub mod runs;
 pub use procs::Guarded;
 pub use runs::{
     guarded_output, head_step, kill_at_checkpoint, kill_once, train_command, train_killed_when,
-    train_method, train_output, train_toml_output, wait_for,
+    train_method, train_output, train_toml_output, wait_exit, wait_for,
 };
 
 use std::path::PathBuf;

@@ -149,6 +149,27 @@ pub fn kill_at_checkpoint(child: &mut Child, root: &Path, step: u64) {
     );
 }
 
+/// Waits for `child` to exit and answers its status; past `timeout` SIGKILLs and reaps it and
+/// panics with `log()` in the message.
+pub fn wait_exit(
+    child: &mut Child,
+    timeout: Duration,
+    log: impl Fn() -> String,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the process did not exit within {timeout:?}\n{}", log());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until `ok()` holds, polled every 100 ms; panics naming `what` after `timeout`.
 pub fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -12,9 +12,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use keel_integration::{keel_bin, wait_for};
+use keel_integration::{keel_bin, wait_exit, wait_for};
 use serde_json::Value;
 
 /// A directory name no template may interpret: quotes, spaces, command substitution,
@@ -307,20 +307,6 @@ fn fake_records(run_root: &str, prefix: &str) -> Vec<Value> {
     out
 }
 
-fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the script did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
     let h = hostile(2, 1);
@@ -430,7 +416,7 @@ fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
         },
     );
     std::fs::write(fake.join("finish"), "3").expect("finish");
-    let status = wait_exit(&mut child, Duration::from_secs(60));
+    let status = wait_exit(&mut child, Duration::from_secs(60), String::new);
     assert_eq!(status.code(), Some(3), "the trainer's exit status");
     let trainer = &fake_records(&h.run_root, "trainer-")[0];
     let argv: Vec<String> = serde_json::from_value(trainer["argv"].clone()).expect("argv");
@@ -485,7 +471,7 @@ fn sbatch_script_is_valid_and_runs_the_roles_with_hostile_values_intact() {
         .status()
         .expect("kill");
     assert!(kill.success());
-    let status = wait_exit(&mut child, Duration::from_secs(60));
+    let status = wait_exit(&mut child, Duration::from_secs(60), String::new);
     assert_eq!(status.code(), Some(0), "the trainer stopped cleanly");
     for role in ["trainer", "generator-0", "generator-1"] {
         assert!(

@@ -98,23 +98,7 @@ impl Launch {
     }
 
     fn log(&self) -> String {
-        let launch = std::fs::read_to_string(self.work.join("launch.log")).unwrap_or_default();
-        let head = std::fs::read_to_string(self.work.join("ray-head.log")).unwrap_or_default();
-        let tail = |s: &str| {
-            s.lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        format!(
-            "--- launch ---\n{}\n--- ray head ---\n{}",
-            tail(&launch),
-            tail(&head)
-        )
+        launch_log(&self.work)
     }
 
     fn running(&mut self) -> bool {
@@ -122,22 +106,30 @@ impl Launch {
     }
 
     fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "keel launch ray did not finish within {timeout:?}\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let work = self.work.clone();
+        keel_integration::wait_exit(&mut self.child, timeout, || launch_log(&work))
     }
+}
+
+/// The tails of a launch's own log and of its Ray head's, for failure messages.
+fn launch_log(work: &Path) -> String {
+    let launch = std::fs::read_to_string(work.join("launch.log")).unwrap_or_default();
+    let head = std::fs::read_to_string(work.join("ray-head.log")).unwrap_or_default();
+    let tail = |s: &str| {
+        s.lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "--- launch ---\n{}\n--- ray head ---\n{}",
+        tail(&launch),
+        tail(&head)
+    )
 }
 
 impl Drop for Launch {
