@@ -206,7 +206,6 @@ pub struct Controller {
 /// CT-8: batches in a row whose every episode failed before the run ends.
 pub const MAX_FAILED_BATCHES_IN_A_ROW: u32 = 3;
 
-pub mod methods;
 mod rewind;
 
 impl Controller {
@@ -252,7 +251,7 @@ impl Controller {
             next_tags: Vec::new(),
             method,
             writing_state: false,
-            life_tag: crate::method::life_tag(),
+            life_tag: crate::process::life_tag(),
             head_generation: s.head_generation,
             failed_batches_in_a_row: 0,
             gen_util: Utilization::new(s.generators.len()),
@@ -301,7 +300,7 @@ impl Controller {
         m.actors_alive
             .set_for("env_shard", cfg.rollout.env_shards as f64);
         m.actors_alive.set_for("learner", 1.0);
-        m.last_checkpoint_time.set(crate::metrics::unix_now());
+        m.last_checkpoint_time.set(crate::process::unix_secs());
         // Counters exist from the start, so that `increase()` sees their first event.
         m.learner_steps.inc_by(0);
         m.nonfinite_steps.inc_by(0);

@@ -1026,6 +1026,6 @@ fn method_io(job: &Job, learner: &Addr<LearnerActor>, board: &Arc<dyn Board>) ->
         io: job.io.clone(),
         learner: learner.clone(),
         board: board.clone(),
-        life_tag: crate::method::life_tag(),
+        life_tag: crate::process::life_tag(),
     }
 }

@@ -696,7 +696,7 @@ impl TrainMetrics {
         self.checkpoints.inc();
         self.checkpoint_bytes.set(bytes as f64);
         self.checkpoint_commit_seconds.observe(seconds);
-        self.last_checkpoint_time.set(unix_now());
+        self.last_checkpoint_time.set(crate::process::unix_secs());
     }
 
     /// Seconds since this handle was created.
@@ -709,7 +709,7 @@ impl TrainMetrics {
         let last = self.last_checkpoint_time.get();
         if last > 0.0 {
             self.seconds_since_checkpoint
-                .set((unix_now() - last).max(0.0));
+                .set((crate::process::unix_secs() - last).max(0.0));
         }
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
@@ -725,14 +725,6 @@ impl TrainMetrics {
         names.sort();
         names
     }
-}
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 /// Busy/idle accounting of `slots` workers, integrated over time: the idle ratio of an interval

@@ -15,7 +15,7 @@ use keel_integration::{
 use keel_store::CheckpointManifest;
 use serde_json::Value;
 
-const REFERENCE_RESET_TAG: &str = keel_actors::controller::methods::REFERENCE_RESET_TAG;
+const REFERENCE_RESET_TAG: &str = keel_actors::method::armor::REFERENCE_RESET_TAG;
 
 /// A `{"event":"checkpoint","step":step}` line is in the log.
 fn checkpointed(events: &[Value], step: u64) -> bool {
@@ -342,7 +342,7 @@ fn rtpo_resumed_between_depths_trains_each_depth_once() {
             })
         },
     );
-    let tree: keel_actors::controller::methods::RtpoTree = serde_json::from_str(
+    let tree: keel_actors::method::rtpo::RtpoTree = serde_json::from_str(
         head.data
             .method_state
             .get("rtpo")

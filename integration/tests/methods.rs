@@ -14,7 +14,7 @@ use keel_store::{RolloutBatch, Source, Trajectory};
 use serde_json::Value;
 
 const GROUP: usize = 4; // MethodRun's rollout.group_size
-const REFERENCE_RESET_TAG: &str = keel_actors::controller::methods::REFERENCE_RESET_TAG;
+const REFERENCE_RESET_TAG: &str = keel_actors::method::armor::REFERENCE_RESET_TAG;
 
 /// `batch_seq → step` of every trained batch.
 fn trained_at(steps: &[Value]) -> BTreeMap<u64, u64> {

@@ -331,11 +331,5 @@ pub fn select(cfg: &TrainConfig) -> Box<dyn MethodRuntime> {
     }
 }
 
-/// The key suffix of one process life: method state objects of a life that crashed before a
-/// checkpoint named them are never overwritten by the next life, which names its own (MS-4).
-pub fn life_tag() -> String {
-    format!("{:x}-{:x}", crate::rollout::unix_ms(), std::process::id())
-}
-
 #[cfg(test)]
 mod tests;

@@ -131,12 +131,7 @@ pub struct MlflowTracker {
     deadline: Option<Instant>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use crate::process::unix_ms as now_ms;
 
 /// MLflow's limits on a param value and on keys.
 fn clip(s: &str, n: usize) -> String {

@@ -60,12 +60,7 @@ fn segment_steps(key: &str) -> Option<(u64, u64)> {
     }
 }
 
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
+use crate::process::unix_secs as now;
 
 impl TensorBoardWriter {
     /// A writer on `branch`, which logs `config_text` once when the branch's folder is new.
