@@ -1,12 +1,17 @@
 //! The metrics log as typed events for tests (EVT-1): tests read `TrainEvent` values, never
-//! JSON paths.
+//! JSON paths. The queries several tests share live here: step events with their
+//! `StepMetrics`, rewinds, and method records.
 
 use keel_actors::events::{LoggedEvent, TrainEvent};
+use keel_learner::StepMetrics;
 
 /// Every line of a local run root's metrics log as `keel report` reads them (JL-2), in order,
 /// with its clock fields (empty before the first segment is stored).
 pub fn logged_events(root: &std::path::Path) -> Vec<LoggedEvent> {
-    crate::read_events(root)
+    let store = keel_store::RunStore::open(root.to_str().expect("utf-8 run root")).expect("open");
+    crate::test_rt()
+        .block_on(keel_actors::jsonl::read_events(&store))
+        .unwrap_or_default()
         .iter()
         .map(LoggedEvent::from_value)
         .collect()
@@ -22,12 +27,9 @@ pub fn train_events(root: &std::path::Path) -> Vec<TrainEvent> {
 
 /// `(step, branch)` of every step event.
 pub fn step_branches(events: &[TrainEvent]) -> Vec<(u64, String)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            TrainEvent::Step { step, branch, .. } => Some((*step, branch.clone())),
-            _ => None,
-        })
+    step_events(events)
+        .into_iter()
+        .map(|s| (s.step, s.branch))
         .collect()
 }
 
@@ -37,6 +39,166 @@ pub fn skipped_steps(events: &[TrainEvent]) -> Vec<(u64, String)> {
         .iter()
         .filter_map(|e| match e {
             TrainEvent::Skipped { step, what, .. } => Some((*step, what.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The fields of a step event (`TrainEvent::Step`) tests read.
+#[derive(Debug, Clone)]
+pub struct StepEvent {
+    /// Learner step (= policy version).
+    pub step: u64,
+    /// The batch trained on.
+    pub batch_seq: u64,
+    /// Largest policy-version lag of a trained turn.
+    pub max_lag: u64,
+    /// The branch the step was taken on.
+    pub branch: String,
+    /// The learner's metrics.
+    pub metrics: StepMetrics,
+}
+
+/// Every step event, in order.
+pub fn step_events(events: &[TrainEvent]) -> Vec<StepEvent> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TrainEvent::Step {
+                step,
+                batch_seq,
+                metrics,
+                max_lag,
+                branch,
+                ..
+            } => Some(StepEvent {
+                step: *step,
+                batch_seq: *batch_seq,
+                max_lag: *max_lag,
+                branch: branch.clone(),
+                metrics: (**metrics).clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asserts every statistic of a step event's metrics is finite (a non-finite one is logged as
+/// `null` and reads as NaN, EVT-2).
+pub fn assert_finite_metrics(step: &StepEvent, context: &str) {
+    for (name, v) in step.metrics.named() {
+        assert!(
+            v.is_finite(),
+            "{context}: step {} metric {name} = {v}",
+            step.step
+        );
+    }
+}
+
+/// The fields of a collapse-guard rewind (`TrainEvent::Rewind`, CT-4).
+#[derive(Debug, Clone)]
+pub struct Rewind {
+    /// The policy version when the anomaly was seen.
+    pub from_step: u64,
+    /// The step of the healthy checkpoint rewound to.
+    pub to_step: u64,
+    /// Its id.
+    pub to_checkpoint: String,
+    /// The new branch.
+    pub branch: String,
+    /// `nonfinite`, `grad_norm_spike` or `kl_spike`.
+    pub kind: String,
+    /// The learning rate from now on.
+    pub lr: f64,
+}
+
+/// Every rewind, in order.
+pub fn rewinds(events: &[TrainEvent]) -> Vec<Rewind> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TrainEvent::Rewind {
+                from_step,
+                to_step,
+                to_checkpoint,
+                branch,
+                kind,
+                lr,
+                ..
+            } => Some(Rewind {
+                from_step: *from_step,
+                to_step: *to_step,
+                to_checkpoint: to_checkpoint.clone(),
+                branch: branch.clone(),
+                kind: kind.clone(),
+                lr: *lr,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The numbers of a method event's record (`TrainEvent::Method`'s `detail`) that tests read;
+/// each method writes some, the others are `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MethodRecord {
+    /// `generate`: generation passes, when dynamic sampling re-rolled or left uniform groups.
+    pub tries: Option<u64>,
+    /// `generate`: uniform groups left after the last pass.
+    pub uniform_groups: Option<u64>,
+    /// `generate`: the depth of an RTPO trunk batch.
+    pub rtpo_trunk_depth: Option<u64>,
+    /// `generate`: prompt tokens (PATS).
+    pub prompt_tokens: Option<u64>,
+    /// `generate`: of those, scaffold tokens (PATS).
+    pub scaffold_tokens: Option<u64>,
+    /// `generate` / `rtpo`: the batch.
+    pub batch_seq: Option<u64>,
+    /// `rtpo`: the tree's first task.
+    pub first_task: Option<u64>,
+    /// `rtpo`: the depth trained (0 = the last turn).
+    pub depth: Option<u64>,
+    /// `rtpo`: the tree's depths.
+    pub depths: Option<u64>,
+    /// `pats`: the bank version the review started from.
+    pub version_before: Option<u64>,
+    /// `pats`: the bank version after the review.
+    pub version: Option<u64>,
+    /// `armor`: the step of a reference reset.
+    pub reference_reset_at: Option<u64>,
+}
+
+impl MethodRecord {
+    /// Reads a method event's `detail`: the one place tests look into it.
+    fn from_detail(detail: &serde_json::Value) -> Self {
+        let n = |key: &str| detail.get(key).and_then(serde_json::Value::as_u64);
+        MethodRecord {
+            tries: n("tries"),
+            uniform_groups: n("uniform_groups"),
+            rtpo_trunk_depth: n("rtpo_trunk_depth"),
+            prompt_tokens: n("prompt_tokens"),
+            scaffold_tokens: n("scaffold_tokens"),
+            batch_seq: n("batch_seq"),
+            first_task: n("first_task"),
+            depth: n("depth"),
+            depths: n("depths"),
+            version_before: n("version_before"),
+            version: n("version"),
+            reference_reset_at: n("reference_reset_at"),
+        }
+    }
+}
+
+/// `(step, record)` of every method event of `method` (`generate`, `rtpo`, `pats`, `armor`).
+pub fn method_records(events: &[TrainEvent], method: &str) -> Vec<(u64, MethodRecord)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TrainEvent::Method {
+                step,
+                method: m,
+                detail,
+            } if m == method => Some((*step, MethodRecord::from_detail(detail))),
             _ => None,
         })
         .collect()

@@ -500,33 +500,6 @@ pub fn run_train(
         .expect("summary is JSON")
 }
 
-/// The events of a local run root's metrics log as `keel report` reads them (JL-2), in order
-/// (empty before the first segment is stored).
-pub fn read_events(root: &std::path::Path) -> Vec<serde_json::Value> {
-    let store = keel_store::RunStore::open(root.to_str().expect("utf-8 run root")).expect("open");
-    test_rt()
-        .block_on(keel_actors::jsonl::read_events(&store))
-        .unwrap_or_default()
-}
-
-/// `(step, detail)` of every `{"event":"method","method":<method>}` event.
-pub fn method_events(events: &[serde_json::Value], method: &str) -> Vec<(u64, serde_json::Value)> {
-    events
-        .iter()
-        .filter(|e| e["event"] == "method" && e["method"] == method)
-        .map(|e| (e["step"].as_u64().expect("step"), e["detail"].clone()))
-        .collect()
-}
-
-/// Every `{"event":"step"}` event.
-pub fn step_events(events: &[serde_json::Value]) -> Vec<serde_json::Value> {
-    events
-        .iter()
-        .filter(|e| e["event"] == "step")
-        .cloned()
-        .collect()
-}
-
 /// SIGKILLs `child` as soon as `ready(events of root's metrics log)` holds (polled every few
 /// ms; segments are stored in order, JL-1, so a line seen there was logged with everything
 /// before it). Panics when the run exits first or makes no such progress (`kill_once`).
@@ -534,14 +507,14 @@ pub fn kill_when(
     child: &mut std::process::Child,
     root: &std::path::Path,
     what: &str,
-    ready: impl Fn(&[serde_json::Value]) -> bool,
+    ready: impl Fn(&[keel_actors::events::TrainEvent]) -> bool,
 ) {
     kill_once(
         child,
         what,
         std::time::Duration::from_millis(3),
         || log_tail(root),
-        || ready(&read_events(root)),
+        || ready(&events::train_events(root)),
     );
 }
 
@@ -608,17 +581,6 @@ pub fn file_crc(manifest: &keel_store::CheckpointManifest, name: &str) -> u32 {
         .find(|f| f.name == name)
         .map(|f| f.crc32)
         .unwrap_or_else(|| panic!("{} has no {name}", manifest.id))
-}
-
-/// Asserts every number of a step event's metrics is finite.
-pub fn assert_finite_metrics(step: &serde_json::Value, context: &str) {
-    for (k, v) in step["metrics"].as_object().expect("metrics object") {
-        assert!(
-            v.as_f64().is_some_and(f64::is_finite),
-            "{context}: step {} metric {k} = {v}",
-            step["step"]
-        );
-    }
 }
 
 /// PATS: the version of the seed bank the SFT checkpoint (step 0) names (PS-1).

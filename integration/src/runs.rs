@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{keel_bin, log_tail, read_events, run_train, test_rt, Guarded, MethodRun};
+use keel_actors::events::TrainEvent;
+
+use crate::events::train_events;
+use crate::{keel_bin, log_tail, run_train, test_rt, Guarded, MethodRun};
 
 /// How long a kill waits for its progress before the test fails.
 pub const PROGRESS_DEADLINE: Duration = Duration::from_secs(300);
@@ -73,7 +76,7 @@ pub fn train_method(
     tempfile::TempDir,
     PathBuf,
     serde_json::Value,
-    Vec<serde_json::Value>,
+    Vec<TrainEvent>,
 ) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = run.write(dir.path(), name);
@@ -84,7 +87,7 @@ pub fn train_method(
         serde_json::json!(run.steps),
         "{name}"
     );
-    let events = read_events(&root);
+    let events = train_events(&root);
     (dir, root, summary, events)
 }
 

@@ -7,14 +7,17 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use keel_actors::events::TrainEvent;
+use keel_integration::events::{rewinds, skipped_steps, step_branches, step_events, train_events};
 use keel_integration::{keel_bin, tiny_config, train_toml_output};
 
-fn events(dir: &Path) -> Vec<serde_json::Value> {
-    keel_integration::read_events(&dir.join("run"))
+fn events(dir: &Path) -> Vec<TrainEvent> {
+    train_events(&dir.join("run"))
 }
 
-fn of_kind<'a>(events: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
-    events.iter().filter(|e| e["event"] == kind).collect()
+/// `(step, branch)` of the last step event.
+fn last_step(events: &[TrainEvent]) -> Option<(u64, String)> {
+    step_branches(events).pop()
 }
 
 /// The crash harness's books on `branch` after a rewind: along its lineage every task range is
@@ -44,38 +47,30 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
     let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
-    let skipped = of_kind(&ev, "skipped");
+    let skipped = skipped_steps(&ev);
     assert_eq!(skipped.len(), 3, "{skipped:?}");
     assert!(
         skipped
             .iter()
-            .all(|e| e["step"] == 4 && e["what"] == "loss"),
+            .all(|(step, what)| *step == 4 && what == "loss"),
         "{skipped:?}"
     );
-    let rewinds = of_kind(&ev, "rewind");
+    let rewinds = rewinds(&ev);
     assert_eq!(rewinds.len(), 1, "{rewinds:?}");
-    let r = rewinds[0];
+    let r = &rewinds[0];
     assert_eq!(
-        (
-            r["kind"].as_str(),
-            r["from_step"].as_u64(),
-            r["to_step"].as_u64()
-        ),
-        (Some("nonfinite"), Some(4), Some(4))
+        (r.kind.as_str(), r.from_step, r.to_step),
+        ("nonfinite", 4, 4)
     );
-    assert_eq!(r["branch"], "rewind-1");
-    let steps = of_kind(&ev, "step");
-    let last = steps.last().expect("steps");
+    assert_eq!(r.branch, "rewind-1");
     assert_eq!(
-        (last["step"].as_u64(), last["branch"].as_str()),
-        (Some(10), Some("rewind-1")),
+        last_step(&ev),
+        Some((10, "rewind-1".to_string())),
         "the run finished on the new branch"
     );
     assert_accounted(dir.path(), "rewind-1");
     assert!(
-        steps
-            .iter()
-            .all(|s| s["metrics"]["loss"].as_f64().is_some_and(f64::is_finite)),
+        step_events(&ev).iter().all(|s| s.metrics.loss.is_finite()),
         "no NaN reached an update"
     );
 
@@ -108,13 +103,9 @@ fn gd2_consecutive_nan_steps_rewind_to_the_newest_healthy_checkpoint_on_a_new_br
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("branch: rewind-1"), "{t}");
-    let ev = events(dir.path());
-    let last = of_kind(&ev, "step")
-        .last()
-        .map(|s| (s["step"].as_u64(), s["branch"].as_str().map(str::to_string)));
     assert_eq!(
-        last,
-        Some((Some(12), Some("rewind-1".to_string()))),
+        last_step(&events(dir.path())),
+        Some((12, "rewind-1".to_string())),
         "resumed on the rewind branch"
     );
 
@@ -158,13 +149,10 @@ fn gd2_an_async_rewind_with_orders_in_flight_continues_on_the_new_branch() {
     let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
-    let rewinds = of_kind(&ev, "rewind");
+    let rewinds = rewinds(&ev);
     assert_eq!(rewinds.len(), 1, "{rewinds:?}");
-    assert_eq!(rewinds[0]["branch"], "rewind-1");
-    let last = of_kind(&ev, "step")
-        .last()
-        .map(|s| (s["step"].as_u64(), s["branch"].clone()));
-    assert_eq!(last, Some((Some(10), serde_json::json!("rewind-1"))));
+    assert_eq!(rewinds[0].branch, "rewind-1");
+    assert_eq!(last_step(&ev), Some((10, "rewind-1".to_string())));
     assert_accounted(dir.path(), "rewind-1");
 }
 
@@ -176,31 +164,29 @@ fn gd2_a_learning_rate_blowup_is_caught_as_a_spike_and_rewound_with_a_lower_rate
     let out = train_toml_output(dir.path(), &cfg);
     assert!(out.status.success(), "{}", text(&out));
     let ev = events(dir.path());
-    let rewinds = of_kind(&ev, "rewind");
+    let rewinds = rewinds(&ev);
     assert!(
         !rewinds.is_empty(),
         "the blow-up went unnoticed: {}",
         text(&out)
     );
-    let r = rewinds[0];
+    let r = &rewinds[0];
     assert!(
-        ["kl_spike", "grad_norm_spike", "nonfinite"].contains(&r["kind"].as_str().unwrap_or("")),
-        "{r}"
+        ["kl_spike", "grad_norm_spike", "nonfinite"].contains(&r.kind.as_str()),
+        "{r:?}"
     );
-    assert!(r["from_step"].as_u64().is_some_and(|s| s >= 8), "{r}");
+    assert!(r.from_step >= 8, "{r:?}");
     assert_eq!(
-        r["to_step"].as_u64(),
-        Some(6),
-        "newest healthy checkpoint before the blow-up: {r}"
+        r.to_step, 6,
+        "newest healthy checkpoint before the blow-up: {r:?}"
     );
     assert!(
-        r["lr"].as_f64().is_some_and(|lr| lr > 0.0 && lr < 0.01),
-        "the rate after the rewind is lowered: {r}"
+        r.lr > 0.0 && r.lr < 0.01,
+        "the rate after the rewind is lowered: {r:?}"
     );
-    let last = of_kind(&ev, "step").last().map(|s| s["step"].as_u64());
-    assert_eq!(last, Some(Some(12)));
+    assert_eq!(last_step(&ev).map(|(step, _)| step), Some(12));
     let last_rewind = rewinds.last().expect("a rewind");
-    assert_accounted(dir.path(), last_rewind["branch"].as_str().expect("branch"));
+    assert_accounted(dir.path(), &last_rewind.branch);
 }
 
 #[test]
@@ -245,7 +231,7 @@ fn gd7_a_restart_keeps_the_rewinds_and_the_cut_learning_rate() {
     let first = tiny_config(8, 2, "sync", 1) + guard + "\n[faults]\nnan_loss_at_step = 5\n";
     let out = train_toml_output(dir.path(), &first);
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(of_kind(&events(dir.path()), "rewind").len(), 1);
+    assert_eq!(rewinds(&events(dir.path())).len(), 1);
     let lrs = checkpoint_lrs(dir.path());
     let base = lrs.first().expect("checkpoints").1;
     let cut = lrs.last().expect("checkpoints").1;

@@ -8,20 +8,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use keel_actors::events::TrainEvent;
+use keel_integration::events::{method_records, step_events, train_events};
 use keel_integration::{
-    checkpoint_file, checkpoints, head_lineage, kill_when, method_events, read_events, run_train,
-    seed_bank_version, spawn_train, step_events, stored_batches, MethodRun,
+    checkpoint_file, checkpoints, head_lineage, kill_when, run_train, seed_bank_version,
+    spawn_train, stored_batches, MethodRun,
 };
 use keel_store::CheckpointManifest;
 use serde_json::Value;
 
 const REFERENCE_RESET_TAG: &str = keel_actors::method::armor::REFERENCE_RESET_TAG;
 
-/// A `{"event":"checkpoint","step":step}` line is in the log.
-fn checkpointed(events: &[Value], step: u64) -> bool {
+/// A checkpoint event of `step` is in the log.
+fn checkpointed(events: &[TrainEvent], step: u64) -> bool {
     events
         .iter()
-        .any(|e| e["event"] == "checkpoint" && e["step"] == serde_json::json!(step))
+        .any(|e| matches!(e, TrainEvent::Checkpoint { step: s, .. } if *s == step))
 }
 
 /// Life 1 of `run` on `<dir>/<name>`, killed once `ready` holds; answers (config, root, head).
@@ -30,7 +32,7 @@ fn killed_life(
     run: &MethodRun,
     name: &str,
     what: &str,
-    ready: impl Fn(&[Value]) -> bool,
+    ready: impl Fn(&[TrainEvent]) -> bool,
 ) -> (std::path::PathBuf, std::path::PathBuf, CheckpointManifest) {
     let config = run.write(dir, name);
     let root = dir.join(name);
@@ -38,12 +40,6 @@ fn killed_life(
     kill_when(&mut child, &root, what, ready);
     let head = head_lineage(&root).remove(0);
     (config, root, head)
-}
-
-fn metric(step: &Value, key: &str) -> f64 {
-    step["metrics"][key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no metric {key}: {step}"))
 }
 
 /// Tensor names of a safetensors blob.
@@ -77,23 +73,19 @@ fn sao_resumed_mid_warmup_continues_the_critic_exactly() {
     let summary = run_train(&config, &root, &[]);
     assert_eq!(summary["resumed_from"], serde_json::json!(head.id));
 
-    let steps = step_events(&read_events(&root));
+    let steps = step_events(&train_events(&root));
     assert_eq!(
-        steps
-            .iter()
-            .map(|s| s["step"].as_u64().unwrap_or(0))
-            .collect::<Vec<_>>(),
+        steps.iter().map(|s| s.step).collect::<Vec<_>>(),
         (1..=6).collect::<Vec<_>>()
     );
     for s in &steps {
-        let step = s["step"].as_u64().expect("step");
-        let actor = metric(s, "actor_steps");
+        let (step, actor) = (s.step, s.metrics.actor_steps);
         assert_eq!(
             actor == 0.0,
             step <= 3,
             "step {step}: actor_steps {actor} (warm-up is 3 updates)"
         );
-        assert!(metric(s, "critic_steps") > 0.0, "step {step}");
+        assert!(s.metrics.critic_steps > 0.0, "step {step}");
     }
 
     // SAO's critic is a separate value model (`critic.safetensors`, its own AdamW): the policy
@@ -168,10 +160,10 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
         "pats",
         "step 3's stored review",
         move |ev| {
-            method_events(ev, "pats").iter().any(|(step, d)| {
-                let v = d["version"].as_u64().unwrap_or(0);
+            method_records(ev, "pats").iter().any(|(step, d)| {
+                let v = d.version.unwrap_or(0);
                 *step == 3
-                    && (v == d["version_before"].as_u64().unwrap_or(0)
+                    && (v == d.version_before.unwrap_or(0)
                         || std::fs::read_dir(state_root.join("state/pats"))
                             .into_iter()
                             .flatten()
@@ -192,8 +184,8 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
 
     let summary = run_train(&config, &root, &[]);
     assert_eq!(summary["resumed_from"], serde_json::json!(head.id));
-    let events = read_events(&root);
-    let reviews = method_events(&events, "pats");
+    let events = train_events(&root);
+    let reviews = method_records(&events, "pats");
     assert_eq!(
         reviews.iter().map(|r| r.0).collect::<Vec<_>>(),
         (1..=6).collect::<Vec<_>>(),
@@ -203,10 +195,7 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
     let mut after = BTreeMap::from([(0u64, seed)]);
     let mut last = seed;
     for (step, d) in &reviews {
-        let (v0, v1) = (
-            d["version_before"].as_u64().expect("v0"),
-            d["version"].as_u64().expect("v1"),
-        );
+        let (v0, v1) = (d.version_before.expect("v0"), d.version.expect("v1"));
         assert_eq!(
             v0, last,
             "step {step}: the review does not continue the previous version"
@@ -239,12 +228,7 @@ fn pats_resumes_from_the_checkpointed_bank_and_keeps_reviewing() {
     // What was trained was sampled under the bank in force.
     let trained: BTreeMap<u64, u64> = step_events(&events)
         .iter()
-        .map(|s| {
-            (
-                s["batch_seq"].as_u64().expect("seq"),
-                s["step"].as_u64().expect("step"),
-            )
-        })
+        .map(|s| (s.batch_seq, s.step))
         .collect();
     for b in stored_batches(&root)
         .iter()
@@ -312,7 +296,7 @@ fn armor_resumed_at_a_reference_reset_keeps_that_reference() {
             m.id
         );
     }
-    let armor: Vec<u64> = method_events(&read_events(&root), "armor")
+    let armor: Vec<u64> = method_records(&train_events(&root), "armor")
         .iter()
         .map(|(s, _)| *s)
         .collect();
@@ -336,9 +320,8 @@ fn rtpo_resumed_between_depths_trains_each_depth_once() {
         "rtpo",
         "a checkpoint inside a tree",
         |ev| {
-            method_events(ev, "rtpo").iter().any(|(step, d)| {
-                d["depth"].as_u64().unwrap_or(0) + 1 < d["depths"].as_u64().unwrap_or(0)
-                    && checkpointed(ev, *step)
+            method_records(ev, "rtpo").iter().any(|(step, d)| {
+                d.depth.unwrap_or(0) + 1 < d.depths.unwrap_or(0) && checkpointed(ev, *step)
             })
         },
     );
@@ -373,11 +356,13 @@ fn rtpo_resumed_between_depths_trains_each_depth_once() {
     let summary = run_train(&config, &root, &[]);
     assert_eq!(summary["resumed_from"], serde_json::json!(second.id));
     assert_eq!(summary["final_step"], serde_json::json!(8));
-    let events = read_events(&root);
+    let events = train_events(&root);
     let resumed: Vec<u64> = events
         .iter()
-        .filter(|e| e["event"] == "resumed")
-        .map(|e| e["step"].as_u64().expect("step"))
+        .filter_map(|e| match e {
+            TrainEvent::Resumed { step, .. } => Some(*step),
+            _ => None,
+        })
         .collect();
     assert_eq!(resumed, vec![head.step, second.step]);
 
@@ -385,13 +370,13 @@ fn rtpo_resumed_between_depths_trains_each_depth_once() {
     let mut seen: BTreeMap<u64, Vec<(u64, u64)>> = BTreeMap::new(); // first_task → (depth, step)
     let mut depths_of = BTreeMap::new();
     let mut seqs = BTreeSet::new();
-    for (step, d) in method_events(&events, "rtpo") {
-        let first = d["first_task"].as_u64().expect("first_task");
+    for (step, d) in method_records(&events, "rtpo") {
+        let first = d.first_task.expect("first_task");
         seen.entry(first)
             .or_default()
-            .push((d["depth"].as_u64().expect("depth"), step));
-        depths_of.insert(first, d["depths"].as_u64().expect("depths"));
-        assert!(seqs.insert(d["batch_seq"].as_u64().expect("seq")));
+            .push((d.depth.expect("depth"), step));
+        depths_of.insert(first, d.depths.expect("depths"));
+        assert!(seqs.insert(d.batch_seq.expect("seq")));
     }
     assert_eq!(seqs.len(), 8, "one depth per step: {seen:?}");
     let last_tree = *seen.keys().last().expect("a tree");
@@ -466,21 +451,21 @@ fn dynamic_sampling_resumed_after_the_cold_start_keeps_rerolling() {
     let summary = run_train(&config, &root, &[]);
     assert_eq!(summary["resumed_from"], serde_json::json!(head.id));
 
-    let events = read_events(&root);
-    let gens = method_events(&events, "generate");
+    let events = train_events(&root);
+    let gens = method_records(&events, "generate");
     let mut rerolled_after_resume = false;
     for (step, d) in &gens {
-        let tries = d["tries"].as_u64().unwrap_or(1);
-        let uniform = d["uniform_groups"].as_u64().unwrap_or(0);
+        let tries = d.tries.unwrap_or(1);
+        let uniform = d.uniform_groups.unwrap_or(0);
         if *step < 3 {
             assert_eq!(
                 tries, 1,
-                "version {step}: re-rolled before the cold start: {d}"
+                "version {step}: re-rolled before the cold start: {d:?}"
             );
         } else {
             assert!(
                 uniform == 0 || tries == 3,
-                "version {step}: uniform groups left after {tries} passes: {d}"
+                "version {step}: uniform groups left after {tries} passes: {d:?}"
             );
             rerolled_after_resume |= *step > 3 && tries > 1;
         }
@@ -493,9 +478,8 @@ fn dynamic_sampling_resumed_after_the_cold_start_keeps_rerolling() {
     // and after it.
     for s in step_events(&events) {
         assert_eq!(
-            metric(&s, "groups_kept"),
-            metric(&s, "groups_total"),
-            "the learner dropped groups: {s}"
+            s.metrics.groups_kept, s.metrics.groups_total,
+            "the learner dropped groups: {s:?}"
         );
     }
 }

@@ -6,9 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use keel_integration::events::{
+    assert_finite_metrics, method_records, rewinds, step_events, train_events, StepEvent,
+};
 use keel_integration::{
-    assert_finite_metrics, checkpoint_file, checkpoints, method_events, read_events, run_train,
-    seed_bank_version, step_events, stored_batches, train_method, MethodRun,
+    checkpoint_file, checkpoints, run_train, seed_bank_version, stored_batches, train_method,
+    MethodRun,
 };
 use keel_store::{RolloutBatch, Source, Trajectory};
 use serde_json::Value;
@@ -17,16 +20,8 @@ const GROUP: usize = 4; // MethodRun's rollout.group_size
 const REFERENCE_RESET_TAG: &str = keel_actors::method::armor::REFERENCE_RESET_TAG;
 
 /// `batch_seq → step` of every trained batch.
-fn trained_at(steps: &[Value]) -> BTreeMap<u64, u64> {
-    steps
-        .iter()
-        .map(|s| {
-            (
-                s["batch_seq"].as_u64().expect("batch_seq"),
-                s["step"].as_u64().expect("step"),
-            )
-        })
-        .collect()
+fn trained_at(steps: &[StepEvent]) -> BTreeMap<u64, u64> {
+    steps.iter().map(|s| (s.batch_seq, s.step)).collect()
 }
 
 fn by_group(batch: &RolloutBatch) -> BTreeMap<u64, Vec<&Trajectory>> {
@@ -35,12 +30,6 @@ fn by_group(batch: &RolloutBatch) -> BTreeMap<u64, Vec<&Trajectory>> {
         groups.entry(t.group_id).or_default().push(t);
     }
     groups
-}
-
-fn metric(step: &Value, key: &str) -> f64 {
-    step["metrics"][key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("step {}: no metric {key}", step["step"]))
 }
 
 /// SAMPO (§2): dynamic sampling re-rolls uniform groups from the first update (cold start 0),
@@ -53,27 +42,26 @@ fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
     let max_tries = 3; // the preset's (spec §2: 3 generation passes)
 
     // GN-5: a batch left with uniform groups used every pass; one that stopped early has none.
-    let gens = method_events(&events, "generate");
+    let gens = method_records(&events, "generate");
     assert!(!gens.is_empty(), "no generate events");
     for (step, d) in &gens {
-        let tries = d["tries"].as_u64().unwrap_or(1);
-        let uniform = d["uniform_groups"].as_u64().unwrap_or(0);
-        assert!((1..=max_tries).contains(&tries), "step {step}: {d}");
+        let tries = d.tries.unwrap_or(1);
+        let uniform = d.uniform_groups.unwrap_or(0);
+        assert!((1..=max_tries).contains(&tries), "step {step}: {d:?}");
         assert!(
             uniform == 0 || tries == max_tries,
-            "step {step}: uniform groups left after only {tries} passes: {d}"
+            "step {step}: uniform groups left after only {tries} passes: {d:?}"
         );
     }
     assert!(
-        gens.iter()
-            .any(|(_, d)| d["tries"].as_u64().unwrap_or(1) > 1),
+        gens.iter().any(|(_, d)| d.tries.unwrap_or(1) > 1),
         "dynamic sampling never re-rolled a group: {gens:?}"
     );
 
     eprintln!(
         "sampo passes per batch: {:?}",
         gens.iter()
-            .map(|(_, d)| (d["tries"].clone(), d["uniform_groups"].clone()))
+            .map(|(_, d)| (d.tries, d.uniform_groups))
             .collect::<Vec<_>>()
     );
     let batches = stored_batches(&root);
@@ -128,8 +116,8 @@ fn sampo_rerolls_uniform_groups_and_records_anchor_keys() {
     assert_eq!(steps.len(), 6);
     for s in &steps {
         assert_finite_metrics(s, "sampo");
-        assert!(metric(s, "groups_kept") <= metric(s, "groups_total"));
-        assert!(metric(s, "actor_steps") > 0.0);
+        assert!(s.metrics.groups_kept <= s.metrics.groups_total);
+        assert!(s.metrics.actor_steps > 0.0);
     }
 }
 
@@ -162,7 +150,7 @@ fn sampo_similarity_groups_store_anchor_states_and_train() {
     assert_eq!(steps.len(), 6);
     for s in &steps {
         assert_finite_metrics(s, "sampo-similarity");
-        assert!(metric(s, "actor_steps") > 0.0);
+        assert!(s.metrics.actor_steps > 0.0);
     }
 }
 
@@ -181,34 +169,25 @@ fn sao_warms_up_the_critic_and_trains_inside_the_dis_band() {
     let (low, high) = (0.3, 5.0); // the preset's band (1 − 0.3, 1 + 5.0)
     eprintln!(
         "sao lags: {:?}",
-        steps
-            .iter()
-            .map(|s| s["max_lag"].clone())
-            .collect::<Vec<_>>()
+        steps.iter().map(|s| s.max_lag).collect::<Vec<_>>()
     );
     for s in &steps {
-        let step = s["step"].as_u64().expect("step");
+        let step = s.step;
         assert_finite_metrics(s, "sao");
-        assert!(
-            s["max_lag"].as_u64().expect("max_lag") <= 2,
-            "over the bound: {s}"
-        );
-        let (actor, critic) = (metric(s, "actor_steps"), metric(s, "critic_steps"));
+        assert!(s.max_lag <= 2, "over the bound: {s:?}");
+        let (actor, critic) = (s.metrics.actor_steps, s.metrics.critic_steps);
         if step <= 2 {
             assert_eq!(actor, 0.0, "step {step} is a critic warm-up update");
             assert!(critic > 0.0, "step {step}: no critic step during warm-up");
             continue;
         }
         assert!(actor > 0.0, "step {step}: no actor step after the warm-up");
-        let (lo, hi) = (
-            metric(s, "dis_kept_ratio_min"),
-            metric(s, "dis_kept_ratio_max"),
-        );
+        let (lo, hi) = (s.metrics.dis_kept_ratio_min, s.metrics.dis_kept_ratio_max);
         assert!(
             1.0 - low < lo && lo <= hi && hi < 1.0 + high,
             "step {step}: kept ratios [{lo}, {hi}] outside the DIS band"
         );
-        assert!((0.0..=1.0).contains(&metric(s, "dis_masked_frac")));
+        assert!((0.0..=1.0).contains(&s.metrics.dis_masked_frac));
     }
 }
 
@@ -268,23 +247,22 @@ fn armor_keeps_successful_anchors_and_resets_the_reference() {
     );
     for s in &steps {
         assert_finite_metrics(s, "armor");
-        let seq = s["batch_seq"].as_u64().expect("batch_seq");
-        let tokens = metric(s, "anchor_tokens");
+        let tokens = s.metrics.anchor_tokens;
         assert_eq!(
             tokens > 0.0,
-            anchored_batches.contains(&seq),
+            anchored_batches.contains(&s.batch_seq),
             "step {}: anchor_tokens {tokens} vs stored anchors",
-            s["step"]
+            s.step
         );
         if tokens > 0.0 {
             let (mixed, plain) = (
-                metric(s, "anchor_mixed_ratio_max"),
-                metric(s, "anchor_plain_ratio_max"),
+                s.metrics.anchor_mixed_ratio_max,
+                s.metrics.anchor_plain_ratio_max,
             );
             assert!(
                 mixed <= plain.max(1.0) + 1e-6,
                 "step {}: mixed {mixed} > max(1, {plain})",
-                s["step"]
+                s.step
             );
         }
     }
@@ -292,9 +270,9 @@ fn armor_keeps_successful_anchors_and_resets_the_reference() {
 
     // MS-3: resets at 3 and 6; checkpoints after a reset name it; the reference weights are
     // the policy at the reset (and the SFT policy before the first).
-    let resets: Vec<u64> = method_events(&events, "armor")
+    let resets: Vec<u64> = method_records(&events, "armor")
         .iter()
-        .map(|(_, d)| d["reference_reset_at"].as_u64().expect("reset step"))
+        .map(|(_, d)| d.reference_reset_at.expect("reset step"))
         .collect();
     assert_eq!(resets, vec![3, 6]);
     let ckpts = checkpoints(&root);
@@ -345,20 +323,17 @@ fn sorl(algo: &'static str, mode: &'static str, bound: u64) {
     assert_eq!(steps.len(), 6, "{algo}");
     for s in &steps {
         assert_finite_metrics(s, algo);
-        assert!(
-            s["max_lag"].as_u64().expect("max_lag") <= bound,
-            "{algo}: {s}"
-        );
-        assert!(metric(s, "actor_steps") > 0.0);
+        assert!(s.max_lag <= bound, "{algo}: {s:?}");
+        assert!(s.metrics.actor_steps > 0.0);
         // The turn ratios are reported (the JSON has them) and, the ratio being taken against
         // the behaviour log-probs, stay near 1 on these small updates: a ratio taken against
         // anything else (or not per turn) would not. Whether CTN fires exactly where it must
         // is checked on a constructed batch (keel-learner so1_ctn_fires_exactly_...).
-        let (lo, hi) = (metric(s, "turn_ratio_min"), metric(s, "turn_ratio_max"));
+        let (lo, hi) = (s.metrics.turn_ratio_min, s.metrics.turn_ratio_max);
         assert!(
             lo > 0.5 && hi < 2.0,
             "{algo} step {}: turn ratios min {lo} max {hi}",
-            s["step"]
+            s.step
         );
     }
 }
@@ -388,19 +363,19 @@ fn rtpo_branches_every_depth_in_reverse_turn_order_from_the_trunk() {
     // Depth order per tree.
     let mut trees: BTreeMap<u64, Vec<(u64, u64, u64)>> = BTreeMap::new(); // first_task → (depth, depths, batch_seq)
     let mut depth_of_batch = BTreeMap::new();
-    for (_, d) in method_events(&events, "rtpo") {
+    for (_, d) in method_records(&events, "rtpo") {
         let (first, depth, depths, seq) = (
-            d["first_task"].as_u64().expect("first_task"),
-            d["depth"].as_u64().expect("depth"),
-            d["depths"].as_u64().expect("depths"),
-            d["batch_seq"].as_u64().expect("batch_seq"),
+            d.first_task.expect("first_task"),
+            d.depth.expect("depth"),
+            d.depths.expect("depths"),
+            d.batch_seq.expect("batch_seq"),
         );
         trees.entry(first).or_default().push((depth, depths, seq));
         depth_of_batch.insert(seq, (first, depth));
     }
-    let trunk_depths: Vec<u64> = method_events(&events, "generate")
+    let trunk_depths: Vec<u64> = method_records(&events, "generate")
         .iter()
-        .filter_map(|(_, d)| d["rtpo_trunk_depth"].as_u64())
+        .filter_map(|(_, d)| d.rtpo_trunk_depth)
         .collect();
     assert_eq!(trees.len(), trunk_depths.len(), "one tree per trunk batch");
     for ((first, tree), want) in trees.iter().zip(&trunk_depths) {
@@ -665,7 +640,7 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
     let at = trained_at(&steps);
 
     // A review after every trained step; versions only move forward, one review to the next.
-    let reviews = method_events(&events, "pats");
+    let reviews = method_records(&events, "pats");
     assert_eq!(
         reviews.iter().map(|r| r.0).collect::<Vec<_>>(),
         (1..=6).collect::<Vec<_>>()
@@ -676,10 +651,7 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
     let mut version_after = BTreeMap::from([(0u64, seed)]);
     let mut last = seed;
     for (step, d) in &reviews {
-        let (before, after) = (
-            d["version_before"].as_u64().expect("v0"),
-            d["version"].as_u64().expect("v1"),
-        );
+        let (before, after) = (d.version_before.expect("v0"), d.version.expect("v1"));
         assert_eq!(
             before, last,
             "step {step}: review starts from another version"
@@ -692,13 +664,13 @@ fn pats_scaffolds_training_prompts_and_never_eval_prompts() {
 
     // Generations report their prompt and scaffold tokens; the scaffold is there once the bank
     // has entries.
-    for (step, d) in method_events(&events, "generate") {
+    for (step, d) in method_records(&events, "generate") {
         let (prompt, scaffold) = (
-            d["prompt_tokens"].as_u64().expect("prompt_tokens"),
-            d["scaffold_tokens"].as_u64().expect("scaffold_tokens"),
+            d.prompt_tokens.expect("prompt_tokens"),
+            d.scaffold_tokens.expect("scaffold_tokens"),
         );
         assert!(scaffold < prompt);
-        assert_eq!(scaffold > 0, version_after[&step] > 0, "step {step}: {d}");
+        assert_eq!(scaffold > 0, version_after[&step] > 0, "step {step}: {d:?}");
     }
 
     // Stored training trajectories: the bank version in force at sampling, rendered in the prompt.
@@ -876,14 +848,11 @@ fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
     let root = dir.path().join("pats");
     let summary = run_train(&config, &root, &[]);
     assert_eq!(summary["final_step"], serde_json::json!(8));
-    let events = read_events(&root);
-    let rewinds: Vec<&Value> = events.iter().filter(|e| e["event"] == "rewind").collect();
+    let events = train_events(&root);
+    let rewinds = rewinds(&events);
     assert_eq!(rewinds.len(), 1, "{rewinds:?}");
-    let target = rewinds[0]["to_checkpoint"]
-        .as_str()
-        .expect("target")
-        .to_string();
-    assert_eq!(rewinds[0]["to_step"], 3);
+    let target = rewinds[0].to_checkpoint.clone();
+    assert_eq!(rewinds[0].to_step, 3);
     // The bank version the healthy checkpoint (step 3) names.
     let target_ckpt = checkpoints(&root)
         .into_iter()
@@ -892,13 +861,13 @@ fn pats_rewind_restores_the_bank_of_the_healthy_checkpoint() {
     let pointer: Value =
         serde_json::from_str(&target_ckpt.data.method_state["pats"]).expect("pointer");
     let named = pointer["version"].as_u64().expect("version");
-    let reviews = method_events(&events, "pats");
+    let reviews = method_records(&events, "pats");
     // Reviews 1..=4 on main (step 4's review came after the checkpoint at 3), then step 4 again
     // on the rewind branch, starting from the checkpoint's bank.
     let steps: Vec<u64> = reviews.iter().map(|r| r.0).collect();
     assert_eq!(steps, vec![1, 2, 3, 4, 4, 5, 6, 7, 8], "{reviews:?}");
-    let abandoned = reviews[3].1["version"].as_u64().expect("v");
-    let again = reviews[4].1["version_before"].as_u64().expect("v0");
+    let abandoned = reviews[3].1.version.expect("v");
+    let again = reviews[4].1.version_before.expect("v0");
     assert_eq!(
         again, named,
         "the rewound review must start from the checkpoint's bank"

@@ -17,6 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use keel_actors::events::TrainEvent;
+use keel_integration::events::train_events;
 use keel_integration::roles::{config, walk, Roles};
 use keel_integration::{check_accounting, test_rt, MethodRun};
 use keel_store::RunStore;
@@ -212,9 +214,9 @@ fn evaluation_is_issued_again_when_rank_0_is_down() {
             .all(|r| r["rank"] != 0 || r["process"] == "trainer"),
         "{all:?}"
     );
-    let evals = keel_integration::read_events(&root)
-        .into_iter()
-        .filter(|e| e["event"] == "eval")
+    let evals = train_events(&root)
+        .iter()
+        .filter(|e| matches!(e, TrainEvent::Eval { .. }))
         .count();
     assert_eq!(evals, 2, "both evaluations ran on rank 1");
 }
