@@ -73,14 +73,22 @@ pub fn generator_writer(life: u64, rank: u32, process: &str) -> String {
     format!("l{life:010}-r{rank:04}-{process}")
 }
 
-/// Runs `work` to its end on a runtime of its own on this thread: one store call of a command
-/// that runs no actors (`keel report`, following the guard's rewinds before a job).
-pub fn block_on<F: Future>(work: F) -> Result<F::Output, ActorError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A runtime of its own for the calling thread (current-thread, I/O and timers enabled): the
+/// store calls of a command that runs no actors (`keel ckpt`, `keel ckpt export`, `keel env
+/// eval --policy <checkpoint>`, the arena's cell stats, a Pushgateway push) or one thread's own
+/// async work (the signal thread). The one place such a runtime is built; a command keeps it
+/// for all its calls, [`block_on`] is the one-call form.
+pub fn current_thread_runtime() -> Result<tokio::runtime::Runtime, ActorError> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ActorError::Internal(format!("cannot start a runtime: {e}")))?;
-    Ok(rt.block_on(work))
+        .map_err(|e| ActorError::Internal(format!("cannot start a runtime: {e}")))
+}
+
+/// Runs `work` to its end on a [`current_thread_runtime`] of its own: one store call of a
+/// command that runs no actors (`keel report`, following the guard's rewinds before a job).
+pub fn block_on<F: Future>(work: F) -> Result<F::Output, ActorError> {
+    Ok(current_thread_runtime()?.block_on(work))
 }
 
 /// How long the I/O runtime may take to finish its tasks at the end of a process (PR-4).

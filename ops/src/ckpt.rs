@@ -13,9 +13,7 @@ use keel_store::{RunStore, Survey};
 fn open(run_root: &str) -> Result<(RunStore, tokio::runtime::Runtime)> {
     let store =
         RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = keel_actors::process::current_thread_runtime()?;
     Ok((store, rt))
 }
 

@@ -39,9 +39,7 @@ pub fn export(run_root: &str, id: &str, out: &Path, opts: &ExportOptions<'_>) ->
     }
     let store =
         RunStore::open(run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = keel_actors::process::current_thread_runtime()?;
     let manifest = rt
         .block_on(store.checkpoint(id))
         .with_context(|| format!("no checkpoint {id} in {run_root}"))?;

@@ -208,9 +208,7 @@ fn eval(args: EvalArgs) -> Result<()> {
 fn eval_checkpoint(args: &EvalArgs, id: &str) -> Result<String> {
     let store = RunStore::open(&args.run_root)
         .with_context(|| format!("cannot open run root {}", args.run_root))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = keel_actors::process::current_thread_runtime()?;
     let manifest = if id == "latest" {
         rt.block_on(store.latest_checkpoint())?
             .with_context(|| format!("no checkpoint under {}", args.run_root))?

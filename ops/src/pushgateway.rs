@@ -17,10 +17,7 @@ pub fn group_url(base: &str, run: &str) -> String {
 pub fn push(cfg: &MetricsSection, run: &str, text: String) -> Result<()> {
     let url = group_url(&cfg.pushgateway_url, run);
     let shown = keel_envs::redact_url(&url);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    keel_actors::process::block_on(async {
         let response = reqwest::Client::new()
             .put(&url)
             .header("Content-Type", "text/plain; version=0.0.4")
@@ -39,7 +36,7 @@ pub fn push(cfg: &MetricsSection, run: &str, text: String) -> Result<()> {
             );
         }
         Ok(())
-    })
+    })?
 }
 
 #[cfg(test)]

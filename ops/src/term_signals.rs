@@ -50,9 +50,7 @@ where
     F: FnOnce(TermSignals) -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = keel_actors::process::current_thread_runtime()?;
     let signals = {
         let _guard = rt.enter();
         TermSignals {

@@ -149,9 +149,7 @@ pub fn run(args: ArenaArgs) -> Result<()> {
 
 /// Each finished cell's stats, from its run root's metrics log (AST-1).
 fn read_finished(grid: &grid::Grid, layout: &Layout) -> Result<Finished> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = keel_actors::process::current_thread_runtime()?;
     let mut done = Finished::new();
     for c in grid.cells.iter().filter(|c| layout.finished(&c.name)) {
         let root = layout.run_root(&c.name);
