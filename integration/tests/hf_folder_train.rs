@@ -210,8 +210,6 @@ fn sao_trains_a_separate_critic_started_from_a_folder() {
     let out = Command::new(keel_bin())
         .args(["train", "--no-progress", "--algo", "grpo", "--config"])
         .arg(dir.path().join("sao.toml"))
-        .arg("--model")
-        .arg(&model)
         .args(critic)
         .arg("--run-root")
         .arg(&grpo)
