@@ -141,8 +141,9 @@ pub enum Work {
     },
 }
 
-/// Sample one batch.
-#[derive(Message, Debug, Clone)]
+/// Sample one batch. It is also the body of a remote work order (`crate::remote::WorkOrder`,
+/// flattened): its field names and order are that stored format.
+#[derive(Message, Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[rtype(result = "Result<Generated, ActorError>")]
 pub struct Generate {
     /// Batch sequence number.
@@ -170,18 +171,23 @@ impl Generate {
     }
 }
 
-/// A sampled batch.
-#[derive(Debug, Clone)]
+/// A sampled batch. It is also what a remote generator answers (`crate::remote::Outcome::Done`);
+/// results stored before it carried `batch_seq` and `tasks` lack them, and the trainer takes
+/// them from its order (`crate::remote::answering`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Generated {
     /// Where the batch was stored (train only; not for RTPO trunks).
+    #[serde(default, with = "crate::remote::batch_key")]
     pub key: Option<BatchKey>,
     /// Its sequence number.
+    #[serde(default)]
     pub batch_seq: u64,
     /// The policy version it was sampled with.
     pub policy_version: u64,
     /// Its statistics.
     pub stats: RolloutStats,
     /// Its tasks.
+    #[serde(default)]
     pub tasks: Vec<TaskRef>,
     /// Seconds spent sampling (store write excluded).
     pub sample_seconds: f64,

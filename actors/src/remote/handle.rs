@@ -106,7 +106,7 @@ impl RemoteGenerator {
             self.rank,
             pinned.policy,
             pinned.reference,
-            &msg,
+            msg.clone(),
         );
         let key = self.keys.order(self.rank, msg.batch_seq);
         let body = serde_json::to_vec_pretty(&order)
@@ -194,7 +194,11 @@ impl RemoteGenerator {
                         message: "the result names no stored batch".into(),
                     });
                 }
-                Ok(g.into_generated(msg))
+                super::answering(*g, msg).map_err(|message| ActorError::RemoteFailed {
+                    rank: self.rank,
+                    batch_seq: msg.batch_seq,
+                    message,
+                })
             }
             Outcome::Panicked(p) => Err(ActorError::GeneratorPanicked(format!(
                 "rank {}: {p}",

@@ -24,7 +24,8 @@
 //!   restart; a second answer to one order loses the create-only race and is dropped.
 //! - RM-4: batch keys carry the writing process's tag (ST-12), so a re-executed order, a zombie
 //!   generator and a new trainer life never race for one key; the trainer trains exactly the key
-//!   the result names.
+//!   the result names, and only when the result reports the order's batch number and tasks
+//!   ([`answering`]).
 //! - RM-5: an order unanswered for `distributed.order_timeout_s` is withdrawn: the trainer writes
 //!   its result itself ([`Outcome::Withdrawn`]). The create-only result decides the race: when a
 //!   generator's answer was stored first the trainer takes that answer, otherwise the range goes
@@ -42,14 +43,10 @@
 //!   `main`) they follow the collapse guard's rewinds (GD-6) to the branch that has the newest
 //!   trainer life, as a restarted trainer does.
 
-use std::sync::Arc;
-
-use keel_envs::scaffold::{Bank, GroupRecord};
-use keel_store::{BatchKey, RunStore, StoreError, WeightsId};
+use keel_store::{RunStore, StoreError, WeightsId};
 use serde::{Deserialize, Serialize};
 
-use crate::generator::{Generate, Generated, Purpose, Work};
-use crate::rollout::{RolloutStats, TaskRef};
+use crate::generator::{Generate, Generated};
 
 pub mod handle;
 pub mod store_board;
@@ -127,7 +124,8 @@ pub fn seq_of_key(key: &str) -> Option<u64> {
         .flatten()
 }
 
-/// One work order (RM-1, RM-2).
+/// One work order (RM-1, RM-2): the [`Generate`] message for one rank, with the weights to
+/// sample it with. Stored as one flat JSON object; the message's fields follow `reference`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkOrder {
     /// Format tag.
@@ -140,16 +138,9 @@ pub struct WorkOrder {
     pub weights: WeightsId,
     /// ARMOR: the reference publication to sample anchors with.
     pub reference: Option<WeightsId>,
-    /// Batch sequence number.
-    pub batch_seq: u64,
-    /// The tasks.
-    pub tasks: Vec<TaskRef>,
-    /// Train or eval.
-    pub purpose: Purpose,
-    /// What to sample.
-    pub work: Work,
-    /// PATS: the scaffold bank to render into training prompts.
-    pub scaffold: Option<Bank>,
+    /// The message the rank's generator actor executes.
+    #[serde(flatten)]
+    pub generate: Generate,
 }
 
 impl WorkOrder {
@@ -159,7 +150,7 @@ impl WorkOrder {
         rank: u32,
         weights: WeightsId,
         reference: Option<WeightsId>,
-        msg: &Generate,
+        msg: Generate,
     ) -> Self {
         WorkOrder {
             format: ORDER_FORMAT.into(),
@@ -167,32 +158,18 @@ impl WorkOrder {
             rank,
             weights,
             reference,
-            batch_seq: msg.batch_seq,
-            tasks: msg.tasks.clone(),
-            purpose: msg.purpose,
-            work: msg.work.clone(),
-            scaffold: msg.scaffold.as_deref().cloned(),
-        }
-    }
-
-    /// The message the local generator actor executes.
-    pub fn generate(&self) -> Generate {
-        Generate {
-            batch_seq: self.batch_seq,
-            tasks: self.tasks.clone(),
-            purpose: self.purpose,
-            work: self.work.clone(),
-            scaffold: self.scaffold.clone().map(Arc::new),
+            generate: msg,
         }
     }
 
     /// Parses and checks a stored order.
     pub fn from_bytes(key: &str, bytes: &[u8]) -> Result<Self, StoreError> {
         let o: WorkOrder = parse(key, bytes, "work order")?;
-        if o.format != ORDER_FORMAT || seq_of_key(key) != Some(o.batch_seq) {
+        let seq = o.generate.batch_seq;
+        if o.format != ORDER_FORMAT || seq_of_key(key) != Some(seq) {
             return Err(StoreError::CorruptObject {
                 key: key.into(),
-                reason: format!("format {:?}, batch {}", o.format, o.batch_seq),
+                reason: format!("format {:?}, batch {seq}", o.format),
             });
         }
         Ok(o)
@@ -202,8 +179,9 @@ impl WorkOrder {
 /// What a generator answers to an order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Outcome {
-    /// The batch (train: stored at `key`) and what sampling it did.
-    Done(Box<GeneratedWire>),
+    /// The batch (train: stored at `key`) and what sampling it did. Results stored before
+    /// [`Generated`] was the wire form lack its `batch_seq` and `tasks` ([`answering`]).
+    Done(Box<Generated>),
     /// The generator panicked mid-batch (GN-4): the range is owed again.
     Panicked(String),
     /// Every episode failed in its env (RO-4, CT-8).
@@ -276,60 +254,39 @@ impl OrderResult {
     }
 }
 
-/// [`Generated`] as stored in a result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GeneratedWire {
-    /// The stored batch's key (train only; not for RTPO trunks).
-    pub key: Option<String>,
-    /// Policy version it was sampled with.
-    pub policy_version: u64,
-    /// Its statistics.
-    pub stats: RolloutStats,
-    /// Seconds spent sampling.
-    pub sample_seconds: f64,
-    /// Seconds the batch write took.
-    pub put_seconds: f64,
-    /// Dynamic sampling: passes made.
-    pub tries: usize,
-    /// Dynamic sampling: groups still uniform.
-    pub uniform_groups: usize,
-    /// RTPO trunks: the most turns of a trunk.
-    pub trunk_depth: Option<usize>,
-    /// PATS: the rollout groups.
-    pub groups: Vec<GroupRecord>,
+/// The batch `g` of a result, checked against and completed from the order `order` it answers
+/// (RM-4). A result stored before [`Generated`] was the wire form has no tasks (nor batch
+/// number): it takes the order's. Otherwise both must be the order's.
+pub fn answering(mut g: Generated, order: &Generate) -> Result<Generated, String> {
+    if g.tasks.is_empty() {
+        g.batch_seq = order.batch_seq;
+        g.tasks.clone_from(&order.tasks);
+    }
+    if g.batch_seq != order.batch_seq || g.tasks != order.tasks {
+        return Err(format!(
+            "the result reports batch {} with {} tasks, not the order's batch {} with {} tasks",
+            g.batch_seq,
+            g.tasks.len(),
+            order.batch_seq,
+            order.tasks.len()
+        ));
+    }
+    Ok(g)
 }
 
-impl GeneratedWire {
-    /// The wire form of `g`.
-    pub fn from_generated(g: Generated) -> Self {
-        GeneratedWire {
-            key: g.key.map(|k| k.0),
-            policy_version: g.policy_version,
-            stats: g.stats,
-            sample_seconds: g.sample_seconds,
-            put_seconds: g.put_seconds,
-            tries: g.tries,
-            uniform_groups: g.uniform_groups,
-            trunk_depth: g.trunk_depth,
-            groups: g.groups,
-        }
+/// Serde of [`Generated::key`]: a batch key is stored as its string (or null).
+pub(crate) mod batch_key {
+    use keel_store::BatchKey;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes the key's string, or null.
+    pub fn serialize<S: Serializer>(key: &Option<BatchKey>, s: S) -> Result<S::Ok, S::Error> {
+        key.as_ref().map(|k| k.0.as_str()).serialize(s)
     }
 
-    /// Back to [`Generated`], for the order that asked for it.
-    pub fn into_generated(self, order: &Generate) -> Generated {
-        Generated {
-            key: self.key.map(BatchKey),
-            batch_seq: order.batch_seq,
-            policy_version: self.policy_version,
-            stats: self.stats,
-            tasks: order.tasks.clone(),
-            sample_seconds: self.sample_seconds,
-            put_seconds: self.put_seconds,
-            tries: self.tries,
-            uniform_groups: self.uniform_groups,
-            trunk_depth: self.trunk_depth,
-            groups: self.groups,
-        }
+    /// Reads a string, or null, as a key.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BatchKey>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.map(BatchKey))
     }
 }
 
@@ -346,7 +303,14 @@ fn parse<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use keel_envs::scaffold::Bank;
+    use keel_store::BatchKey;
+
     use super::*;
+    use crate::generator::{Purpose, Work};
+    use crate::rollout::TaskRef;
 
     #[test]
     fn keys_name_their_batch_and_branch() {
@@ -379,11 +343,11 @@ mod tests {
             epoch: 0,
             version: 2,
         };
-        let order = WorkOrder::new(3, 1, w, None, &msg);
+        let order = WorkOrder::new(3, 1, w, None, msg.clone());
         let bytes = serde_json::to_vec(&order).expect("json");
         let key = "orders/0000000003/r0001/00000000000000000005.json";
         let back = WorkOrder::from_bytes(key, &bytes).expect("order");
-        assert_eq!(back.generate().tasks, msg.tasks);
+        assert_eq!(back.generate.tasks, msg.tasks);
         assert_eq!(back.weights, w);
         // The key and the body must agree on the batch.
         assert!(WorkOrder::from_bytes("orders/x/r0001/00000000000000000006.json", &bytes).is_err());
@@ -397,5 +361,161 @@ mod tests {
                 .outcome,
             Outcome::Panicked(_)
         ));
+    }
+
+    /// An order as the code before issue 33 stored it (`serde_json::to_vec_pretty` of a struct
+    /// with the fields of `Generate` declared after `reference`).
+    const OLD_ORDER: &str = r#"{
+  "format": "keel.order.v1",
+  "life": 3,
+  "rank": 1,
+  "weights": {
+    "Policy": {
+      "epoch": 0,
+      "version": 2
+    }
+  },
+  "reference": {
+    "Reference": {
+      "serial": 1
+    }
+  },
+  "batch_seq": 5,
+  "tasks": [
+    {
+      "task_id": 40,
+      "task_seed": 9
+    },
+    {
+      "task_id": 41,
+      "task_seed": 12
+    }
+  ],
+  "purpose": "Train",
+  "work": {
+    "Branches": {
+      "key": "state/rtpo/trunks-4.json",
+      "depth": 1
+    }
+  },
+  "scaffold": {
+    "version": 0,
+    "next_id": 0,
+    "entries": []
+  }
+}"#;
+
+    /// A result as the code before issue 33 stored it: `Done` without `batch_seq` or `tasks`.
+    const OLD_RESULT: &str = r#"{
+  "format": "keel.result.v1",
+  "rank": 1,
+  "process": "p",
+  "batch_seq": 5,
+  "weight_load_seconds": 0.5,
+  "weight_load_bytes": 1024,
+  "weights_prefetched": false,
+  "outcome": {
+    "Done": {
+      "key": "batches/00000000000000000005-p.krb",
+      "policy_version": 2,
+      "stats": {
+        "episodes": 8,
+        "successes": 3,
+        "failed_episodes": 0,
+        "turns": 20,
+        "invalid_turns": 1,
+        "sampled_tokens": 400,
+        "reward_sum": 3.0,
+        "prompt_tokens": 100,
+        "scaffold_tokens": 0,
+        "decode_steps": 50,
+        "busy_decode_steps": 40,
+        "weight_updates": 0
+      },
+      "sample_seconds": 1.5,
+      "put_seconds": 0.25,
+      "tries": 1,
+      "uniform_groups": 0,
+      "trunk_depth": null,
+      "groups": []
+    }
+  }
+}"#;
+
+    fn old_order_message() -> Generate {
+        Generate {
+            batch_seq: 5,
+            tasks: vec![
+                TaskRef {
+                    task_id: 40,
+                    task_seed: 9,
+                },
+                TaskRef {
+                    task_id: 41,
+                    task_seed: 12,
+                },
+            ],
+            purpose: Purpose::Train,
+            work: Work::Branches {
+                key: "state/rtpo/trunks-4.json".into(),
+                depth: 1,
+            },
+            scaffold: Some(Arc::new(Bank::new())),
+        }
+    }
+
+    #[test]
+    fn orders_stored_before_the_flattened_message_read_and_are_written_alike() {
+        let key = "orders/0000000003/r0001/00000000000000000005.json";
+        let old = WorkOrder::from_bytes(key, OLD_ORDER.as_bytes()).expect("old order");
+        let msg = old_order_message();
+        assert_eq!(old.generate.tasks, msg.tasks);
+        assert_eq!(old.generate.work, msg.work);
+        assert_eq!(old.generate.scaffold.as_deref(), Some(&Bank::new()));
+        assert_eq!(old.reference, Some(WeightsId::Reference { serial: 1 }));
+        let order = WorkOrder::new(
+            3,
+            1,
+            WeightsId::Policy {
+                epoch: 0,
+                version: 2,
+            },
+            Some(WeightsId::Reference { serial: 1 }),
+            msg,
+        );
+        let written = serde_json::to_string_pretty(&order).expect("json");
+        assert_eq!(written, OLD_ORDER);
+    }
+
+    #[test]
+    fn results_stored_before_generated_was_the_wire_form_take_the_orders_tasks() {
+        let rkey = "results/0000000003/00000000000000000005.json";
+        let old = OrderResult::from_bytes(rkey, OLD_RESULT.as_bytes()).expect("old result");
+        let Outcome::Done(g) = old.outcome else {
+            panic!("not done: {:?}", old.outcome);
+        };
+        assert_eq!(
+            g.key,
+            Some(BatchKey("batches/00000000000000000005-p.krb".into()))
+        );
+        assert_eq!((g.stats.episodes, g.tries, g.put_seconds), (8, 1, 0.25));
+        let msg = old_order_message();
+        let g = answering(*g, &msg).expect("answers its order");
+        assert_eq!((g.batch_seq, &g.tasks), (5, &msg.tasks));
+        // A result written now carries them, and they must be the order's.
+        let now = OrderResult::new(1, "p", 5, Outcome::Done(Box::new(g.clone())));
+        let back = OrderResult::from_bytes(rkey, &serde_json::to_vec(&now).expect("json"))
+            .expect("result");
+        let Outcome::Done(read) = back.outcome else {
+            panic!("not done");
+        };
+        assert_eq!((read.batch_seq, &read.tasks), (5, &msg.tasks));
+        assert_eq!(read.key, g.key);
+        let mut fewer = g.clone();
+        fewer.tasks.truncate(1);
+        assert!(answering(fewer, &msg).is_err());
+        let mut later = g;
+        later.batch_seq = 6;
+        assert!(answering(later, &msg).is_err());
     }
 }

@@ -26,7 +26,7 @@ use actix::Addr;
 use keel_store::{LifeRecord, RunStore, StoreError, WeightsId, WeightsPointer};
 use tokio::task::JoinHandle;
 
-use super::{GeneratedWire, LifeKeys, OrderResult, Outcome, WorkOrder};
+use super::{LifeKeys, OrderResult, Outcome, WorkOrder};
 use crate::config::TrainConfig;
 use crate::env_shard::EnvFactory;
 use crate::error::ActorError;
@@ -420,7 +420,7 @@ impl Worker {
         };
         let load_seconds = started.elapsed().as_secs_f64();
         // GW-5: while the episodes run, newer weights are loaded ahead.
-        let request = serving.generator.send(order.generate());
+        let request = serving.generator.send(order.generate);
         tokio::pin!(request);
         let answer = loop {
             tokio::select! {
@@ -431,7 +431,7 @@ impl Worker {
         }
         .map_err(|e| ActorError::Mailbox(e.to_string()))?;
         let outcome = match answer {
-            Ok(generated) => Outcome::Done(Box::new(GeneratedWire::from_generated(generated))),
+            Ok(generated) => Outcome::Done(Box::new(generated)),
             Err(ActorError::GeneratorPanicked(p)) => Outcome::Panicked(p),
             Err(ActorError::AllEpisodesFailed {
                 failed,
@@ -530,7 +530,7 @@ impl Worker {
             let WeightsId::Policy { epoch, version } = order.weights else {
                 return Err(ActorError::Internal(format!(
                     "order {} names {:?} as its policy",
-                    order.batch_seq, order.weights
+                    order.generate.batch_seq, order.weights
                 )));
             };
             let ((pointer, models), ahead) = self.policy_weights(life, order.weights).await?;
