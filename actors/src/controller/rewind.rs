@@ -14,15 +14,21 @@
 //! PATS bank the target checkpoint names) and applies it once the learner is restored; the
 //! lineage reference is the target's.
 //!
-//! The data goes back too (RW-1): the task cursor becomes the target checkpoint's frontier, so
-//! every range trained (or skipped) on the abandoned branch after the target is owed again and
-//! sampled afresh by the restored policy on the new branch, and what the abandoned branch used
-//! since its last checkpoint is forgotten with it. Generation orders still out at the rewind
-//! belong to the abandoned branch: their results are discarded when they arrive and the new
-//! branch's checkpoints never count their ranges as pending. Along the new branch's lineage each range is
-//! then trained at most once and trained + skipped + pending ranges are exactly those handed out
-//! (the crash harness's accounting, `check_accounting`). Batch sequence numbers keep growing
-//! (DF-3).
+//! Invariants:
+//! - RW-1 (the data goes back with the weights): the task cursor becomes the target
+//!   checkpoint's frontier (its next task and pending ranges, DF-1), and what the abandoned
+//!   branch consumed, skipped or dropped since its last checkpoint is forgotten with it. So every
+//!   range trained (or skipped) on the abandoned branch after the target is owed again and
+//!   sampled afresh by the restored policy on the new branch. Generation orders still out at the
+//!   rewind belong to the abandoned branch (an older controller epoch): their results are
+//!   discarded when they arrive, and the new branch's checkpoints never count their ranges as
+//!   pending. Along the new branch's lineage each range is then trained at most once, and
+//!   trained + skipped + pending ranges are exactly those handed out (the crash harness's
+//!   accounting, `check_accounting`).
+//! - RW-2: batch sequence numbers keep growing across a rewind (the target's `next_batch_seq`
+//!   is not taken back): an order of the abandoned branch answered late is never taken for one
+//!   of the new branch (orders out are known by sequence number and epoch), and no batch key is
+//!   written twice (DF-3, ST-1).
 
 use std::sync::Arc;
 
