@@ -15,8 +15,8 @@
 //!   branch `b` at step `k` (or starts `b` afresh), the lines of `b` after `k` that earlier
 //!   lives logged (a future that was lost) are left out. Other branches are never touched. A
 //!   line belongs to the branch its life started on until a `rewind` line moves it.
-//! - JL-3: every line carries `unix_ms` (wall clock) and `elapsed_s` (seconds since its life
-//!   started).
+//! - JL-3: every line carries `unix_ms` (the wall clock of `crate::process`, PR-3) and
+//!   `elapsed_s` (seconds since its life started).
 //! - JL-4: segments are stored at most every `run.metrics_log_flush_ms` (1 s by default) while
 //!   lines come in, and at `flush`: a run makes at most one object per interval of its log,
 //!   whatever its event rate, and a line is stored within one interval.
@@ -73,9 +73,7 @@ impl MetricsLog {
             life,
             branch: store.branch().to_string(),
             resumed_at_step,
-            started_unix_us: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64),
+            started_unix_us: crate::process::since_epoch().as_micros() as u64,
         };
         let dir = life_dir(&store, life);
         let body = serde_json::to_vec_pretty(&record).map_err(|e| StoreError::CorruptObject {
@@ -102,7 +100,7 @@ impl MetricsLog {
         let mut value = value.clone();
         if let Value::Object(map) = &mut value {
             map.entry("unix_ms")
-                .or_insert_with(|| crate::rollout::unix_ms().into());
+                .or_insert_with(|| crate::process::unix_ms().into());
             map.entry("elapsed_s")
                 .or_insert_with(|| self.started.elapsed().as_secs_f64().into());
         }
