@@ -10,7 +10,8 @@
 //! - LA-3: the policy version equals the number of RL updates applied; SFT does not change it.
 //! - LA-4 (Dr. MAS agent models): every model trains on every batch, restricted to its agents'
 //!   turns, with its own optimizer and settings; their versions stay equal; checkpoint files of
-//!   model k > 0 are named `agent-model-<k>.<file>`.
+//!   model k > 0 are named `agent-model-<k>.<file>`. The step reports the main model's
+//!   statistics with the models' folded in as `keel_learner::step_metrics` says (SM-4).
 //! - LA-5 (a non-finite update is one for all models or none): the main model steps first; when
 //!   its update is refused (LR-2) no other model steps and the batch is refused as a whole. When
 //!   only an agent model's update is refused, that model keeps its weights but counts the
@@ -502,11 +503,8 @@ impl LearnerActor {
             // LA-4: every agent model steps on every batch (on its agents' turns only).
             tensors.behaviour_logp = logp_for(k);
             match other.train_step(&tensors) {
-                Ok(m) => {
-                    metrics.grad_norm = metrics.grad_norm.max(m.grad_norm);
-                    metrics.approx_kl = metrics.approx_kl.max(m.approx_kl);
-                    metrics.loss += m.loss;
-                }
+                // SM-4: the step's statistics fold over the models as the table says.
+                Ok(m) => metrics.merge_model(&m),
                 Err(keel_learner::LearnerError::NonFinite { what }) => {
                     // LA-5, LR-6: its weights stay, its version moves with the others'.
                     other.count_refused_update();

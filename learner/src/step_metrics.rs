@@ -2,8 +2,9 @@
 //! counterpart and its meaning are listed in docs/metrics-learner.md.
 //!
 //! The one table in [`step_stats!`] declares each statistic: its field (the JSON name in the
-//! metrics log), how it folds over micro- and mini-batches ([`Fold`]) and, when Prometheus
-//! exports it, the metric name and HELP text ([`Export`]). The struct, the [`Stat`] names, the
+//! metrics log), how it folds over micro- and mini-batches ([`Fold`]) and over a Dr. MAS call's
+//! models ([`ModelFold`]) and, when Prometheus exports it, the metric name and HELP text
+//! ([`Export`]). The struct, the [`Stat`] names, the
 //! folds and the registry [`STATS`] that `actors::metrics` iterates all come from it, so a new
 //! statistic is one table row plus the code that computes it. Losses hand their statistics back
 //! as [`Stats`] (named values, as verl's `(loss, metrics)`).
@@ -14,6 +15,10 @@
 //!   `critic_steps` are counts for the call.
 //! - SM-3: the serialized form is the struct's, fields in table order (the metrics log's
 //!   `metrics` object); `tokens` is an integer.
+//! - SM-4 (Dr. MAS, LA-4): the statistics of a step of several models are the main model's,
+//!   except those the table folds over models ([`ModelFold`]): `loss` is the sum of the models'
+//!   losses, and `grad_norm` and `approx_kl` are the largest of any model, so the collapse
+//!   guard (GD) sees a spike in any model.
 
 /// How a statistic combines over a mini-batch's micro-batches (MB-1) and a call's
 /// mini-batches (SM-2).
@@ -36,6 +41,17 @@ pub enum Fold {
     Batch,
 }
 
+/// How a statistic combines over the models of one Dr. MAS step (SM-4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelFold {
+    /// The main model's value.
+    Main,
+    /// Summed over the models.
+    Sum,
+    /// The largest of the models' values (a NaN loses to a number, as `f64::max`).
+    Max,
+}
+
 /// A statistic's Prometheus gauge (`keel_…`, MT-2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Export {
@@ -54,6 +70,8 @@ pub struct StatSpec {
     pub name: &'static str,
     /// How it folds.
     pub fold: Fold,
+    /// How it combines over a Dr. MAS step's models.
+    pub models: ModelFold,
     /// Its Prometheus gauge, when exported.
     pub export: Option<Export>,
 }
@@ -83,11 +101,13 @@ impl StatValue for usize {
 }
 
 /// Declares `StepMetrics`, `Stat` and `STATS` from one table:
-/// `field: type, Variant, Fold [=> "metric", "help"];`.
+/// `field: type, Variant, Fold [, models ModelFold] [=> "metric", "help"];` (no `models`: the
+/// main model's value).
 macro_rules! step_stats {
     ($(
         $(#[doc = $doc:literal])*
-        $field:ident : $ty:ty, $variant:ident, $fold:ident $(=> $metric:literal, $help:literal)?;
+        $field:ident : $ty:ty, $variant:ident, $fold:ident $(, models $models:ident)?
+            $(=> $metric:literal, $help:literal)?;
     )*) => {
         /// What one `train_step` / `sft_step` did; per-minibatch quantities are averaged.
         /// Every field is documented in docs/metrics-learner.md.
@@ -109,6 +129,7 @@ macro_rules! step_stats {
                 stat: Stat::$variant,
                 name: stringify!($field),
                 fold: Fold::$fold,
+                models: step_stats!(@models $($models)?),
                 export: step_stats!(@export $($metric, $help)?),
             }, )*
         ];
@@ -129,13 +150,15 @@ macro_rules! step_stats {
             }
         }
     };
+    (@models) => { ModelFold::Main };
+    (@models $models:ident) => { ModelFold::$models };
     (@export) => { None };
     (@export $metric:literal, $help:literal) => { Some(Export { metric: $metric, help: $help }) };
 }
 
 step_stats! {
     /// Total loss that was minimised.
-    loss: f64, Loss, Loss => "keel_actor_loss", "Total loss of the last step";
+    loss: f64, Loss, Loss, models Sum => "keel_actor_loss", "Total loss of the last step";
     /// Policy-gradient part (aggregated surrogate); 0 for SFT.
     pg_loss: f64, PgLoss, Loss => "keel_actor_pg_loss", "Policy-gradient loss of the last step";
     /// Value-loss part (before `value_coef`); 0 without a critic.
@@ -154,7 +177,7 @@ step_stats! {
         => "keel_actor_pg_clipfrac_lower",
            "Fraction of model tokens capped by dual-clip (verl pg_clipfrac_lower)";
     /// k1 KL estimate between the ratio's denominator (behaviour or old) and the current policy.
-    approx_kl: f64, ApproxKl, Mean
+    approx_kl: f64, ApproxKl, Mean, models Max
         => "keel_actor_ppo_kl", "Approximate KL between the behaviour (old) and current policy";
     /// k3 KL estimate of the current policy to the reference (0 without a reference).
     kl_ref: f64, KlRef, Mean
@@ -172,7 +195,7 @@ step_stats! {
     /// Token-mean entropy of the current policy on model tokens.
     entropy: f64, Entropy, Mean => "keel_actor_entropy", "Mean token entropy of the policy";
     /// Pre-clip global gradient norm of the actor step (of the critic step during warm-up).
-    grad_norm: f64, GradNorm, Mean
+    grad_norm: f64, GradNorm, Mean, models Max
         => "keel_actor_grad_norm", "Gradient L2 norm before clipping, last step";
     /// SAO: fraction of tokens the DIS mask removed.
     dis_masked_frac: f64, DisMaskedFrac, Mean;
@@ -347,6 +370,19 @@ impl StepMetrics {
         }
     }
 
+    /// Folds in the statistics `other` of another model of the same Dr. MAS step (SM-4):
+    /// these are the main model's (or the models' folded so far).
+    pub fn merge_model(&mut self, other: &StepMetrics) {
+        for s in STATS {
+            let (acc, x) = (self.get(s.stat), other.get(s.stat));
+            match s.models {
+                ModelFold::Main => {}
+                ModelFold::Sum => self.set(s.stat, acc + x),
+                ModelFold::Max => self.set(s.stat, acc.max(x)),
+            }
+        }
+    }
+
     /// The extreme of the current value and `x` for a Min/Max statistic (`x` when `first`).
     fn extreme(&self, s: &StatSpec, x: f64, first: bool) -> f64 {
         let acc = self.get(s.stat);
@@ -425,5 +461,36 @@ mod tests {
         assert!((c.loss - 3.0).abs() < 1e-12);
         assert!((c.entropy - 3.25).abs() < 1e-12);
         assert_eq!((c.dis_kept_ratio_min, c.anchor_tokens), (0.5, 3.0));
+    }
+
+    #[test]
+    fn sm4_models_sum_the_loss_take_the_largest_spike_and_keep_the_rest_main() {
+        let mut main = StepMetrics {
+            loss: 1.0,
+            grad_norm: 2.0,
+            approx_kl: 0.5,
+            entropy: 0.7,
+            pg_loss: 0.25,
+            tokens: 10,
+            ..StepMetrics::default()
+        };
+        let agent = StepMetrics {
+            loss: 3.0,
+            grad_norm: 1.0,
+            approx_kl: f64::NAN,
+            entropy: 0.1,
+            pg_loss: 9.0,
+            tokens: 4,
+            ..StepMetrics::default()
+        };
+        main.merge_model(&agent);
+        assert_eq!((main.loss, main.grad_norm, main.approx_kl), (4.0, 2.0, 0.5));
+        assert_eq!((main.entropy, main.pg_loss, main.tokens), (0.7, 0.25, 10));
+        let folded: Vec<&str> = STATS
+            .iter()
+            .filter(|s| s.models != ModelFold::Main)
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(folded, ["loss", "approx_kl", "grad_norm"]);
     }
 }
