@@ -49,13 +49,9 @@ pub fn render_demonstration(
         let action = codec.action(&turn.action)?;
         mask.extend(std::iter::repeat_n(1u8, action.len()));
         tokens.extend(action);
-        if let Some(obs) = &turn.observation {
-            let role = match turn.observation_role.as_str() {
-                "" => "user",
-                role => role,
-            };
-            let message = ChatMessage::new(role, obs);
-            let ids = codec.observation_messages(tokens.last().copied(), &[message])?;
+        if !turn.messages.is_empty() {
+            let messages = chat_messages(&turn.messages);
+            let ids = codec.observation_messages(tokens.last().copied(), &messages)?;
             mask.extend(std::iter::repeat_n(0u8, ids.len()));
             tokens.extend(ids);
         }

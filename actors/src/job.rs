@@ -913,7 +913,7 @@ fn make_demos(
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
-    let mut env: Box<dyn Env> = build_env(&cfg.env.env_config())?;
+    let mut env: Box<dyn Env> = build_env(&cfg.env_config())?;
     let seeds: Vec<u64> = (0..cfg.sft.demos as u64)
         .map(|i| task_seed(Split::Train, SFT_TASK_OFFSET + i))
         .collect();

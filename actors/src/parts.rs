@@ -13,27 +13,41 @@ use keel_learner::{ModelSpec, TinyShape};
 
 use crate::config::{ConfigError, EnvSection, ModelSection, TrainConfig};
 
-impl EnvSection {
-    /// The env to build (`keel_envs::make_env`): the external server or dataset section of the
-    /// selected env, dataset files mapped to their local copies.
+impl TrainConfig {
+    /// The env to build (`keel_envs::make_env`): the external server, dataset or agent section
+    /// of the selected env, dataset files mapped to their local copies, and for the agent
+    /// gateway the sampling its calls are checked against (GW-3).
     pub fn env_config(&self) -> keel_envs::EnvConfig {
-        let external = (self.name == "external").then(|| self.external.clone());
-        let dataset = (self.name == "dataset").then(|| keel_envs::DatasetConfig {
-            train_file: dataset_file(&self.dataset.train_file.to_string_lossy()),
-            eval_file: dataset_file(&self.dataset.eval_file.to_string_lossy()),
-            ..self.dataset.clone()
+        let env = &self.env;
+        let external = (env.name == "external").then(|| env.external.clone());
+        let with_rows = env.name == "dataset" || env.name == "agent";
+        let dataset = with_rows.then(|| keel_envs::DatasetConfig {
+            train_file: dataset_file(&env.dataset.train_file.to_string_lossy()),
+            eval_file: dataset_file(&env.dataset.eval_file.to_string_lossy()),
+            ..env.dataset.clone()
+        });
+        let agent = (env.name == "agent").then(|| keel_envs::AgentConfig {
+            sampling: keel_envs::agent::Sampling {
+                temperature: self.rollout.temperature,
+                max_turn_tokens: self.rollout.max_turn_tokens,
+                model: self.run.name.clone(),
+            },
+            ..env.agent.clone()
         });
         keel_envs::EnvConfig {
-            name: self.name.clone(),
-            difficulty: self.difficulty,
+            name: env.name.clone(),
+            difficulty: env.difficulty,
             external,
             dataset,
+            agent,
         }
     }
+}
 
+impl EnvSection {
     /// The `s3://` dataset files, each with the local folder its own folder syncs into.
     pub fn remote_dataset_files(&self) -> Vec<(String, std::path::PathBuf)> {
-        if self.name != "dataset" {
+        if self.name != "dataset" && self.name != "agent" {
             return Vec::new();
         }
         let mut folders: Vec<(String, std::path::PathBuf)> = Vec::new();

@@ -85,7 +85,7 @@ pub fn seed_scaffold(
     demos: Vec<(u64, Demonstration, SftSequence)>,
     controller: &mut ScaffoldController,
 ) -> Result<Vec<SftSequence>, ActorError> {
-    let mut env = build_env(&cfg.env.env_config())?;
+    let mut env = build_env(&cfg.env_config())?;
     let mut types = Vec::with_capacity(demos.len());
     let mut groups = Vec::with_capacity(demos.len());
     for (i, (seed, d, _)) in demos.iter().enumerate() {
@@ -130,7 +130,7 @@ mod tests {
         cfg.env.name = "household".into();
         cfg.env.difficulty = 1;
         cfg.model.context_len = 256;
-        let tok = tokenizer_for(&cfg.env.env_config()).expect("tokenizer");
+        let tok = tokenizer_for(&cfg.env_config()).expect("tokenizer");
         let mut env = make_env("household", 1).expect("env");
         let seeds: Vec<u64> = (0..40)
             .map(|i| task_seed(Split::Train, 10_000 + i))

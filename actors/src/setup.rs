@@ -57,7 +57,7 @@ impl ModelSetup {
         device: tch::Device,
     ) -> Result<ModelSetup, ActorError> {
         sync_model(cfg, io).await?;
-        let env_cfg = cfg.env.env_config();
+        let env_cfg = cfg.env_config();
         let tokenizer = Arc::new(tokenizer_for(&env_cfg)?);
         let spec = cfg.model_spec(&tokenizer, device)?;
         let tokenizer_files = cfg.tokenizer_files(&tokenizer)?;
@@ -104,7 +104,7 @@ impl LocalGenerators {
             Some(f) => f,
             None => {
                 // EX-4: one client per external server, shared by every episode.
-                let builder = keel_envs::EnvBuilder::new(&cfg.env.env_config())?;
+                let builder = keel_envs::EnvBuilder::new(&cfg.env_config())?;
                 Arc::new(move || builder.build())
             }
         };

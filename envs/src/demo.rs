@@ -39,8 +39,9 @@ pub struct DemoTurn {
     pub action: String,
     /// The env's answer; `None` after the last turn (DM-1).
     pub observation: Option<String>,
-    /// The observation's chat role (`StepOutcome::observation_role`: empty for `user`).
-    pub observation_role: String,
+    /// The observation as the chat messages it adds (`StepOutcome::observation_messages`);
+    /// empty after the last turn.
+    pub messages: Vec<crate::dataset::PromptMessage>,
 }
 
 /// One demonstrated episode (text; the runtime renders it into tokens).
@@ -104,8 +105,11 @@ fn demonstrate(
         let done = out.done;
         turns.push(DemoTurn {
             action,
+            messages: match done {
+                true => Vec::new(),
+                false => out.observation_messages(),
+            },
             observation: (!done).then_some(out.observation),
-            observation_role: out.observation_role,
         });
         if done {
             break;

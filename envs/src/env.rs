@@ -59,6 +59,28 @@ pub struct StepOutcome {
     /// to a function call (the chat template renders it, e.g. Qwen's `<tool_response>`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub observation_role: String,
+    /// The observation as several chat messages (the `agent` env: every message an agent added
+    /// since its last call); when non-empty it stands for `observation` and its role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<crate::dataset::PromptMessage>,
+}
+
+impl StepOutcome {
+    /// The messages the observation adds to the conversation: [`StepOutcome::messages`], or
+    /// the one `observation` with its role (`user` when none is given).
+    pub fn observation_messages(&self) -> Vec<crate::dataset::PromptMessage> {
+        if !self.messages.is_empty() {
+            return self.messages.clone();
+        }
+        let role = match self.observation_role.as_str() {
+            "" => "user",
+            role => role,
+        };
+        vec![crate::dataset::PromptMessage {
+            role: role.into(),
+            content: self.observation.clone(),
+        }]
+    }
 }
 
 /// A multi-turn text environment.
@@ -160,6 +182,7 @@ pub(crate) fn outcome_of(
         anchor_key: fnv1a64(anchor_state.as_bytes()),
         anchor_state,
         observation_role: String::new(),
+        messages: Vec::new(),
     }
 }
 

@@ -66,6 +66,12 @@ pub enum EnvError {
         /// What is wrong.
         reason: String,
     },
+    /// An agent episode of the `agent` env failed (AG-4), or its gateway could not start.
+    #[error("agent env: {reason}")]
+    Agent {
+        /// What failed.
+        reason: String,
+    },
     /// The reward service of a dataset env failed (after the configured retries).
     #[error("reward service at {url} (env.dataset.reward.url): {reason}; check that it is running and answers GET /health and POST /score (reference: envs/external/reward_server.py)")]
     RewardService {

@@ -370,6 +370,7 @@ impl Env for ExternalEnv {
                 anchor_key: self.anchor_key(),
                 anchor_state: self.anchor_state(),
                 observation_role: String::new(),
+                messages: Vec::new(),
             });
         }
         let turn = self.view.turns + 1;
@@ -387,6 +388,7 @@ impl Env for ExternalEnv {
             anchor_key: fnv1a64(self.view.anchor_state.as_bytes()),
             anchor_state: self.view.anchor_state.clone(),
             observation_role: String::new(),
+                messages: Vec::new(),
         })
     }
 

@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod action;
 pub mod bm25;
 pub mod calc;
@@ -54,6 +55,7 @@ pub mod verify;
 mod suite_tests;
 
 pub use calc::{CalcConfig, CalcEnv};
+pub use agent::{AgentConfig, AgentEnv};
 pub use dataset::{Dataset, DatasetConfig, DatasetEnv, PromptMessage};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
 pub use env::{fnv1a64, Env, StepOutcome};

@@ -5,13 +5,17 @@
 //! - RG-1 Every name in [`ENVS`] builds with every difficulty in its range, and its tokenizer
 //!   covers every word it emits (EN-6; `suite_tests` checks it).
 //! - RG-2 `external` is the only entry that needs a `url`; it is the HTTP+JSON protocol client.
-//! - RG-3 `dataset` is the only entry that needs files (`train_file`, `eval_file`); like
-//!   `external` it has no difficulty (its rows are its tasks).
+//! - RG-3 `dataset` and `agent` are the entries that need files (`train_file`, `eval_file`);
+//!   like `external` they have no difficulty (their rows are their tasks).
+//! - RG-4 `agent` also needs `[env.agent] command`; one builder starts one gateway (GTW-1), which
+//!   every instance it builds shares.
 
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+use crate::agent::gateway::Gateway;
+use crate::agent::{AgentConfig, AgentEnv};
 use crate::dataset::{Dataset, DatasetConfig, DatasetEnv, RewardClient};
 use crate::env::Env;
 use crate::error::{quote, EnvError};
@@ -87,6 +91,12 @@ pub const ENVS: &[EnvInfo] = &[
         agents: 1,
         about: "rows of a verl-format JSONL/Parquet prompt dataset, verifier-scored (set `train_file`, `eval_file`)",
     },
+    EnvInfo {
+        name: "agent",
+        max_difficulty: 0,
+        agents: 1,
+        about: "your own agent program, calling the policy through keel's OpenAI-compatible gateway, on a dataset's rows (set [env.agent] command and [env.dataset])",
+    },
 ];
 
 /// Which environment to build and how hard.
@@ -99,8 +109,10 @@ pub struct EnvConfig {
     pub difficulty: usize,
     /// The external env server, for `name = "external"`.
     pub external: Option<ExternalConfig>,
-    /// The dataset, for `name = "dataset"`.
+    /// The dataset, for `name = "dataset"` and `name = "agent"` (its tasks).
     pub dataset: Option<DatasetConfig>,
+    /// The agent program, for `name = "agent"`.
+    pub agent: Option<AgentConfig>,
 }
 
 impl Default for EnvConfig {
@@ -110,6 +122,7 @@ impl Default for EnvConfig {
             difficulty: 2,
             external: None,
             dataset: None,
+            agent: None,
         }
     }
 }
@@ -122,6 +135,7 @@ impl EnvConfig {
             difficulty,
             external: None,
             dataset: None,
+            agent: None,
         }
     }
 
@@ -139,7 +153,7 @@ impl EnvConfig {
                 expected: "the base URL of an env server, e.g. http://127.0.0.1:8770",
             })?;
             ext.validate()?;
-        } else if info.name == "dataset" {
+        } else if info.name == "dataset" || info.name == "agent" {
             let data = self.dataset.as_ref().ok_or(EnvError::InvalidConfig {
                 env: "dataset",
                 field: "train_file",
@@ -147,6 +161,15 @@ impl EnvConfig {
                 expected: "a .jsonl or .parquet file of training rows",
             })?;
             data.validate()?;
+            if info.name == "agent" {
+                let agent = self.agent.as_ref().ok_or(EnvError::InvalidConfig {
+                    env: "agent",
+                    field: "command",
+                    value: "(none)".into(),
+                    expected: "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
+                })?;
+                agent.validate()?;
+            }
         } else if !(1..=info.max_difficulty).contains(&self.difficulty) {
             return Err(EnvError::InvalidConfig {
                 env: info.name,
@@ -194,6 +217,7 @@ enum Shared {
     Nothing,
     External(crate::external::ExternalClient),
     Dataset(Arc<Dataset>, Option<Arc<RewardClient>>),
+    Agent(Arc<AgentConfig>, Arc<Gateway>, Arc<Dataset>, Option<Arc<RewardClient>>),
 }
 
 impl EnvBuilder {
@@ -205,13 +229,14 @@ impl EnvBuilder {
                 cfg.external.clone().unwrap_or_default(),
             )?),
             "dataset" => {
-                let data = cfg.dataset.clone().unwrap_or_default();
-                let rows = Arc::new(Dataset::load(&data)?);
-                let reward = match data.reward.enabled() {
-                    true => Some(RewardClient::connect(&data.reward)?),
-                    false => None,
-                };
+                let (rows, reward) = load_dataset(cfg)?;
                 Shared::Dataset(rows, reward)
+            }
+            "agent" => {
+                let (rows, reward) = load_dataset(cfg)?;
+                let agent = cfg.agent.clone().unwrap_or_default();
+                let gateway = Arc::new(agent.start_gateway()?);
+                Shared::Agent(Arc::new(agent), gateway, rows, reward)
             }
             _ => Shared::Nothing,
         };
@@ -228,9 +253,34 @@ impl EnvBuilder {
             Shared::Dataset(data, reward) => {
                 Ok(Box::new(DatasetEnv::new(data.clone(), reward.clone())))
             }
+            Shared::Agent(agent, gateway, data, reward) => Ok(Box::new(AgentEnv::new(
+                agent.clone(),
+                gateway.clone(),
+                data.clone(),
+                reward.clone(),
+            ))),
             Shared::Nothing => build_builtin(&self.cfg),
         }
     }
+
+    /// The agent gateway's base URL (`agent` env only).
+    pub fn gateway_url(&self) -> Option<&str> {
+        match &self.shared {
+            Shared::Agent(_, gateway, _, _) => Some(gateway.base_url()),
+            _ => None,
+        }
+    }
+}
+
+/// The rows of `cfg.dataset` and its reward service, read once per builder (DS-1).
+fn load_dataset(cfg: &EnvConfig) -> Result<(Arc<Dataset>, Option<Arc<RewardClient>>), EnvError> {
+    let data = cfg.dataset.clone().unwrap_or_default();
+    let rows = Arc::new(Dataset::load(&data)?);
+    let reward = match data.reward.enabled() {
+        true => Some(RewardClient::connect(&data.reward)?),
+        false => None,
+    };
+    Ok((rows, reward))
 }
 
 fn build_builtin(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {

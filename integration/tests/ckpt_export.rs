@@ -77,7 +77,7 @@ fn exported_checkpoint_loads_in_transformers_with_keels_logits() {
 
     // transformers: tokenizer ids equal keel's encoding, logits equal keel's forward.
     let cfg = keel_actors::TrainConfig::from_toml(&tiny_config(4, 2, "sync", 0)).expect("cfg");
-    let tokenizer = keel_envs::tokenizer_for(&cfg.env.env_config()).expect("tokenizer");
+    let tokenizer = keel_envs::tokenizer_for(&cfg.env_config()).expect("tokenizer");
     let text = "task 3 + 4 * 5";
     let ids = tokenizer.encode(text).expect("encode");
     let got = python_check(&out, text, &dir.path().join("py.json"));

@@ -726,7 +726,7 @@ fn eval_has_no_scaffold(
 
     tch::set_num_threads(1);
     let cfg = keel_actors::TrainConfig::from_toml(&run.toml()).expect("config");
-    let env_cfg = cfg.env.env_config();
+    let env_cfg = cfg.env_config();
     let tokenizer = Arc::new(keel_envs::tokenizer_for(&env_cfg).expect("tokenizer"));
     let model = cfg
         .model_spec(&tokenizer, tch::Device::Cpu)

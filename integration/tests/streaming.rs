@@ -20,7 +20,7 @@ use keel_store::RolloutBatch;
 fn policy() -> (HfModel, ChatCodec, usize) {
     tch::set_num_threads(1);
     let cfg = TrainConfig::from_toml(&tiny_config(1, 1, "sync", 1)).expect("config");
-    let env_cfg = cfg.env.env_config();
+    let env_cfg = cfg.env_config();
     let tokenizer = Arc::new(keel_envs::tokenizer_for(&env_cfg).expect("tokenizer"));
     let spec = cfg
         .model_spec(&tokenizer, tch::Device::Cpu)

@@ -60,6 +60,7 @@ impl EnvArgs {
             difficulty: self.difficulty,
             external,
             dataset,
+            agent: None,
         };
         build_env(&cfg).with_context(|| format!("cannot build env {}", self.name))
     }

@@ -1,6 +1,7 @@
 //! `[env]`: which environment, how hard, how its shard serves it, and the envs crate's own
 //! config types as they are: `[env.external]` is `keel_envs::ExternalConfig`, `[env.dataset]`
-//! (with `[env.dataset.reward]`) is `keel_envs::DatasetConfig`.
+//! (with `[env.dataset.reward]`) is `keel_envs::DatasetConfig`, `[env.agent]` is
+//! `keel_envs::AgentConfig`.
 //!
 //! Invariants:
 //! - CE-1: an error of the envs crate's own validation names its own key: a field `f` of the
@@ -35,8 +36,11 @@ pub struct EnvSection {
     pub latency_cap_ms: f64,
     /// `[env.external]`: the env server of `name = "external"`.
     pub external: keel_envs::ExternalConfig,
-    /// `[env.dataset]`: the rows of `name = "dataset"` and their reward service.
+    /// `[env.dataset]`: the rows of `name = "dataset"` and their reward service; the tasks of
+    /// `name = "agent"`.
     pub dataset: keel_envs::DatasetConfig,
+    /// `[env.agent]`: the agent program of `name = "agent"` and its gateway.
+    pub agent: keel_envs::AgentConfig,
 }
 
 impl Default for EnvSection {
@@ -51,6 +55,7 @@ impl Default for EnvSection {
             latency_cap_ms: 1_000.0,
             external: keel_envs::ExternalConfig::default(),
             dataset: keel_envs::DatasetConfig::default(),
+            agent: keel_envs::AgentConfig::default(),
         }
     }
 }
@@ -67,8 +72,9 @@ const NAME: Key = Key::with_also(
         "search-team",
         "external",
         "dataset",
+        "agent",
     ]),
-    "external and dataset need [env.external] or [env.dataset]",
+    "external, dataset and agent need [env.external], [env.dataset] or [env.agent] + [env.dataset]",
     "Environment name (`keel env list`).",
 );
 const DIFFICULTY: Key = Key::with_also(
@@ -129,6 +135,12 @@ pub const KEYS: &[Key] = &[
     Key::new("env.dataset.reward.batch", ints(1, 4096), "Reward service: most answers per /score request; answers of concurrent episodes are gathered."),
     Key::new("env.dataset.reward.batch_wait_ms", at_least(0), "Reward service: how long a batch waits for more answers after its first."),
     Key::new("env.dataset.reward.concurrency", ints(1, 256), "Reward service: most /score requests in flight."),
+    Key::with_also("env.agent.command", Range::Text("a list: program and arguments"), "when env.name = agent", "Agent env: the agent program, started once per episode with OPENAI_BASE_URL (keel's gateway, `/v1`), OPENAI_API_KEY (the episode's secret key) and KEEL_TASK (the dataset row without its ground truth, as JSON; also on stdin). Every chat-completions call it makes is one turn sampled by the policy being trained; the episode ends when it exits (docs/agents.md)."),
+    Key::new("env.agent.bind", Range::Text("host:port"), "Agent env: where the gateway listens; port 0 picks a free port. Loopback unless you bind another address: agents on other hosts need one."),
+    Key::new("env.agent.max_calls", ints(1, 4096), "Agent env: most answered calls per episode; later calls are answered 429 and the episode ends when the agent exits."),
+    Key::new("env.agent.timeout_s", POSITIVE, "Agent env: longest an episode's agent may run, seconds; past it the agent is killed and the episode fails (never trained)."),
+    Key::new("env.agent.max_request_bytes", ints(1024, 1 << 30), "Agent env: largest request body; a larger one is answered 413."),
+    Key::new("env.agent.reward", Range::Words(&["agent", "verifier"]), "Agent env: where an episode's reward comes from: `agent` (the agent posts {\"reward\": x} to $OPENAI_BASE_URL/keel/reward before it exits) or `verifier` (the row's verifier, or env.dataset.reward.url, scores the last answer)."),
     Key::new("env.dataset.reward.auth_env", Range::Text("an environment variable name, or empty"), "Reward service: the variable whose value is sent as `Authorization: Bearer <value>`."),
 ];
 
@@ -137,11 +149,13 @@ pub fn key_of(name: &str, e: &keel_envs::EnvError) -> String {
     match e {
         keel_envs::EnvError::UnknownEnv { .. } => NAME.name.into(),
         keel_envs::EnvError::InvalidConfig {
-            env: sub @ ("external" | "dataset"),
+            env: sub @ ("external" | "dataset" | "agent"),
             field,
             ..
         } => format!("env.{sub}.{field}"),
-        keel_envs::EnvError::Dataset { .. } if name == "dataset" => "env.dataset".into(),
+        keel_envs::EnvError::Dataset { .. } if name == "dataset" || name == "agent" => {
+            "env.dataset".into()
+        }
         _ if name == "external" => "env.external".into(),
         _ => DIFFICULTY.name.into(),
     }

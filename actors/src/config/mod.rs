@@ -167,7 +167,7 @@ impl TrainConfig {
         self.sft.validate()?;
         self.rollout.validate()?;
         crate::footprint::check(self)?;
-        let env_cfg = self.env.env_config();
+        let env_cfg = self.env_config();
         self.env.validate(&env_cfg)?;
         self.check_horizon(&env_cfg)?;
         learner::validate(self)?;
@@ -185,7 +185,7 @@ impl TrainConfig {
     /// short observation and `<agent>`. External and dataset envs learn their horizon from the
     /// server or the rows.
     fn check_horizon(&self, env_cfg: &keel_envs::EnvConfig) -> Result<(), ConfigError> {
-        if ["external", "dataset"].contains(&self.env.name.as_str()) {
+        if ["external", "dataset", "agent"].contains(&self.env.name.as_str()) {
             return Ok(());
         }
         let max_turns = keel_envs::build_env(env_cfg)

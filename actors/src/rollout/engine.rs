@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use actix::Addr;
 use keel_envs::{EnvSnapshot, StepOutcome};
-use keel_learner::hf::{ChatCodec, ChatMessage, Completion, GenRequest, Sampler, SamplingParams};
+use keel_learner::hf::{ChatCodec, Completion, GenRequest, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
 use super::{
@@ -327,7 +327,7 @@ impl<'a> Engine<'a> {
     }
 
     /// Records a stepped turn; false when the episode ended.
-    fn stepped(&mut self, i: usize, outcome: StepOutcome) -> Result<bool, ActorError> {
+    fn stepped(&mut self, i: usize, mut outcome: StepOutcome) -> Result<bool, ActorError> {
         let ep = &mut self.episodes[i];
         let version = ep.turn_version;
         self.stats.turns += 1;
@@ -348,7 +348,7 @@ impl<'a> Engine<'a> {
         });
         ep.agent = outcome.agent_id;
         ep.anchor = outcome.anchor_key;
-        ep.anchor_state = outcome.anchor_state;
+        ep.anchor_state = std::mem::take(&mut outcome.anchor_state);
         if outcome.done {
             ep.env_ended = true;
             ep.traj.final_reward = outcome.reward;
@@ -356,14 +356,10 @@ impl<'a> Engine<'a> {
             self.end(i);
             return Ok(false);
         }
-        // The env's role for the observation: `tool` answers a function call (DS-8).
-        let role = match outcome.observation_role.as_str() {
-            "" => "user",
-            role => role,
-        };
+        // The env's messages: `tool` answers a function call (DS-8), an agent's new ones (AG-1).
         let ids = self.codec.observation_messages(
             ep.traj.tokens.last().copied(),
-            &[ChatMessage::new(role, &outcome.observation)],
+            &chat_messages(&outcome.observation_messages()),
         )?;
         push_context(&mut ep.traj, &ids);
         Ok(true)

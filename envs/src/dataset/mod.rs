@@ -313,6 +313,18 @@ impl DatasetEnv {
         self.data.row(self.state.split, self.state.row)
     }
 
+    /// The row of the current task (the first row before any `reset`).
+    pub fn current_row(&self) -> &Row {
+        self.row()
+    }
+
+    /// The reward of a final raw response to the current row, as a model's last turn is
+    /// scored: the reward service's, else the row's verifier's on its visible answer.
+    pub fn score_final(&self, response: &str) -> Result<f32, EnvError> {
+        let visible = crate::action::visible(response);
+        self.final_reward(tools::answer_text(visible), Some(response))
+    }
+
     /// The reward of a final answer: the service's for a model's raw `response` (DS-5), else
     /// the row's verifier's (DS-6).
     fn final_reward(&self, answer: &str, response: Option<&str>) -> Result<f32, EnvError> {

@@ -1,0 +1,346 @@
+//! The HTTP side of the agent gateway: an OpenAI-compatible server whose every call belongs to
+//! one live episode, named by the secret key the agent sends as its API key.
+//!
+//! Invariants:
+//! - GTW-1 The server binds `env.agent.bind` (loopback unless configured) and answers
+//!   `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/keel/reward`; anything else is
+//!   404 with the list of routes.
+//! - GTW-2 Every episode key is 128 random bits from the OS; a call whose `Authorization: Bearer`
+//!   key names no live episode is 404 (401 without one), so an agent can never write into
+//!   another episode, and a finished episode's key is dead.
+//! - GTW-3 A body over `env.agent.max_request_bytes` is 413, read no further; malformed JSON or
+//!   a request keel cannot serve as asked (another temperature than the run's, `n` > 1, stop
+//!   sequences, `max_tokens` below `rollout.max_turn_tokens`, a non-text content part) is 400
+//!   naming the field, and the episode goes on.
+//! - GTW-4 A valid call is handed to its episode and the HTTP thread waits for the answer; an
+//!   episode that ends first answers 410, so no agent waits forever.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use rand::RngCore;
+use serde_json::{json, Value};
+
+use super::openai::{error_body, Answer, ChatRequest};
+use crate::error::EnvError;
+
+/// What a call is answered with: the assistant's answer or an HTTP error.
+pub type Reply = Result<Served, HttpError>;
+
+/// An answer and the episode call it answers (0-based; names its tool-call ids, OAI-3).
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The episode's call number.
+    pub call: usize,
+    /// The answer.
+    pub answer: Answer,
+}
+
+/// An HTTP error: status and message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpError {
+    /// The status code.
+    pub status: u16,
+    /// What went wrong, for the agent.
+    pub message: String,
+}
+
+impl HttpError {
+    /// An error answer.
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        HttpError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+/// What an agent sends its episode.
+pub enum Event {
+    /// A chat-completions call, answered through `reply`.
+    Call {
+        /// The request.
+        request: ChatRequest,
+        /// Where its answer goes.
+        reply: SyncSender<Reply>,
+    },
+    /// The episode's reward, reported by the agent.
+    Reward(f32),
+}
+
+/// The limits calls are checked against before they reach an episode (GTW-3).
+#[derive(Clone, Debug)]
+pub struct CallLimits {
+    /// Largest request body.
+    pub max_request_bytes: usize,
+    /// The run's sampling temperature.
+    pub temperature: f64,
+    /// Tokens every turn may sample.
+    pub max_turn_tokens: usize,
+    /// The name `/v1/models` lists.
+    pub model: String,
+}
+
+type Episodes = Mutex<HashMap<String, SyncSender<Event>>>;
+
+/// The running server; dropping it stops the accept loop.
+pub struct Gateway {
+    server: Arc<tiny_http::Server>,
+    episodes: Arc<Episodes>,
+    base_url: String,
+}
+
+/// One live episode's side of the gateway; dropping it retires its key (GTW-2).
+pub struct Mailbox {
+    /// The episode's secret key.
+    pub key: String,
+    /// Its calls and rewards.
+    pub events: Receiver<Event>,
+    episodes: Arc<Episodes>,
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        lock(&self.episodes).remove(&self.key);
+    }
+}
+
+fn lock(m: &Episodes) -> std::sync::MutexGuard<'_, HashMap<String, SyncSender<Event>>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Gateway {
+    /// Binds `bind` and starts serving (GTW-1).
+    pub fn start(bind: &str, limits: CallLimits) -> Result<Gateway, EnvError> {
+        let server = tiny_http::Server::http(bind).map_err(|e| EnvError::Agent {
+            reason: format!("cannot bind the gateway to {bind} (env.agent.bind): {e}"),
+        })?;
+        let port = server
+            .server_addr()
+            .to_ip()
+            .map(|a| a.port())
+            .unwrap_or_default();
+        let host = bind.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
+        let host = if host == "0.0.0.0" { "127.0.0.1" } else { host };
+        let server = Arc::new(server);
+        let episodes: Arc<Episodes> = Arc::default();
+        let (s, e) = (server.clone(), episodes.clone());
+        let limits = Arc::new(limits);
+        std::thread::Builder::new()
+            .name("keel-gateway".into())
+            .spawn(move || accept(&s, &e, &limits))
+            .map_err(|e| EnvError::Agent {
+                reason: format!("cannot start the gateway thread: {e}"),
+            })?;
+        Ok(Gateway {
+            server,
+            episodes,
+            base_url: format!("http://{host}:{port}/v1"),
+        })
+    }
+
+    /// The base URL agents are given (`OPENAI_BASE_URL`).
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// A new episode with a fresh secret key (GTW-2).
+    pub fn open(&self) -> Mailbox {
+        let mut bytes = [0u8; 16];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let key = format!("keel-{key}");
+        let (tx, rx) = mpsc::sync_channel(16);
+        lock(&self.episodes).insert(key.clone(), tx);
+        Mailbox {
+            key,
+            events: rx,
+            episodes: self.episodes.clone(),
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.server.unblock();
+    }
+}
+
+fn accept(server: &tiny_http::Server, episodes: &Arc<Episodes>, limits: &Arc<CallLimits>) {
+    for request in server.incoming_requests() {
+        let (episodes, limits) = (episodes.clone(), limits.clone());
+        // One thread per call: a call waits on its episode's sampling (GTW-4).
+        let _ = std::thread::Builder::new()
+            .name("keel-gateway-call".into())
+            .spawn(move || serve(request, &episodes, &limits));
+    }
+}
+
+fn serve(mut request: tiny_http::Request, episodes: &Episodes, limits: &CallLimits) {
+    let path = request.url().split('?').next().unwrap_or("").to_string();
+    let answer = match (request.method(), path.as_str()) {
+        (tiny_http::Method::Get, "/v1/models") => Ok(Body::Json(json!({
+            "object": "list",
+            "data": [{"id": limits.model, "object": "model", "created": 0, "owned_by": "keel"}],
+        }))),
+        (tiny_http::Method::Post, "/v1/chat/completions") => {
+            chat(&mut request, episodes, limits)
+        }
+        (tiny_http::Method::Post, "/v1/keel/reward") => reward(&mut request, episodes, limits),
+        _ => Err(HttpError::new(
+            404,
+            format!("no route {path}; the gateway serves GET /v1/models, POST /v1/chat/completions and POST /v1/keel/reward"),
+        )),
+    };
+    respond(request, answer);
+}
+
+enum Body {
+    Json(Value),
+    Events(String),
+}
+
+fn respond(request: tiny_http::Request, answer: Result<Body, HttpError>) {
+    let (status, body, kind) = match answer {
+        Ok(Body::Json(v)) => (200, v.to_string(), "application/json"),
+        Ok(Body::Events(s)) => (200, s, "text/event-stream"),
+        Err(e) => (
+            e.status,
+            error_body(&e.message, "invalid_request_error").to_string(),
+            "application/json",
+        ),
+    };
+    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], kind.as_bytes())
+        .expect("a static header is valid");
+    let response = tiny_http::Response::from_string(body)
+        .with_status_code(status)
+        .with_header(header);
+    // The agent may have gone; nothing to do about a failed write.
+    let _ = request.respond(response);
+}
+
+/// The episode the call's key names (GTW-2).
+fn episode_of(request: &tiny_http::Request, episodes: &Episodes) -> Result<SyncSender<Event>, HttpError> {
+    let auth = request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.as_str().to_string())
+        .ok_or_else(|| HttpError::new(401, "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)"))?;
+    let key = auth.strip_prefix("Bearer ").unwrap_or(&auth).trim();
+    lock(episodes).get(key).cloned().ok_or_else(|| {
+        HttpError::new(
+            404,
+            "no live episode has this key: the episode is unknown or already finished",
+        )
+    })
+}
+
+/// The body, refused past the limit without reading further (GTW-3).
+fn body(request: &mut tiny_http::Request, limits: &CallLimits) -> Result<Value, HttpError> {
+    let max = limits.max_request_bytes;
+    let too_big = || {
+        HttpError::new(
+            413,
+            format!("request body over {max} bytes (env.agent.max_request_bytes)"),
+        )
+    };
+    if request.body_length().is_some_and(|n| n > max) {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    request
+        .as_reader()
+        .take(max as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| HttpError::new(400, format!("cannot read the request body: {e}")))?;
+    if bytes.len() > max {
+        return Err(too_big());
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::new(400, format!("the request body is not JSON: {e}")))
+}
+
+fn chat(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    limits: &CallLimits,
+) -> Result<Body, HttpError> {
+    let episode = episode_of(request, episodes)?;
+    let value = body(request, limits)?;
+    let call: ChatRequest = serde_json::from_value(value)
+        .map_err(|e| HttpError::new(400, format!("not a chat-completions request: {e}")))?;
+    check_call(&call, limits)?;
+    let (stream, model) = (call.stream, call.model.clone());
+    let (tx, rx) = mpsc::sync_channel(1);
+    episode
+        .send(Event::Call {
+            request: call,
+            reply: tx,
+        })
+        .map_err(|_| ended())?;
+    let answer = rx.recv().map_err(|_| ended())??;
+    let created = crate::agent::unix_secs();
+    let id = format!("chatcmpl-{}", answer.call);
+    Ok(match stream {
+        true => Body::Events(answer.answer.sse(&id, &model, created, answer.call)),
+        false => Body::Json(answer.answer.completion(&id, &model, created, answer.call)),
+    })
+}
+
+fn ended() -> HttpError {
+    HttpError::new(410, "the episode ended before this call was answered")
+}
+
+/// The sampling parameters a call may ask for (GTW-3).
+fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> {
+    let bad = |m: String| Err(HttpError::new(400, m));
+    if let Some(t) = call.temperature {
+        if (t - limits.temperature).abs() > 1e-6 {
+            return bad(format!("temperature = {t}: keel samples at the run's rollout.temperature = {} (the learner's log-probs assume it); omit temperature or send that value", limits.temperature));
+        }
+    }
+    if call.n.is_some_and(|n| n != 1) {
+        return bad("n > 1 is not served: one answer per call".into());
+    }
+    let stop_given = match &call.stop {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    };
+    if stop_given {
+        return bad("stop sequences are not served: a turn ends at the model's end-of-turn token".into());
+    }
+    if let Some(m) = call.max_completion_tokens.or(call.max_tokens) {
+        if (m as usize) < limits.max_turn_tokens {
+            return bad(format!("max_tokens = {m} is below the run's rollout.max_turn_tokens = {}: every turn may sample that many; omit max_tokens or raise it", limits.max_turn_tokens));
+        }
+    }
+    for m in &call.messages {
+        m.text().map_err(|e| HttpError::new(400, e))?;
+    }
+    if call.messages.is_empty() {
+        return bad("messages is empty".into());
+    }
+    Ok(())
+}
+
+fn reward(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    limits: &CallLimits,
+) -> Result<Body, HttpError> {
+    let episode = episode_of(request, episodes)?;
+    let value = body(request, limits)?;
+    let reward = value
+        .get("reward")
+        .and_then(Value::as_f64)
+        .filter(|r| r.is_finite())
+        .ok_or_else(|| HttpError::new(400, "expected {\"reward\": <finite number>}"))?;
+    episode
+        .send(Event::Reward(reward as f32))
+        .map_err(|_| ended())?;
+    Ok(Body::Json(json!({"ok": true})))
+}

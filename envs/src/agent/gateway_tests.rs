@@ -1,0 +1,150 @@
+//! The gateway over real HTTP on loopback (GTW-1..4), with a thread standing in for the
+//! episode's sampler.
+
+use std::time::Duration;
+
+use super::gateway::{CallLimits, Event, Gateway, Served};
+use super::openai::Answer;
+
+fn gateway() -> Gateway {
+    Gateway::start(
+        "127.0.0.1:0",
+        CallLimits {
+            max_request_bytes: 4096,
+            temperature: 1.0,
+            max_turn_tokens: 16,
+            model: "policy".into(),
+        },
+    )
+    .expect("gateway")
+}
+
+fn client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn post(url: &str, key: Option<&str>, body: &str) -> (u16, String) {
+    let mut req = client().post(url).header("Content-Type", "application/json");
+    if let Some(key) = key {
+        req = req.header("Authorization", &format!("Bearer {key}"));
+    }
+    let mut resp = req.send(body).expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap_or_default())
+}
+
+const CALL: &str = r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+
+#[test]
+fn gtw_calls_without_a_live_episode_key_are_refused() {
+    let gw = gateway();
+    let url = format!("{}/chat/completions", gw.base_url());
+    let _episode = gw.open();
+    let (status, _) = post(&url, None, CALL);
+    assert_eq!(status, 401, "no key");
+    let (status, body) = post(&url, Some("keel-0000"), CALL);
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no live episode"), "{body}");
+    let (status, body) = post(&format!("{}/embeddings", gw.base_url()), Some("k"), "{}");
+    assert_eq!(status, 404, "{body}");
+    let models = client()
+        .get(&format!("{}/models", gw.base_url()))
+        .call()
+        .expect("models")
+        .body_mut()
+        .read_to_string()
+        .expect("body");
+    assert!(models.contains("\"policy\""), "{models}");
+}
+
+#[test]
+fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
+    let gw = gateway();
+    let url = format!("{}/chat/completions", gw.base_url());
+    let mailbox = gw.open();
+    let key = mailbox.key.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut served = 0;
+        while served < 2 {
+            match mailbox.events.recv_timeout(Duration::from_secs(20)) {
+                Ok(Event::Call { reply, .. }) => {
+                    let answer = Answer::from_text("4", false);
+                    let _ = reply.send(Ok(Served { call: served, answer }));
+                    served += 1;
+                }
+                Ok(Event::Reward(_)) => {}
+                Err(_) => break,
+            }
+        }
+        served
+    });
+    let huge = format!(
+        r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#,
+        "x".repeat(8192)
+    );
+    let cases = [
+        ("{not json", 400, "not JSON"),
+        (huge.as_str(), 413, "max_request_bytes"),
+        (r#"{"messages": []}"#, 400, "empty"),
+        (
+            r#"{"messages": [{"role": "user", "content": "a"}], "temperature": 0.3}"#,
+            400,
+            "rollout.temperature",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "a"}], "max_tokens": 4}"#,
+            400,
+            "max_turn_tokens",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "a"}], "stop": ["x"]}"#,
+            400,
+            "stop",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#,
+            400,
+            "text parts",
+        ),
+    ];
+    for (body, want, says) in cases {
+        let (status, text) = post(&url, Some(&key), body);
+        assert_eq!(status, want, "{text}");
+        assert!(text.contains(says), "{says}: {text}");
+    }
+    let (status, text) = post(&url, Some(&key), CALL);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["choices"][0]["message"]["content"], "4");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let stream = CALL.replace("\"model\"", "\"stream\": true, \"model\"");
+    let (status, text) = post(&url, Some(&key), &stream);
+    assert_eq!(status, 200);
+    assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(sampler.join().expect("sampler"), 2);
+    // The episode is gone: its key is dead (GTW-2) and a reward for it is refused.
+    let reward = format!("{}/keel/reward", gw.base_url());
+    let (status, _) = post(&reward, Some(&key), r#"{"reward": 1}"#);
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn gtw_a_call_whose_episode_ends_unanswered_gets_410() {
+    let gw = gateway();
+    let url = format!("{}/chat/completions", gw.base_url());
+    let mailbox = gw.open();
+    let key = mailbox.key.clone();
+    let ender = std::thread::spawn(move || {
+        // Take the call, then end the episode without answering it.
+        let event = mailbox.events.recv_timeout(Duration::from_secs(20));
+        drop(event);
+        drop(mailbox);
+    });
+    let (status, text) = post(&url, Some(&key), CALL);
+    assert_eq!(status, 410, "{text}");
+    ender.join().expect("ender");
+}

@@ -1,0 +1,96 @@
+//! One agent program per episode: started with the episode's base URL, key and task, stopped
+//! when the episode is dropped.
+//!
+//! Invariants:
+//! - APR-1 The agent gets `OPENAI_BASE_URL` (the gateway's `/v1`), `OPENAI_API_KEY` (the
+//!   episode's key), `KEEL_TASK` (the task as JSON) and the same JSON on its stdin, which is then
+//!   closed; its stdout is discarded and the last 4 KiB of its stderr are kept for error
+//!   messages.
+//! - APR-2 Dropping the process kills it and reaps it: no agent outlives its episode.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+
+use crate::error::EnvError;
+
+/// How much of an agent's stderr is kept (APR-1).
+const STDERR_TAIL: usize = 4096;
+
+/// A running agent program.
+pub struct AgentProcess {
+    child: Child,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    exited: Option<ExitStatus>,
+}
+
+impl AgentProcess {
+    /// Starts `command` for one episode (APR-1).
+    pub fn spawn(
+        command: &[String],
+        base_url: &str,
+        key: &str,
+        task: &str,
+    ) -> Result<AgentProcess, EnvError> {
+        let (program, args) = command.split_first().ok_or_else(|| EnvError::Agent {
+            reason: "env.agent.command is empty".into(),
+        })?;
+        let mut child = Command::new(program)
+            .args(args)
+            .env("OPENAI_BASE_URL", base_url)
+            .env("OPENAI_API_KEY", key)
+            .env("KEEL_TASK", task)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| EnvError::Agent {
+                reason: format!("cannot start the agent {program:?} (env.agent.command): {e}"),
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // An agent that does not read its stdin closes it early: not an error.
+            let _ = std::io::Write::write_all(&mut stdin, task.as_bytes());
+        }
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let tail = stderr.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                    let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+                    t.extend_from_slice(&buf[..n]);
+                    let over = t.len().saturating_sub(STDERR_TAIL);
+                    t.drain(..over);
+                }
+            });
+        }
+        Ok(AgentProcess {
+            child,
+            stderr,
+            exited: None,
+        })
+    }
+
+    /// The exit status once the agent has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// The end of what the agent wrote to stderr, for error messages.
+    pub fn stderr_tail(&self) -> String {
+        let t = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&t).trim().to_string()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

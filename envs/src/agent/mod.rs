@@ -1,0 +1,559 @@
+//! The `agent` env: trains an unchanged agent program written for the OpenAI API. keel starts
+//! one agent process per episode with `OPENAI_BASE_URL` pointing at its gateway and an episode
+//! key as `OPENAI_API_KEY`; every chat-completions call the agent makes becomes one turn of the
+//! episode, sampled by the policy being trained, and the episode ends when the agent exits.
+//!
+//! The direction is the reverse of the other envs, in the same [`Env`] shape: `reset` starts the
+//! agent and waits for its first call, whose messages are the first prompt (its last message is
+//! the user's; the ones before are the preamble; its `tools` are rendered by the chat template);
+//! `step_response` answers the pending call with the sampled text (tool calls parsed back, OAI-2)
+//! and waits for the agent's next call, whose new messages are the observation.
+//!
+//! Invariants:
+//! - AGT-1 (token-exact) A call must extend the episode's conversation: the previous call's
+//!   messages, then the answer given (as the client echoes it back), then new messages, none of
+//!   them the assistant's. Only the new messages are rendered (CC-2) after the sampled tokens,
+//!   which are never re-tokenised; the episode's tokens are the ones sampled.
+//! - AGT-2 A call that repeats the previous call's messages exactly is a retry: it gets the
+//!   stored answer again, never a second sample.
+//! - AGT-3 A call whose messages rewrite the history (drop, change or add assistant messages) is
+//!   answered 409 and fails the episode: it is never trained on half (segments are not built
+//!   yet).
+//! - AGT-4 The episode ends when the agent exits. Its reward is the last one the agent posted to
+//!   `/v1/keel/reward` (`env.agent.reward = "agent"`), or the row's verifier (or the dataset's
+//!   reward service) applied to the last answer (`"verifier"`). An agent that exits before its
+//!   first call, exits non-zero, exits without the reward it owes, or outlives
+//!   `env.agent.timeout_s` (it is killed) fails its episode: counted, never trained.
+//! - AGT-5 After `env.agent.max_calls` answers, further calls are answered 429 and the episode
+//!   ends when the agent exits (EN-3: `max_turns` is `max_calls`).
+//! - AGT-6 The task is the dataset row as JSON: `{"split", "index", "data_source", "prompt":
+//!   [messages], "ground_truth", "extra_info"}`, in `KEEL_TASK` and on stdin (APR-1). The
+//!   agent program decides what the model sees; the ground truth is there for its reward.
+
+pub mod gateway;
+pub mod launch;
+pub mod openai;
+
+#[cfg(test)]
+mod gateway_tests;
+
+use std::sync::mpsc::{RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::dataset::{Dataset, DatasetEnv, PromptMessage, RewardClient};
+use crate::env::{outcome_of, Env, StepOutcome};
+use crate::error::EnvError;
+use crate::snapshot::EnvSnapshot;
+use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
+use launch::AgentProcess;
+use openai::{Answer, InMessage};
+
+/// `[env.agent]`: the agent program and the gateway's limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// The agent program and its arguments, started once per episode.
+    pub command: Vec<String>,
+    /// Where the gateway listens (`host:port`; port 0 picks a free one).
+    pub bind: String,
+    /// Most answered calls per episode (AGT-5).
+    pub max_calls: usize,
+    /// Longest an episode's agent may run, seconds (AGT-4).
+    pub timeout_s: f64,
+    /// Largest request body, bytes (GTW-3).
+    pub max_request_bytes: usize,
+    /// Where the reward comes from: `agent` or `verifier` (AGT-4).
+    pub reward: String,
+    /// The run's sampling temperature and turn length (set by the runtime, not a key).
+    #[serde(skip)]
+    pub sampling: Sampling,
+}
+
+/// What the runtime samples with, which calls are checked against (GTW-3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// `rollout.temperature`.
+    pub temperature: f64,
+    /// `rollout.max_turn_tokens`.
+    pub max_turn_tokens: usize,
+    /// The model name `/v1/models` lists.
+    pub model: String,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            max_turn_tokens: 0,
+            model: "keel-policy".into(),
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            command: Vec::new(),
+            bind: "127.0.0.1:0".into(),
+            max_calls: 16,
+            timeout_s: 300.0,
+            max_request_bytes: 4 << 20,
+            reward: "agent".into(),
+            sampling: Sampling::default(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Checks every key.
+    pub fn validate(&self) -> Result<(), EnvError> {
+        let bad = |field, value: String, expected| {
+            Err(EnvError::InvalidConfig {
+                env: "agent",
+                field,
+                value,
+                expected,
+            })
+        };
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return bad("command", format!("{:?}", self.command), "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]");
+        }
+        if self.bind.parse::<std::net::SocketAddr>().is_err() {
+            return bad("bind", self.bind.clone(), "host:port, e.g. 127.0.0.1:0");
+        }
+        if !(1..=4096).contains(&self.max_calls) {
+            return bad("max_calls", self.max_calls.to_string(), "an integer in 1..=4096");
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return bad("timeout_s", self.timeout_s.to_string(), "a positive number of seconds");
+        }
+        if !(1024..=1 << 30).contains(&self.max_request_bytes) {
+            return bad("max_request_bytes", self.max_request_bytes.to_string(), "an integer in 1024..=1073741824");
+        }
+        if !matches!(self.reward.as_str(), "agent" | "verifier") {
+            return bad("reward", self.reward.clone(), "agent or verifier");
+        }
+        Ok(())
+    }
+
+    /// Starts the gateway every episode of this config shares.
+    pub fn start_gateway(&self) -> Result<Gateway, EnvError> {
+        Gateway::start(
+            &self.bind,
+            CallLimits {
+                max_request_bytes: self.max_request_bytes,
+                temperature: self.sampling.temperature,
+                max_turn_tokens: self.sampling.max_turn_tokens,
+                model: self.sampling.model.clone(),
+            },
+        )
+    }
+}
+
+/// Seconds since the Unix epoch (the `created` field of answers).
+pub(crate) fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// What the conversation holds, to check that a call extends it (AGT-1).
+enum Said {
+    /// A message the agent sent.
+    Sent(InMessage),
+    /// An answer keel gave.
+    Answered(Answer),
+}
+
+impl Said {
+    fn matches(&self, m: &InMessage) -> bool {
+        match self {
+            Said::Sent(s) => s.role == m.role && s.text() == m.text() && s.calls() == m.calls(),
+            Said::Answered(a) => a.matches(m),
+        }
+    }
+}
+
+/// One live episode.
+struct Live {
+    mailbox: Mailbox,
+    agent: AgentProcess,
+    deadline: Instant,
+    /// The call waiting for the policy's answer.
+    pending: Option<SyncSender<Reply>>,
+    tools_offered: bool,
+    said: Vec<Said>,
+    calls: usize,
+    reward: Option<f32>,
+    last_text: String,
+    preamble: Vec<PromptMessage>,
+    tools: Vec<serde_json::Value>,
+}
+
+/// What the agent did next.
+enum Next {
+    Call(Box<openai::ChatRequest>, SyncSender<Reply>),
+    Exited(std::process::ExitStatus),
+}
+
+/// The `agent` env (AGT-1..6).
+pub struct AgentEnv {
+    cfg: Arc<AgentConfig>,
+    gateway: Arc<Gateway>,
+    tasks: DatasetEnv,
+    live: Option<Live>,
+    done: bool,
+    solved: bool,
+}
+
+impl AgentEnv {
+    /// An env whose episodes run `cfg.command` against `gateway` on the rows of `data`.
+    pub fn new(
+        cfg: Arc<AgentConfig>,
+        gateway: Arc<Gateway>,
+        data: Arc<Dataset>,
+        reward: Option<Arc<RewardClient>>,
+    ) -> Self {
+        AgentEnv {
+            cfg,
+            gateway,
+            tasks: DatasetEnv::new(data, reward),
+            live: None,
+            done: true,
+            solved: false,
+        }
+    }
+
+    /// Ends the episode as failed, its agent killed (APR-2), and says why with the agent's
+    /// last words.
+    fn fail(&mut self, reason: String) -> EnvError {
+        self.done = true;
+        let tail = self
+            .live
+            .take()
+            .map(|l| l.agent.stderr_tail())
+            .unwrap_or_default();
+        let reason = match tail.is_empty() {
+            true => reason,
+            false => format!("{reason}; the agent's stderr ends: {tail}"),
+        };
+        EnvError::Agent { reason }
+    }
+
+    /// Waits for the agent's next call or its exit, absorbing rewards (AGT-4).
+    fn next(&mut self) -> Result<Next, EnvError> {
+        let timeout_s = self.cfg.timeout_s;
+        loop {
+            let Some(live) = self.live.as_mut() else {
+                return Err(self.fail("no episode is running".into()));
+            };
+            if let Some(status) = live.agent.exited() {
+                // What the agent sent before it exited still counts.
+                while let Ok(event) = live.mailbox.events.try_recv() {
+                    match event {
+                        Event::Reward(r) => live.reward = Some(r),
+                        Event::Call { request, reply } => {
+                            return Ok(Next::Call(Box::new(request), reply))
+                        }
+                    }
+                }
+                return Ok(Next::Exited(status));
+            }
+            let left = live.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(self.fail(format!(
+                    "the agent ran past env.agent.timeout_s = {timeout_s} s and was killed"
+                )));
+            }
+            match live.mailbox.events.recv_timeout(left.min(POLL)) {
+                Ok(Event::Reward(r)) => live.reward = Some(r),
+                Ok(Event::Call { request, reply }) => {
+                    return Ok(Next::Call(Box::new(request), reply))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(self.fail("the gateway stopped".into()))
+                }
+            }
+        }
+    }
+
+    fn live(&mut self) -> Result<&mut Live, EnvError> {
+        match self.live.as_mut() {
+            Some(live) => Ok(live),
+            None => Err(EnvError::Agent {
+                reason: "no episode is running".into(),
+            }),
+        }
+    }
+
+    /// Starts the agent of task `task_seed` and waits for its first call (AGT-6, AGT-1).
+    fn start(&mut self, task_seed: u64) -> Result<String, EnvError> {
+        self.live = None;
+        self.tasks.reset(task_seed);
+        let task = self.task_json(task_seed);
+        let mailbox = self.gateway.open();
+        let agent = AgentProcess::spawn(
+            &self.cfg.command,
+            self.gateway.base_url(),
+            &mailbox.key,
+            &task,
+        )?;
+        self.live = Some(Live {
+            mailbox,
+            agent,
+            deadline: Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s),
+            pending: None,
+            tools_offered: false,
+            said: Vec::new(),
+            calls: 0,
+            reward: None,
+            last_text: String::new(),
+            preamble: Vec::new(),
+            tools: Vec::new(),
+        });
+        self.done = false;
+        self.solved = false;
+        match self.next()? {
+            Next::Exited(status) => Err(self.fail(format!(
+                "the agent exited ({status}) before its first call"
+            ))),
+            Next::Call(request, reply) => self.first_call(*request, reply),
+        }
+    }
+
+    /// The first call: its last message is the prompt, the ones before the preamble (AGT-1).
+    fn first_call(
+        &mut self,
+        request: openai::ChatRequest,
+        reply: SyncSender<Reply>,
+    ) -> Result<String, EnvError> {
+        if request.messages.last().map(|m| m.role.as_str()) != Some("user") {
+            let m = "the first call of an episode must end with a user message";
+            let _ = reply.send(Err(HttpError::new(400, m)));
+            return Err(self.fail(m.into()));
+        }
+        let mut texts: Vec<String> = request
+            .messages
+            .iter()
+            .map(|m| m.text().unwrap_or_default())
+            .collect();
+        let prompt = texts.pop().unwrap_or_default();
+        let preamble = request.messages.iter().zip(texts).map(prompt_message).collect();
+        let live = self.live()?;
+        live.pending = Some(reply);
+        live.tools_offered = request.tools.as_ref().is_some_and(|t| !t.is_empty());
+        live.tools = request.tools.unwrap_or_default();
+        live.preamble = preamble;
+        live.said = request.messages.into_iter().map(Said::Sent).collect();
+        Ok(prompt)
+    }
+
+    /// Answers the pending call with the sampled `response` (OAI-2) and waits for what the
+    /// agent does next: its next call's new messages, or its exit (AGT-1..5).
+    fn answer(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
+        if self.done {
+            return Ok(outcome_of(self, String::new(), 0.0, true, true));
+        }
+        let live = self.live()?;
+        let answer = Answer::from_text(response, live.tools_offered);
+        if let Some(reply) = live.pending.take() {
+            // An agent that gave up on the call is seen when it exits or calls again.
+            let _ = reply.send(Ok(Served {
+                call: live.calls,
+                answer: answer.clone(),
+            }));
+        }
+        live.calls += 1;
+        live.last_text = response.to_string();
+        live.said.push(Said::Answered(answer));
+        loop {
+            match self.next()? {
+                Next::Exited(status) => return self.finish(status),
+                Next::Call(request, reply) => {
+                    if let Some(messages) = self.next_call(request.messages, reply)? {
+                        let mut out = outcome_of(self, String::new(), 0.0, false, false);
+                        out.messages = messages;
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A call after the first: its new messages (AGT-1), or `None` when it was answered here
+    /// (a retry, AGT-2; over the budget, AGT-5).
+    fn next_call(
+        &mut self,
+        messages: Vec<InMessage>,
+        reply: SyncSender<Reply>,
+    ) -> Result<Option<Vec<PromptMessage>>, EnvError> {
+        let max_calls = self.cfg.max_calls;
+        let live = self.live()?;
+        let said = live.said.len();
+        let extends = messages.len() >= said - 1
+            && live.said.iter().zip(&messages).all(|(s, m)| s.matches(m));
+        if extends && messages.len() == said - 1 {
+            if let Some(Said::Answered(a)) = live.said.last() {
+                let _ = reply.send(Ok(Served {
+                    call: live.calls - 1,
+                    answer: a.clone(),
+                }));
+                return Ok(None);
+            }
+        }
+        let new = messages.get(said..).unwrap_or_default();
+        if !extends || new.is_empty() || new.iter().any(|m| m.role == "assistant") {
+            let m = "this call does not extend the episode's conversation (the previous messages, the answer given, then new non-assistant messages); keel does not train rewritten histories yet";
+            let _ = reply.send(Err(HttpError::new(409, m)));
+            return Err(self.fail(format!("the agent {m}")));
+        }
+        if live.calls >= max_calls {
+            let m = format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
+            let _ = reply.send(Err(HttpError::new(429, m)));
+            return Ok(None);
+        }
+        let texts: Vec<String> = new.iter().map(|m| m.text().unwrap_or_default()).collect();
+        let observation = new.iter().zip(texts).map(prompt_message).collect();
+        live.pending = Some(reply);
+        live.said.extend(messages.into_iter().skip(said).map(Said::Sent));
+        Ok(Some(observation))
+    }
+
+    /// The agent exited: the episode's reward (AGT-4).
+    fn finish(&mut self, status: std::process::ExitStatus) -> Result<StepOutcome, EnvError> {
+        let live = self.live()?;
+        let (reward, last) = (live.reward, live.last_text.clone());
+        if !status.success() {
+            return Err(self.fail(format!("the agent exited with {status}")));
+        }
+        let reward = match self.cfg.reward.as_str() {
+            "verifier" => self.tasks.score_final(&last)?,
+            _ => match reward {
+                Some(r) => r,
+                None => {
+                    return Err(self.fail(
+                        "the agent exited without posting its reward to /v1/keel/reward (env.agent.reward = \"agent\")".into(),
+                    ))
+                }
+            },
+        };
+        self.done = true;
+        self.solved = reward >= 1.0;
+        self.live = None;
+        Ok(outcome_of(self, String::new(), reward, true, false))
+    }
+
+    /// The task the agent is given (AGT-6).
+    fn task_json(&self, task_seed: u64) -> String {
+        let (split, index) = crate::split::task_index(task_seed);
+        let row = self.tasks.current_row();
+        json!({
+            "split": format!("{split:?}").to_lowercase(),
+            "index": index,
+            "data_source": row.data_source,
+            "prompt": row.messages,
+            "ground_truth": row.ground_truth,
+            "extra_info": row.extra_info,
+        })
+        .to_string()
+    }
+}
+
+/// How often a waiting episode looks at its agent process.
+const POLL: Duration = Duration::from_millis(50);
+
+fn prompt_message((m, content): (&InMessage, String)) -> PromptMessage {
+    let role = match m.role.as_str() {
+        "developer" => "system".to_string(),
+        r => r.to_string(),
+    };
+    PromptMessage { role, content }
+}
+
+impl Env for AgentEnv {
+    fn name(&self) -> &str {
+        "agent"
+    }
+
+    fn reset(&mut self, task_seed: u64) -> String {
+        self.try_reset(task_seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_reset(&mut self, task_seed: u64) -> Result<String, EnvError> {
+        self.start(task_seed)
+    }
+
+    /// Keel's own actions (oracle, demonstrations) answer the call as a model's would.
+    fn step(&mut self, action: &str) -> StepOutcome {
+        self.try_step(action).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
+        self.answer(action)
+    }
+
+    fn step_response(&mut self, response: &str) -> StepOutcome {
+        self.try_step_response(response)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_step_response(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
+        self.answer(response)
+    }
+
+    /// The row's answer (demonstrations of an agent's episodes come from its own data).
+    fn oracle_action(&self) -> String {
+        self.tasks.current_row().oracle.clone()
+    }
+
+    fn max_turns(&self) -> usize {
+        self.cfg.max_calls
+    }
+
+    fn success(&self) -> bool {
+        self.solved
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        self.tasks.vocabulary()
+    }
+
+    fn admissible_actions(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn task_type(&self) -> String {
+        self.tasks.task_type()
+    }
+
+    fn preamble(&self) -> Vec<PromptMessage> {
+        self.live.as_ref().map(|l| l.preamble.clone()).unwrap_or_default()
+    }
+
+    fn tools(&self) -> Vec<serde_json::Value> {
+        self.live.as_ref().map(|l| l.tools.clone()).unwrap_or_default()
+    }
+
+    fn anchor_state(&self) -> String {
+        let calls = self.live.as_ref().map(|l| l.calls).unwrap_or_default();
+        format!("agent call {calls}")
+    }
+
+    /// An agent process cannot be captured: RTPO's boundary restores are refused.
+    fn snapshot(&self) -> Result<EnvSnapshot, EnvError> {
+        Err(EnvError::Snapshot {
+            env: "agent".into(),
+            reason: "an agent program's state cannot be captured (RTPO needs env snapshots)".into(),
+        })
+    }
+
+    fn restore(&mut self, _snapshot: &EnvSnapshot) -> Result<(), EnvError> {
+        self.snapshot().map(|_| ())
+    }
+}

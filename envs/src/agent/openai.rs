@@ -1,0 +1,363 @@
+//! The OpenAI chat-completions wire shapes the gateway reads and writes, as the `openai`
+//! Python client (1.x) sends and parses them, and the translation between the model's text and
+//! `tool_calls`.
+//!
+//! Invariants:
+//! - OAI-1 A request's message content is a string, `null`, or a list of `{"type": "text"}`
+//!   parts (joined); any other part (images, audio) is refused, naming the message. Unknown
+//!   request and message fields are ignored (clients send `refusal`, `audio`, `function_call`
+//!   echoes).
+//! - OAI-2 A response's text holds tool calls exactly when the request offered `tools` and the
+//!   text parses as calls in the template family's format: Hermes `<tool_call>{json}</tool_call>`
+//!   spans (Qwen2.5, Qwen3; verl's `HermesToolParser`, VT-1) or a whole-text JSON object with
+//!   `name` and `parameters` / `arguments` (Llama 3.1's JSON tool calls). A text that does not
+//!   parse is returned as plain content, never as an error. The calls' `arguments` are JSON
+//!   text, as the API sends them; the content is the text outside the calls, `null` when empty.
+//! - OAI-3 A call id is `call_<episode call>_<index>`: stable for one stored answer, so a replayed
+//!   answer is the same bytes.
+//! - OAI-4 The SSE form of an answer carries the same message as the JSON form: a role chunk,
+//!   the content, each tool call whole, a chunk with `finish_reason`, then `data: [DONE]`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::dataset::functions::parse_calls;
+
+/// A `POST /v1/chat/completions` body (the fields keel reads).
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatRequest {
+    /// The model name (any; the gateway serves the policy being trained).
+    #[serde(default)]
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<InMessage>,
+    /// OpenAI function tools (`[{"type": "function", "function": {...}}]`).
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// Sampling temperature (must be the run's, or absent).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Most tokens of the answer.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// The newer spelling of `max_tokens`.
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    /// Stop sequences (not supported: refused when non-empty).
+    #[serde(default)]
+    pub stop: Option<Value>,
+    /// Answers per request (only 1).
+    #[serde(default)]
+    pub n: Option<u64>,
+    /// Server-sent events instead of one JSON body.
+    #[serde(default)]
+    pub stream: bool,
+    /// Return the sampled tokens' log-probs.
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+}
+
+/// One message of a request (OAI-1).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct InMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text, `null`, or text parts.
+    #[serde(default)]
+    pub content: Option<Value>,
+    /// An assistant message's calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+}
+
+impl InMessage {
+    /// The message's text (OAI-1); parts that are not text are an error naming them.
+    pub fn text(&self) -> Result<String, String> {
+        match &self.content {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| match (p.get("type"), p.get("text")) {
+                    (Some(t), Some(Value::String(s))) if t == "text" => Ok(s.as_str()),
+                    _ => Err(format!(
+                        "a {} message holds a content part keel cannot render (only text parts)",
+                        self.role
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|texts| texts.concat()),
+            Some(_) => Err(format!(
+                "a {} message's content is neither a string nor a list of parts",
+                self.role
+            )),
+        }
+    }
+
+    /// The calls of an assistant message as (name, arguments) with the arguments parsed, for
+    /// comparing an echoed answer with the one given.
+    pub fn calls(&self) -> Vec<(String, Value)> {
+        self.tool_calls
+            .iter()
+            .flatten()
+            .filter_map(|c| {
+                let f = c.get("function")?;
+                let name = f.get("name")?.as_str()?.to_string();
+                let args = match f.get("arguments")? {
+                    Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+                    other => other.clone(),
+                };
+                Some((name, args))
+            })
+            .collect()
+    }
+}
+
+/// One tool call the model made.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The function name.
+    pub name: String,
+    /// Its arguments (any JSON value).
+    pub arguments: Value,
+}
+
+/// The assistant message answering one call (OAI-2).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    /// Text outside the calls; `None` when empty and there are calls.
+    pub content: Option<String>,
+    /// The calls (empty: a plain answer).
+    pub tool_calls: Vec<ToolCall>,
+    /// The sampled tokens' log-probs, when asked.
+    pub logprobs: Option<Vec<f32>>,
+    /// Tokens of the prompt the policy saw (the whole episode so far).
+    pub prompt_tokens: usize,
+    /// Tokens sampled.
+    pub completion_tokens: usize,
+}
+
+impl Answer {
+    /// The answer for the model's raw `text`, parsing calls when `tools` were offered (OAI-2).
+    pub fn from_text(text: &str, tools_offered: bool) -> Answer {
+        let calls = match tools_offered {
+            true => parse_tool_calls(text),
+            false => None,
+        };
+        match calls {
+            Some((calls, rest)) => Answer {
+                content: (!rest.trim().is_empty()).then(|| rest.trim().to_string()),
+                tool_calls: calls,
+                logprobs: None,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+            },
+            None => Answer {
+                content: Some(text.to_string()),
+                tool_calls: Vec::new(),
+                logprobs: None,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+            },
+        }
+    }
+
+    /// The message as the API returns it (OAI-2, OAI-3).
+    pub fn message(&self, call: usize) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.content});
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = Value::Array(
+                self.tool_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        json!({
+                            "id": format!("call_{call}_{i}"),
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        m
+    }
+
+    /// Whether `echo` (the assistant message an agent sends back in its history) is this
+    /// answer: same text (a missing text is empty) and the same calls.
+    pub fn matches(&self, echo: &InMessage) -> bool {
+        let text = echo.text().unwrap_or_default();
+        let calls: Vec<(String, Value)> = self
+            .tool_calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect();
+        echo.role == "assistant"
+            && text == self.content.clone().unwrap_or_default()
+            && (echo.tool_calls.is_none() || echo.calls() == calls)
+    }
+
+    fn finish_reason(&self) -> &'static str {
+        match self.tool_calls.is_empty() {
+            true => "stop",
+            false => "tool_calls",
+        }
+    }
+
+    fn logprobs_json(&self) -> Value {
+        match &self.logprobs {
+            None => Value::Null,
+            Some(lps) => json!({"content": lps.iter().map(|lp| json!({
+                "token": "", "logprob": lp, "bytes": null, "top_logprobs": [],
+            })).collect::<Vec<_>>()}),
+        }
+    }
+
+    /// The `chat.completion` body.
+    pub fn completion(&self, id: &str, model: &str, created: u64, call: usize) -> Value {
+        json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": self.message(call),
+                "logprobs": self.logprobs_json(),
+                "finish_reason": self.finish_reason(),
+            }],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+        })
+    }
+
+    /// The `chat.completion.chunk` event stream (OAI-4).
+    pub fn sse(&self, id: &str, model: &str, created: u64, call: usize) -> String {
+        let chunk = |delta: Value, finish: Value| {
+            json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            })
+        };
+        let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+        if let Some(text) = &self.content {
+            events.push(chunk(json!({"content": text}), Value::Null));
+        }
+        if let Some(Value::Array(calls)) = self.message(call).get("tool_calls") {
+            for (i, c) in calls.iter().enumerate() {
+                let mut c = c.clone();
+                c["index"] = json!(i);
+                events.push(chunk(json!({"tool_calls": [c]}), Value::Null));
+            }
+        }
+        events.push(chunk(json!({}), json!(self.finish_reason())));
+        let mut out: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        out.push_str("data: [DONE]\n\n");
+        out
+    }
+}
+
+/// The calls in `text` and the text outside them (OAI-2); `None` when it holds none.
+pub fn parse_tool_calls(text: &str) -> Option<(Vec<ToolCall>, String)> {
+    let hermes = parse_calls(text);
+    if !hermes.is_empty() {
+        let mut rest = String::new();
+        let mut tail = text;
+        while let Some(start) = tail.find("<tool_call>") {
+            rest.push_str(&tail[..start]);
+            match tail[start..].find("</tool_call>") {
+                Some(end) => tail = &tail[start + end + "</tool_call>".len()..],
+                None => {
+                    tail = "";
+                }
+            }
+        }
+        rest.push_str(tail);
+        let calls = hermes
+            .into_iter()
+            .map(|c| ToolCall {
+                name: c.name,
+                arguments: c.arguments,
+            })
+            .collect();
+        return Some((calls, rest));
+    }
+    // Llama 3.1: the whole answer is one JSON object {"name", "parameters"}.
+    let v: Value = serde_json::from_str(crate::action::visible(text)).ok()?;
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = v.get("parameters").or_else(|| v.get("arguments"))?.clone();
+    Some((vec![ToolCall { name, arguments }], String::new()))
+}
+
+/// An HTTP error answer in the API's error shape.
+pub fn error_body(message: &str, kind: &str) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oa2_hermes_calls_parse_and_the_rest_is_content() {
+        let text = "let me add\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"a\": 2}}\n</tool_call>";
+        let a = Answer::from_text(text, true);
+        assert_eq!(a.content.as_deref(), Some("let me add"));
+        assert_eq!(a.tool_calls[0].name, "calculator");
+        assert_eq!(a.tool_calls[0].arguments, json!({"a": 2}));
+        let m = a.message(3);
+        assert_eq!(m["tool_calls"][0]["id"], "call_3_0");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"a\":2}");
+        // Without tools offered the same text is content.
+        assert!(Answer::from_text(text, false).tool_calls.is_empty());
+    }
+
+    #[test]
+    fn oa2_llama_json_calls_and_unparseable_text() {
+        let a = Answer::from_text("{\"name\": \"f\", \"parameters\": {\"x\": 1}}", true);
+        assert_eq!(a.tool_calls.len(), 1);
+        assert_eq!(a.content, None);
+        let b = Answer::from_text("<tool_call>{not json</tool_call>", true);
+        assert!(b.tool_calls.is_empty());
+        assert_eq!(b.content.as_deref(), Some("<tool_call>{not json</tool_call>"));
+    }
+
+    #[test]
+    fn an_echoed_answer_matches_as_the_client_sends_it_back() {
+        let a = Answer::from_text("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>", true);
+        let echo: InMessage = serde_json::from_value(json!({
+            "role": "assistant", "content": null, "refusal": null,
+            "tool_calls": [{"id": "call_0_0", "type": "function",
+                            "function": {"name": "f", "arguments": "{\"x\": 1}"}}]
+        }))
+        .expect("message");
+        assert!(a.matches(&echo));
+        let other: InMessage =
+            serde_json::from_value(json!({"role": "assistant", "content": "changed"})).expect("m");
+        assert!(!a.matches(&other));
+    }
+
+    #[test]
+    fn oa1_text_parts_join_and_images_are_refused() {
+        let m: InMessage = serde_json::from_value(json!({"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}))
+        .expect("m");
+        assert_eq!(m.text().expect("text"), "ab");
+        let img: InMessage = serde_json::from_value(json!({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}]}))
+        .expect("m");
+        assert!(img.text().is_err());
+    }
+
+    #[test]
+    fn oa4_the_stream_carries_the_same_message() {
+        let a = Answer::from_text("hi <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true);
+        let sse = a.sse("id", "m", 1, 0);
+        assert!(sse.ends_with("data: [DONE]\n\n"));
+        assert!(sse.contains("\"finish_reason\":\"tool_calls\""));
+        assert!(sse.contains("\"content\":\"hi\""));
+    }
+}

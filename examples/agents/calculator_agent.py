@@ -1,0 +1,102 @@
+"""A tool-using agent written for the OpenAI API, trained by keel unchanged.
+
+keel starts it once per episode (`[env.agent] command = ["python3", "calculator_agent.py"]`)
+with OPENAI_BASE_URL (keel's gateway), OPENAI_API_KEY (the episode's key) and KEEL_TASK (the
+dataset row as JSON: split, index, data_source, prompt, ground_truth, extra_info). Every call
+it makes is one turn sampled by the policy being trained; its reward goes to
+$OPENAI_BASE_URL/keel/reward before it exits. Run against any OpenAI-compatible server it is
+an ordinary agent (with KEEL_TASK set by hand).
+
+Options: --follow-up asks the model to check its answer once (a second user turn);
+--log DIR writes the final conversation to DIR/<api key>.json (used by keel's tests).
+"""
+import argparse
+import ast
+import json
+import operator
+import os
+import urllib.request
+
+from openai import OpenAI
+
+TOOLS = [{
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluates an arithmetic expression of numbers, + - * / and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}]
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+       ast.Div: operator.truediv, ast.USub: operator.neg}
+
+
+def calculate(expression):
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+            return OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPS:
+            return OPS[type(node.op)](ev(node.operand))
+        raise ValueError("not arithmetic")
+    try:
+        value = ev(ast.parse(str(expression), mode="eval").body)
+        return str(int(value) if float(value).is_integer() else value)
+    except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
+        return "error: not an arithmetic expression"
+
+
+def run(client, messages, max_calls):
+    for _ in range(max_calls):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content or ""
+        for call in message.tool_calls:
+            try:
+                expression = json.loads(call.function.arguments).get("expression", "")
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": calculate(expression)})
+    return ""
+
+
+def post_reward(reward):
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"].rstrip("/") + "/keel/reward",
+        data=json.dumps({"reward": reward}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                 "Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=30).read()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--follow-up", action="store_true")
+    parser.add_argument("--max-calls", type=int, default=4)
+    parser.add_argument("--log")
+    args = parser.parse_args()
+    task = json.loads(os.environ["KEEL_TASK"])
+    client = OpenAI(max_retries=0)
+    messages = [{"role": m["role"], "content": m["content"]} for m in task["prompt"]]
+    answer = run(client, messages, args.max_calls)
+    if args.follow_up:
+        messages.append({"role": "user", "content": "Check it and give only the final number."})
+        answer = run(client, messages, args.max_calls)
+    truths = task["ground_truth"] if isinstance(task["ground_truth"], list) else [task["ground_truth"]]
+    reward = 1.0 if answer.strip() in [str(t) for t in truths] else 0.0
+    post_reward(reward)
+    if args.log:
+        with open(os.path.join(args.log, os.environ["OPENAI_API_KEY"] + ".json"), "w") as f:
+            json.dump({"messages": messages, "tools": TOOLS, "reward": reward}, f)
+
+
+if __name__ == "__main__":
+    main()
