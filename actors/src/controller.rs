@@ -48,7 +48,7 @@ use keel_store::{BatchKey, CheckpointManifest, DataPosition, ExpectHead, NewChec
 
 use crate::config::TrainConfig;
 use crate::error::ActorError;
-use crate::events::{EventSink, TrainEvent};
+use crate::events::{EventSink, MethodDetail, TrainEvent};
 use crate::frontier::{Frontier, TaskCursor};
 use crate::generator::{Generate, Generated, Purpose};
 use crate::guard::{CollapseGuard, Verdict, HEALTHY_TAG};
@@ -571,24 +571,22 @@ impl Controller {
                 weight_updates: g.stats.weight_updates,
             });
         }
-        let mut detail = serde_json::Map::new();
+        let mut detail = MethodDetail::default();
         if g.tries > 1 || g.uniform_groups > 0 {
-            detail.insert("tries".into(), g.tries.into());
-            detail.insert("uniform_groups".into(), g.uniform_groups.into());
+            detail.tries = Some(g.tries as u64);
+            detail.uniform_groups = Some(g.uniform_groups as u64);
         }
-        if let Some(depth) = g.trunk_depth {
-            detail.insert("rtpo_trunk_depth".into(), depth.into());
-        }
+        detail.rtpo_trunk_depth = g.trunk_depth.map(|d| d as u64);
         if g.stats.scaffold_tokens > 0 || self.method.scaffold().is_some() {
-            detail.insert("prompt_tokens".into(), g.stats.prompt_tokens.into());
-            detail.insert("scaffold_tokens".into(), g.stats.scaffold_tokens.into());
+            detail.prompt_tokens = Some(g.stats.prompt_tokens as u64);
+            detail.scaffold_tokens = Some(g.stats.scaffold_tokens as u64);
         }
-        if !detail.is_empty() {
-            detail.insert("batch_seq".into(), g.batch_seq.into());
+        if detail != MethodDetail::default() {
+            detail.batch_seq = Some(g.batch_seq);
             (self.s.events)(&TrainEvent::Method {
                 step,
                 method: "generate".into(),
-                detail: serde_json::Value::Object(detail),
+                detail,
             });
         }
     }
@@ -837,7 +835,10 @@ impl Controller {
                         (act.s.events)(&TrainEvent::Method {
                             step: version,
                             method: act.method.name().into(),
-                            detail: serde_json::json!({ "reference_reset_at": version }),
+                            detail: MethodDetail {
+                                reference_reset_at: Some(version),
+                                ..MethodDetail::default()
+                            },
                         });
                         act.next_tags.push(REFERENCE_RESET_TAG.to_string());
                         act.checkpoint(ctx);

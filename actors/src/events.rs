@@ -8,6 +8,10 @@
 //!   default (numbers 0, text empty), a missing or `null` float as NaN (JSON writes a
 //!   non-finite float as `null`), so "absent" and "not finite" read alike; a line of an unknown
 //!   event reads as no event, never as an error.
+//! - EVT-3: a `method` event's `detail` is a [`MethodDetail`]: the numbers a method records,
+//!   each written only when the method set it, and the rest of its record (PATS's review) kept
+//!   as written. A `detail` that does not read as one reads as the empty detail, not as a lost
+//!   event.
 
 use std::sync::Arc;
 
@@ -28,7 +32,7 @@ pub enum TrainEvent {
         loss: f64,
     },
     /// Something a method's runtime did: dynamic-sampling re-rolls, an RTPO depth, a PATS
-    /// review, an ARMOR reference reset (`method` says which; `detail` is its record).
+    /// review, an ARMOR reference reset (`method` says which; `detail` is its record, EVT-3).
     Method {
         /// Policy version when it happened.
         #[serde(default)]
@@ -37,8 +41,8 @@ pub enum TrainEvent {
         #[serde(default)]
         method: String,
         /// What happened.
-        #[serde(default)]
-        detail: serde_json::Value,
+        #[serde(default, deserialize_with = "detail_or_empty")]
+        detail: MethodDetail,
     },
     /// A held-out evaluation finished.
     Eval {
@@ -194,6 +198,80 @@ pub enum TrainEvent {
     },
 }
 
+/// What a method's runtime did, as its `Method` event records it (EVT-3). Each method writes
+/// some of the numbers; the others are absent (`None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MethodDetail {
+    /// `generate` / `rtpo`: the batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_seq: Option<u64>,
+    /// `rtpo`: the depth trained (0 = the last turn's boundary).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u64>,
+    /// `rtpo`: the tree's depths.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depths: Option<u64>,
+    /// `rtpo`: the tree's first task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_task: Option<u64>,
+    /// `generate`: prompt tokens of the batch's episodes (PATS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    /// `armor`: the step of a reference reset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_reset_at: Option<u64>,
+    /// `generate`: the most turns of an RTPO trunk batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtpo_trunk_depth: Option<u64>,
+    /// `generate`: of the prompt tokens, scaffold tokens (PATS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaffold_tokens: Option<u64>,
+    /// `generate`: generation passes, when dynamic sampling re-rolled or left uniform groups.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tries: Option<u64>,
+    /// `generate`: uniform groups left after the last pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uniform_groups: Option<u64>,
+    /// `pats`: the bank version after the review.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// `pats`: the bank version the review started from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_before: Option<u64>,
+    /// The rest of the method's record, as written (`pats`: the review's `step`, `types`,
+    /// `pressure` and `entries`).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+impl MethodDetail {
+    /// The detail of a method's whole `record` (PATS's review): its numbers above, the rest
+    /// in `other`; empty when it does not serialize as a JSON object.
+    pub fn of_record<T: Serialize>(record: &T) -> Self {
+        serde_json::to_value(record)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// As JSON (keys in order, as the metrics log holds it).
+impl std::fmt::Display for MethodDetail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(v) => write!(f, "{v}"),
+            Err(_) => write!(f, "{{}}"),
+        }
+    }
+}
+
+/// A `detail` as written, or the empty detail when it is not one (EVT-3).
+fn detail_or_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MethodDetail, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(MethodDetail::deserialize(&v).unwrap_or_default())
+}
+
 /// Receives events; must be cheap (called on the controller's thread).
 pub type EventSink = Arc<dyn Fn(&TrainEvent) + Send + Sync>;
 
@@ -296,5 +374,39 @@ mod tests {
         assert!(unknown.event.is_none());
         assert_eq!(unknown.unix_ms, Some(5));
         assert!(LoggedEvent::parse("not json").is_err());
+    }
+
+    #[test]
+    fn evt3_method_details_read_typed_and_write_back_as_logged() {
+        let lines = [
+            r#"{"event":"method","step":3,"method":"generate","detail":{"batch_seq":7,"prompt_tokens":90,"scaffold_tokens":12,"tries":2,"uniform_groups":1}}"#,
+            r#"{"event":"method","step":4,"method":"rtpo","detail":{"batch_seq":8,"depth":0,"depths":2,"first_task":16}}"#,
+            r#"{"event":"method","step":5,"method":"pats","detail":{"entries":3,"pressure":0.5,"step":5,"types":[{"mode":"tip","task_type":"add"}],"version":4,"version_before":3}}"#,
+            r#"{"event":"method","step":6,"method":"armor","detail":{"reference_reset_at":6}}"#,
+        ];
+        let mut details = Vec::new();
+        for line in lines {
+            let logged: serde_json::Value = serde_json::from_str(line).expect("json");
+            let ev = LoggedEvent::from_value(&logged).event.expect("event");
+            assert_eq!(serde_json::to_value(&ev).expect("json"), logged, "{line}");
+            match ev {
+                TrainEvent::Method { detail, .. } => details.push(detail),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!((details[0].tries, details[0].batch_seq), (Some(2), Some(7)));
+        assert_eq!((details[1].depth, details[1].depths), (Some(0), Some(2)));
+        assert_eq!(
+            (details[2].version, details[2].version_before),
+            (Some(4), Some(3))
+        );
+        assert!(details[2].other.contains_key("types") && details[0].other.is_empty());
+        assert_eq!(details[3].reference_reset_at, Some(6));
+        assert_eq!(details[3].to_string(), r#"{"reference_reset_at":6}"#);
+        let odd = r#"{"event":"method","step":1,"method":"x","detail":[1]}"#;
+        match LoggedEvent::parse(odd).expect("json").event {
+            Some(TrainEvent::Method { detail, .. }) => assert_eq!(detail, MethodDetail::default()),
+            other => panic!("{other:?}"),
+        }
     }
 }

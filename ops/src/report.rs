@@ -15,10 +15,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use keel_actors::events::{LoggedEvent, TrainEvent};
+use keel_actors::events::{LoggedEvent, MethodDetail, TrainEvent};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use serde::Deserialize;
 
 /// The curves of the report: (file stem, title, how to read the value from a `step` event).
 pub const CURVES: &[(&str, &str)] = &[
@@ -396,25 +395,8 @@ fn last_mean(pts: &[(u64, f64)], n: usize) -> f64 {
     tail.iter().map(|p| p.1).sum::<f64>() / tail.len().max(1) as f64
 }
 
-/// The markdown summary.
-/// Adds one `method` event to the totals.
-/// The numbers of a method event's record that the report sums (each method writes some).
-#[derive(Default, serde::Deserialize)]
-#[serde(default)]
-struct MethodDetail {
-    tries: Option<u64>,
-    uniform_groups: Option<u64>,
-    prompt_tokens: Option<u64>,
-    scaffold_tokens: Option<u64>,
-    depth: Option<u64>,
-    depths: Option<u64>,
-    version: Option<u64>,
-    reference_reset_at: Option<u64>,
-}
-
-/// Adds one method event (`method`, its record `detail`) to the totals.
-fn note_method(m: &mut MethodTotals, method: &str, detail: &serde_json::Value) {
-    let d = MethodDetail::deserialize(detail).unwrap_or_default();
+/// Adds one method event (`method`, its record `d`, EVT-3) to the totals.
+fn note_method(m: &mut MethodTotals, method: &str, d: &MethodDetail) {
     match method {
         "generate" => {
             if let Some(tries) = d.tries.filter(|&t| t > 1) {
@@ -501,6 +483,7 @@ fn methods_markdown(m: &MethodTotals) -> String {
     )
 }
 
+/// The markdown summary.
 pub fn summary_markdown(run_root: &str, log: &RunLog, text: bool) -> String {
     let mut md = format!("# keel run report\n\nRun root: `{run_root}`\n\n");
     let branches: Vec<&String> = log

@@ -52,6 +52,7 @@ use crate::config::TrainConfig;
 use crate::controller::ReadyBatch;
 use crate::demo_tokens::SftSequence;
 use crate::error::ActorError;
+use crate::events::MethodDetail;
 use crate::frontier::TaskCursor;
 use crate::generator::{Generated, Work};
 use crate::learner_actor::LearnerActor;
@@ -169,7 +170,7 @@ pub struct Planned {
 #[derive(Debug, Clone)]
 pub struct HeldStep {
     /// The `Method` event's detail.
-    pub detail: serde_json::Value,
+    pub detail: MethodDetail,
     /// The range, when it now counts as trained.
     pub trained: Option<u64>,
 }
@@ -181,7 +182,7 @@ pub enum Review {
     /// step ends.
     Done {
         /// The event detail.
-        detail: serde_json::Value,
+        detail: MethodDetail,
         /// The state object to store create-only.
         write: Option<StateWrite>,
     },

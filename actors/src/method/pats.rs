@@ -36,6 +36,7 @@ use crate::config::TrainConfig;
 use crate::controller::ReadyBatch;
 use crate::demo_tokens::SftSequence;
 use crate::error::ActorError;
+use crate::events::MethodDetail;
 use crate::metrics::TrainMetrics;
 use crate::rollout::ScaffoldRenderer;
 use crate::setup::ModelSetup;
@@ -194,7 +195,7 @@ impl MethodRuntime for Pats {
                 .map_err(|e| ActorError::Internal(format!("PATS review at step {step}: {e}")))?;
             Ok(match reviewed {
                 Ok((review, write)) => Review::Done {
-                    detail: serde_json::to_value(&review).unwrap_or_default(),
+                    detail: MethodDetail::of_record(&review),
                     write,
                 },
                 Err(e) => Review::Skipped(e),

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{HeldStep, MethodFuture, MethodIo, MethodRuntime, Planned, StateKeys};
 use crate::error::ActorError;
+use crate::events::MethodDetail;
 use crate::frontier::TaskCursor;
 use crate::generator::{Generated, Work};
 use crate::rollout::{BoundaryState, EpisodePlan, TaskRef};
@@ -137,12 +138,13 @@ impl MethodRuntime for Rtpo {
 
     fn on_held_consumed(&mut self, batch_seq: u64) -> Option<HeldStep> {
         let tree = self.tree.as_mut()?;
-        let detail = serde_json::json!({
-            "first_task": tree.first_task,
-            "depth": tree.next,
-            "depths": tree.depth,
-            "batch_seq": batch_seq,
-        });
+        let detail = MethodDetail {
+            first_task: Some(tree.first_task),
+            depth: Some(tree.next as u64),
+            depths: Some(tree.depth as u64),
+            batch_seq: Some(batch_seq),
+            ..MethodDetail::default()
+        };
         tree.next += 1;
         let trained = (tree.next >= tree.depth).then_some(tree.first_task);
         if trained.is_some() {

@@ -129,7 +129,7 @@ fn ms1_an_rtpo_range_is_one_trunk_then_every_depth_and_trained_after_the_last() 
         );
         assert_eq!((p.first_task, p.held), (trunks.first_task, true));
         let step = m.on_held_consumed(8 + depth as u64).expect("held");
-        assert_eq!(step.detail["depth"], depth);
+        assert_eq!(step.detail.depth, Some(depth as u64));
         let trained = (depth == 1).then_some(trunks.first_task);
         assert_eq!(step.trained, trained, "depth {depth}");
     }
