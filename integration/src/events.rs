@@ -138,56 +138,8 @@ pub fn rewinds(events: &[TrainEvent]) -> Vec<Rewind> {
         .collect()
 }
 
-/// The numbers of a method event's record (`TrainEvent::Method`'s `detail`) that tests read;
-/// each method writes some, the others are `None`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MethodRecord {
-    /// `generate`: generation passes, when dynamic sampling re-rolled or left uniform groups.
-    pub tries: Option<u64>,
-    /// `generate`: uniform groups left after the last pass.
-    pub uniform_groups: Option<u64>,
-    /// `generate`: the depth of an RTPO trunk batch.
-    pub rtpo_trunk_depth: Option<u64>,
-    /// `generate`: prompt tokens (PATS).
-    pub prompt_tokens: Option<u64>,
-    /// `generate`: of those, scaffold tokens (PATS).
-    pub scaffold_tokens: Option<u64>,
-    /// `generate` / `rtpo`: the batch.
-    pub batch_seq: Option<u64>,
-    /// `rtpo`: the tree's first task.
-    pub first_task: Option<u64>,
-    /// `rtpo`: the depth trained (0 = the last turn).
-    pub depth: Option<u64>,
-    /// `rtpo`: the tree's depths.
-    pub depths: Option<u64>,
-    /// `pats`: the bank version the review started from.
-    pub version_before: Option<u64>,
-    /// `pats`: the bank version after the review.
-    pub version: Option<u64>,
-    /// `armor`: the step of a reference reset.
-    pub reference_reset_at: Option<u64>,
-}
-
-impl MethodRecord {
-    /// Reads a method event's `detail`: the one place tests look into it.
-    fn from_detail(detail: &serde_json::Value) -> Self {
-        let n = |key: &str| detail.get(key).and_then(serde_json::Value::as_u64);
-        MethodRecord {
-            tries: n("tries"),
-            uniform_groups: n("uniform_groups"),
-            rtpo_trunk_depth: n("rtpo_trunk_depth"),
-            prompt_tokens: n("prompt_tokens"),
-            scaffold_tokens: n("scaffold_tokens"),
-            batch_seq: n("batch_seq"),
-            first_task: n("first_task"),
-            depth: n("depth"),
-            depths: n("depths"),
-            version_before: n("version_before"),
-            version: n("version"),
-            reference_reset_at: n("reference_reset_at"),
-        }
-    }
-}
+/// The record of a method event (`TrainEvent::Method`'s `detail`, EVT-3), as tests read it.
+pub use keel_actors::events::MethodDetail as MethodRecord;
 
 /// `(step, record)` of every method event of `method` (`generate`, `rtpo`, `pats`, `armor`).
 pub fn method_records(events: &[TrainEvent], method: &str) -> Vec<(u64, MethodRecord)> {
@@ -198,7 +150,7 @@ pub fn method_records(events: &[TrainEvent], method: &str) -> Vec<(u64, MethodRe
                 step,
                 method: m,
                 detail,
-            } if m == method => Some((*step, MethodRecord::from_detail(detail))),
+            } if m == method => Some((*step, detail.clone())),
             _ => None,
         })
         .collect()
