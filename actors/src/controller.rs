@@ -769,7 +769,7 @@ impl Controller {
     /// Records a review and stores the state it produced, then ends the step (MS-2).
     fn after_review(&mut self, step: u64, review: Review, ctx: &mut Context<Self>) {
         let (detail, write) = match review {
-            Review::Done { detail, write } => (detail, write),
+            Review::Done { detail, write } => (*detail, write),
             Review::Skipped(e) => {
                 tracing::warn!(step, method = self.method.name(), error = %e, "review skipped");
                 self.end_step(step, ctx);

@@ -388,7 +388,7 @@ impl Env for ExternalEnv {
             anchor_key: fnv1a64(self.view.anchor_state.as_bytes()),
             anchor_state: self.view.anchor_state.clone(),
             observation_role: String::new(),
-                messages: Vec::new(),
+            messages: Vec::new(),
         })
     }
 

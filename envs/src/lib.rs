@@ -23,8 +23,8 @@
 
 #![deny(missing_docs)]
 
-pub mod agent;
 pub mod action;
+pub mod agent;
 pub mod bm25;
 pub mod calc;
 pub mod dataset;
@@ -54,8 +54,8 @@ pub mod verify;
 #[cfg(test)]
 mod suite_tests;
 
-pub use calc::{CalcConfig, CalcEnv};
 pub use agent::{AgentConfig, AgentEnv};
+pub use calc::{CalcConfig, CalcEnv};
 pub use dataset::{Dataset, DatasetConfig, DatasetEnv, PromptMessage};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
 pub use env::{fnv1a64, Env, StepOutcome};

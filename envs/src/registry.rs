@@ -166,7 +166,8 @@ impl EnvConfig {
                     env: "agent",
                     field: "command",
                     value: "(none)".into(),
-                    expected: "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
+                    expected:
+                        "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
                 })?;
                 agent.validate()?;
             }
@@ -217,7 +218,12 @@ enum Shared {
     Nothing,
     External(crate::external::ExternalClient),
     Dataset(Arc<Dataset>, Option<Arc<RewardClient>>),
-    Agent(Arc<AgentConfig>, Arc<Gateway>, Arc<Dataset>, Option<Arc<RewardClient>>),
+    Agent(
+        Arc<AgentConfig>,
+        Arc<Gateway>,
+        Arc<Dataset>,
+        Option<Arc<RewardClient>>,
+    ),
 }
 
 impl EnvBuilder {

@@ -133,7 +133,11 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
         .collect();
     assert!(!episodes.is_empty(), "no episode was stored");
     for t in &episodes {
-        let first = t.loss_mask.iter().position(|&m| m == 1).expect("a sampled token");
+        let first = t
+            .loss_mask
+            .iter()
+            .position(|&m| m == 1)
+            .expect("a sampled token");
         let mut answers = Vec::new();
         let mut i = first;
         while i < t.tokens.len() {
@@ -157,7 +161,9 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
                 ids.iter().filter_map(|x| x.as_u64()).collect::<Vec<_>>() == prompt
             })
         });
-        let same_answers = logged.iter().filter(|l| l["answers"] == serde_json::json!(answers));
+        let same_answers = logged
+            .iter()
+            .filter(|l| l["answers"] == serde_json::json!(answers));
         assert!(
             found,
             "no agent saw this episode: first prompt {} tokens (logs with it: {}), answers {answers:?} (logs with them: {}); first logged prompt: {}",

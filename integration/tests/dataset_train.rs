@@ -315,8 +315,8 @@ fn served_env(file: &Path, url: &str) -> Result<Box<dyn Env>, EnvError> {
     keel_envs::build_env(&EnvConfig {
         name: "dataset".into(),
         difficulty: 0,
-        external: None,
         dataset: Some(dataset),
+        ..EnvConfig::default()
     })
 }
 

@@ -114,7 +114,7 @@ fn external_env_in_a_builtin_registry_config() {
         name: "external".into(),
         difficulty: 1,
         external: Some(server.config()),
-        dataset: None,
+        ..EnvConfig::default()
     };
     let env = build_env(&cfg).expect("build");
     assert_eq!(

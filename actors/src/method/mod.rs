@@ -181,8 +181,8 @@ pub enum Review {
     /// Reviewed: the `Method` event's detail and, when it changed, the state to store before the
     /// step ends.
     Done {
-        /// The event detail.
-        detail: MethodDetail,
+        /// The event detail (boxed: it dwarfs the error).
+        detail: Box<MethodDetail>,
         /// The state object to store create-only.
         write: Option<StateWrite>,
     },

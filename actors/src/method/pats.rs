@@ -195,7 +195,7 @@ impl MethodRuntime for Pats {
                 .map_err(|e| ActorError::Internal(format!("PATS review at step {step}: {e}")))?;
             Ok(match reviewed {
                 Ok((review, write)) => Review::Done {
-                    detail: MethodDetail::of_record(&review),
+                    detail: Box::new(MethodDetail::of_record(&review)),
                     write,
                 },
                 Err(e) => Review::Skipped(e),

@@ -61,8 +61,8 @@ impl HttpError {
 pub enum Event {
     /// A chat-completions call, answered through `reply`.
     Call {
-        /// The request.
-        request: ChatRequest,
+        /// The request (boxed: it dwarfs a reward).
+        request: Box<ChatRequest>,
         /// Where its answer goes.
         reply: SyncSender<Reply>,
     },
@@ -222,13 +222,21 @@ fn respond(request: tiny_http::Request, answer: Result<Body, HttpError>) {
 }
 
 /// The episode the call's key names (GTW-2).
-fn episode_of(request: &tiny_http::Request, episodes: &Episodes) -> Result<SyncSender<Event>, HttpError> {
+fn episode_of(
+    request: &tiny_http::Request,
+    episodes: &Episodes,
+) -> Result<SyncSender<Event>, HttpError> {
     let auth = request
         .headers()
         .iter()
         .find(|h| h.field.equiv("Authorization"))
         .map(|h| h.value.as_str().to_string())
-        .ok_or_else(|| HttpError::new(401, "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)"))?;
+        .ok_or_else(|| {
+            HttpError::new(
+                401,
+                "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)",
+            )
+        })?;
     let key = auth.strip_prefix("Bearer ").unwrap_or(&auth).trim();
     lock(episodes).get(key).cloned().ok_or_else(|| {
         HttpError::new(
@@ -277,7 +285,7 @@ fn chat(
     let (tx, rx) = mpsc::sync_channel(1);
     episode
         .send(Event::Call {
-            request: call,
+            request: Box::new(call),
             reply: tx,
         })
         .map_err(|_| ended())?;
@@ -311,7 +319,9 @@ fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> 
         Some(_) => true,
     };
     if stop_given {
-        return bad("stop sequences are not served: a turn ends at the model's end-of-turn token".into());
+        return bad(
+            "stop sequences are not served: a turn ends at the model's end-of-turn token".into(),
+        );
     }
     if let Some(m) = call.max_completion_tokens.or(call.max_tokens) {
         if (m as usize) < limits.max_turn_tokens {

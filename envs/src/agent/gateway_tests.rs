@@ -28,7 +28,9 @@ fn client() -> ureq::Agent {
 }
 
 fn post(url: &str, key: Option<&str>, body: &str) -> (u16, String) {
-    let mut req = client().post(url).header("Content-Type", "application/json");
+    let mut req = client()
+        .post(url)
+        .header("Content-Type", "application/json");
     if let Some(key) = key {
         req = req.header("Authorization", &format!("Bearer {key}"));
     }
@@ -73,7 +75,10 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
             match mailbox.events.recv_timeout(Duration::from_secs(20)) {
                 Ok(Event::Call { reply, .. }) => {
                     let answer = Answer::from_text("4", false);
-                    let _ = reply.send(Ok(Served { call: served, answer }));
+                    let _ = reply.send(Ok(Served {
+                        call: served,
+                        answer,
+                    }));
                     served += 1;
                 }
                 Ok(Event::Reward(_)) => {}
@@ -124,7 +129,10 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
     let stream = CALL.replace("\"model\"", "\"stream\": true, \"model\"");
     let (status, text) = post(&url, Some(&key), &stream);
     assert_eq!(status, 200);
-    assert!(text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(
+        text.starts_with("data: {") && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
     assert_eq!(sampler.join().expect("sampler"), 2);
     // The episode is gone: its key is dead (GTW-2) and a reward for it is refused.
     let reward = format!("{}/keel/reward", gw.base_url());

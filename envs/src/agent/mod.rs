@@ -120,19 +120,35 @@ impl AgentConfig {
             })
         };
         if self.command.is_empty() || self.command[0].is_empty() {
-            return bad("command", format!("{:?}", self.command), "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]");
+            return bad(
+                "command",
+                format!("{:?}", self.command),
+                "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
+            );
         }
         if self.bind.parse::<std::net::SocketAddr>().is_err() {
             return bad("bind", self.bind.clone(), "host:port, e.g. 127.0.0.1:0");
         }
         if !(1..=4096).contains(&self.max_calls) {
-            return bad("max_calls", self.max_calls.to_string(), "an integer in 1..=4096");
+            return bad(
+                "max_calls",
+                self.max_calls.to_string(),
+                "an integer in 1..=4096",
+            );
         }
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
-            return bad("timeout_s", self.timeout_s.to_string(), "a positive number of seconds");
+            return bad(
+                "timeout_s",
+                self.timeout_s.to_string(),
+                "a positive number of seconds",
+            );
         }
         if !(1024..=1 << 30).contains(&self.max_request_bytes) {
-            return bad("max_request_bytes", self.max_request_bytes.to_string(), "an integer in 1024..=1073741824");
+            return bad(
+                "max_request_bytes",
+                self.max_request_bytes.to_string(),
+                "an integer in 1024..=1073741824",
+            );
         }
         if !matches!(self.reward.as_str(), "agent" | "verifier") {
             return bad("reward", self.reward.clone(), "agent or verifier");
@@ -257,9 +273,7 @@ impl AgentEnv {
                 while let Ok(event) = live.mailbox.events.try_recv() {
                     match event {
                         Event::Reward(r) => live.reward = Some(r),
-                        Event::Call { request, reply } => {
-                            return Ok(Next::Call(Box::new(request), reply))
-                        }
+                        Event::Call { request, reply } => return Ok(Next::Call(request, reply)),
                     }
                 }
                 return Ok(Next::Exited(status));
@@ -272,9 +286,7 @@ impl AgentEnv {
             }
             match live.mailbox.events.recv_timeout(left.min(POLL)) {
                 Ok(Event::Reward(r)) => live.reward = Some(r),
-                Ok(Event::Call { request, reply }) => {
-                    return Ok(Next::Call(Box::new(request), reply))
-                }
+                Ok(Event::Call { request, reply }) => return Ok(Next::Call(request, reply)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(self.fail("the gateway stopped".into()))
@@ -320,9 +332,9 @@ impl AgentEnv {
         self.done = false;
         self.solved = false;
         match self.next()? {
-            Next::Exited(status) => Err(self.fail(format!(
-                "the agent exited ({status}) before its first call"
-            ))),
+            Next::Exited(status) => {
+                Err(self.fail(format!("the agent exited ({status}) before its first call")))
+            }
             Next::Call(request, reply) => self.first_call(*request, reply),
         }
     }
@@ -344,7 +356,12 @@ impl AgentEnv {
             .map(|m| m.text().unwrap_or_default())
             .collect();
         let prompt = texts.pop().unwrap_or_default();
-        let preamble = request.messages.iter().zip(texts).map(prompt_message).collect();
+        let preamble = request
+            .messages
+            .iter()
+            .zip(texts)
+            .map(prompt_message)
+            .collect();
         let live = self.live()?;
         live.pending = Some(reply);
         live.tools_offered = request.tools.as_ref().is_some_and(|t| !t.is_empty());
@@ -414,14 +431,16 @@ impl AgentEnv {
             return Err(self.fail(format!("the agent {m}")));
         }
         if live.calls >= max_calls {
-            let m = format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
+            let m =
+                format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
             let _ = reply.send(Err(HttpError::new(429, m)));
             return Ok(None);
         }
         let texts: Vec<String> = new.iter().map(|m| m.text().unwrap_or_default()).collect();
         let observation = new.iter().zip(texts).map(prompt_message).collect();
         live.pending = Some(reply);
-        live.said.extend(messages.into_iter().skip(said).map(Said::Sent));
+        live.said
+            .extend(messages.into_iter().skip(said).map(Said::Sent));
         Ok(Some(observation))
     }
 
@@ -533,11 +552,17 @@ impl Env for AgentEnv {
     }
 
     fn preamble(&self) -> Vec<PromptMessage> {
-        self.live.as_ref().map(|l| l.preamble.clone()).unwrap_or_default()
+        self.live
+            .as_ref()
+            .map(|l| l.preamble.clone())
+            .unwrap_or_default()
     }
 
     fn tools(&self) -> Vec<serde_json::Value> {
-        self.live.as_ref().map(|l| l.tools.clone()).unwrap_or_default()
+        self.live
+            .as_ref()
+            .map(|l| l.tools.clone())
+            .unwrap_or_default()
     }
 
     fn anchor_state(&self) -> String {

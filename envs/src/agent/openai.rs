@@ -242,7 +242,10 @@ impl Answer {
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
             })
         };
-        let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+        let mut events = vec![chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        )];
         if let Some(text) = &self.content {
             events.push(chunk(json!({"content": text}), Value::Null));
         }
@@ -322,12 +325,18 @@ mod tests {
         assert_eq!(a.content, None);
         let b = Answer::from_text("<tool_call>{not json</tool_call>", true);
         assert!(b.tool_calls.is_empty());
-        assert_eq!(b.content.as_deref(), Some("<tool_call>{not json</tool_call>"));
+        assert_eq!(
+            b.content.as_deref(),
+            Some("<tool_call>{not json</tool_call>")
+        );
     }
 
     #[test]
     fn an_echoed_answer_matches_as_the_client_sends_it_back() {
-        let a = Answer::from_text("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>", true);
+        let a = Answer::from_text(
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}}</tool_call>",
+            true,
+        );
         let echo: InMessage = serde_json::from_value(json!({
             "role": "assistant", "content": null, "refusal": null,
             "tool_calls": [{"id": "call_0_0", "type": "function",
@@ -354,7 +363,10 @@ mod tests {
 
     #[test]
     fn oa4_the_stream_carries_the_same_message() {
-        let a = Answer::from_text("hi <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true);
+        let a = Answer::from_text(
+            "hi <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+            true,
+        );
         let sse = a.sse("id", "m", 1, 0);
         assert!(sse.ends_with("data: [DONE]\n\n"));
         assert!(sse.contains("\"finish_reason\":\"tool_calls\""));
