@@ -7,7 +7,8 @@
 #   - tensorboard 2.21.0 + mlflow 3.17.2 (pip): the trackers' readers and server in the tests
 #   - ray 2.60.0 + PyYAML (pip): `keel launch ray`'s driver and the launcher tests
 #   - pyarrow (pip): Parquet dataset fixtures written as verl writes them
-#   - openai (pip): the real client library of the agent-gateway tests and examples
+#   - openai, openai-agents (pip): the real client library and Agents SDK of the agent-gateway
+#     tests and examples
 #   - Prometheus + promtool (Debian package `prometheus`): alert-rule tests and the scrape test
 #   - DejaVu fonts (Debian package `fonts-dejavu-core`): text in `keel report` plots
 # Source it (`. scripts/setup.sh`) or run it; it exports the build environment when sourced.
@@ -54,10 +55,14 @@ if ! "$PY" -c 'import pyarrow' 2>/dev/null; then
 fi
 
 # The agent gateway's tests and examples/agents/ run real agents written with the `openai`
-# client library (integration/tests/agent_gateway.rs).
+# client library and the OpenAI Agents SDK (integration/tests/agent_gateway.rs).
 if ! "$PY" -c 'import openai; assert openai.__version__ == "3.63.0"' 2>/dev/null; then
   echo "setup: installing openai 3.63.0 (pip)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check openai==3.63.0
+fi
+if ! "$PY" -c 'import agents; assert agents.__version__ == "0.24.0"' 2>/dev/null; then
+  echo "setup: installing openai-agents 0.24.0 (pip)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check openai-agents==0.24.0 openai==3.63.0
 fi
 
 if ! command -v weed >/dev/null 2>&1; then

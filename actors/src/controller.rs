@@ -492,6 +492,7 @@ impl Controller {
         if let Some(u) = stats.sampler_utilization() {
             m.sampler_utilization.set(u);
         }
+        m.episodes_failed.inc_by(stats.failed_episodes as u64);
         self.note_generated(&generated);
         match generated.key.take() {
             Some(key) => self.ready.push_back(ReadyBatch {
@@ -537,6 +538,7 @@ impl Controller {
             } => {
                 // CT-3: the range is owed again. CT-8: an env that fails every episode of
                 // several batches in a row ends the run.
+                self.s.metrics.episodes_failed.inc_by(failed as u64);
                 self.failed_batches_in_a_row += 1;
                 if self.failed_batches_in_a_row >= MAX_FAILED_BATCHES_IN_A_ROW {
                     let err = ActorError::EnvFailing {
@@ -565,6 +567,7 @@ impl Controller {
                 batch_seq: g.batch_seq,
                 policy_version: g.policy_version,
                 episodes: g.stats.episodes,
+                failed_episodes: g.stats.failed_episodes,
                 sample_seconds: g.sample_seconds,
                 decode_steps: g.stats.decode_steps,
                 busy_decode_steps: g.stats.busy_decode_steps,

@@ -66,6 +66,8 @@ pub struct ResetOutcome {
     pub anchor_key: u64,
     /// The canonical text of the first state (EN-8).
     pub anchor_state: String,
+    /// The env reads its turns' token log-probs (`Env::wants_token_logprobs`).
+    pub token_logprobs: bool,
 }
 
 /// What to do with an episode.
@@ -75,9 +77,9 @@ pub enum EnvOp {
     Reset(u64),
     /// Start it from a snapshot (RTPO branches).
     Restore(EnvSnapshot),
-    /// Apply a sampled response (the raw decoded text of the turn, passed to
-    /// `Env::try_step_response`); a finished episode is dropped by the shard.
-    Step(String),
+    /// Apply a sampled turn (passed to `Env::try_step_turn`); a finished episode is dropped by
+    /// the shard.
+    Step(keel_envs::SampledTurn),
 }
 
 /// What an [`EnvOp`] produced.
@@ -314,12 +316,13 @@ fn serve(
                     agent_id: live.env.agent_id(),
                     anchor_key: live.env.anchor_key(),
                     anchor_state: live.env.anchor_state(),
+                    token_logprobs: live.env.wants_token_logprobs(),
                 })
             }),
             EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
-            EnvOp::Step(action) => {
+            EnvOp::Step(turn) => {
                 live.turn += 1;
-                live.env.try_step_response(&action).map(EnvReply::Stepped)
+                live.env.try_step_turn(&turn).map(EnvReply::Stepped)
             }
         };
         let reply = match reply {

@@ -127,6 +127,10 @@ pub enum TrainEvent {
         /// Episodes it holds (failed ones excluded).
         #[serde(default)]
         episodes: usize,
+        /// Episodes that failed in their env while it was sampled: counted, never trained
+        /// (an agent that died or timed out, a reward service that failed, RO-4).
+        #[serde(default)]
+        failed_episodes: usize,
         /// Seconds from the first reset to the last episode's end (store write excluded).
         #[serde(default = "nan", deserialize_with = "nan_if_null")]
         sample_seconds: f64,

@@ -456,6 +456,12 @@ train_metrics! {
     eval_success: gauge("keel_eval_success_rate", "Held-out evaluation success rate", []);
     /// Batches trained on.
     batches_trained: counter("keel_rollout_batches_trained_total", "Batches trained on", []);
+    /// Episodes that failed in their env (RO-4): counted, never trained.
+    episodes_failed: counter(
+        "keel_rollout_episodes_failed_total",
+        "Episodes that failed in their env (agent died or timed out, reward service failed); never trained",
+        []
+    );
     /// Batches dropped, by `reason`.
     batches_dropped_by: counter(
         "keel_rollout_batches_dropped_total",

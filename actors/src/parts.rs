@@ -16,7 +16,7 @@ use crate::config::{ConfigError, EnvSection, ModelSection, TrainConfig};
 impl TrainConfig {
     /// The env to build (`keel_envs::make_env`): the external server, dataset or agent section
     /// of the selected env, dataset files mapped to their local copies, and for the agent
-    /// gateway the sampling its calls are checked against (GW-3).
+    /// gateway the sampling its calls are checked against (GTW-3).
     pub fn env_config(&self) -> keel_envs::EnvConfig {
         let env = &self.env;
         let external = (env.name == "external").then(|| env.external.clone());

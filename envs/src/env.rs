@@ -83,6 +83,51 @@ impl StepOutcome {
     }
 }
 
+/// One sampled turn as the rollout engine hands it to its env: the raw decoded text and, for
+/// envs that ask ([`Env::wants_token_logprobs`]), each content token's text and log-prob.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampledTurn {
+    /// The turn's raw decoded text (what [`Env::try_step_response`] receives).
+    pub text: String,
+    /// The content tokens (the stop token excluded) with their log-probs under the sampling
+    /// distribution at `rollout.temperature`, the ones the learner recomputes; empty unless the
+    /// env asked.
+    pub tokens: Vec<SampledToken>,
+    /// Tokens of the episode before this turn (the prompt the policy saw).
+    pub prompt_tokens: usize,
+    /// Tokens sampled in this turn, the stop token included.
+    pub completion_tokens: usize,
+    /// The turn ended at `rollout.max_turn_tokens`, not at a stop token.
+    pub truncated: bool,
+}
+
+/// One sampled token: its text alone and its log-probability.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledToken {
+    /// The token decoded alone (a piece of a multi-byte character decodes lossily).
+    pub text: String,
+    /// Its log-probability.
+    pub logprob: f32,
+}
+
+impl From<&str> for SampledTurn {
+    fn from(text: &str) -> Self {
+        SampledTurn {
+            text: text.into(),
+            ..SampledTurn::default()
+        }
+    }
+}
+
+impl From<String> for SampledTurn {
+    fn from(text: String) -> Self {
+        SampledTurn {
+            text,
+            ..SampledTurn::default()
+        }
+    }
+}
+
 /// A multi-turn text environment.
 pub trait Env: Send {
     /// Registry name, e.g. `"calc"`.
@@ -151,6 +196,16 @@ pub trait Env: Send {
     /// [`Env::step_response`] for envs that can fail (remote ones, reward services).
     fn try_step_response(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
         self.try_step(crate::action::visible(response))
+    }
+    /// A sampled turn with what the sampler knows of it; envs that only read text take
+    /// [`Env::try_step_response`] of its text. This is what the rollout engine calls.
+    fn try_step_turn(&mut self, turn: &SampledTurn) -> Result<StepOutcome, EnvError> {
+        self.try_step_response(&turn.text)
+    }
+    /// Whether [`SampledTurn::tokens`] should be filled for this env (decoding every token
+    /// alone costs; only the `agent` env returns log-probs to its callers).
+    fn wants_token_logprobs(&self) -> bool {
+        false
     }
 }
 

@@ -66,7 +66,7 @@ pub enum EnvError {
         /// What is wrong.
         reason: String,
     },
-    /// An agent episode of the `agent` env failed (AG-4), or its gateway could not start.
+    /// An agent episode of the `agent` env failed (AGT-4), or its gateway could not start.
     #[error("agent env: {reason}")]
     Agent {
         /// What failed.

@@ -334,7 +334,7 @@ mod tests {
         let err = make_env("maze", 2).err().unwrap();
         assert_eq!(
             err.to_string(),
-            "unknown environment `maze`; known environments: calc, search-qa, household, shop, sokoban, solver-verifier, search-team, external, dataset"
+            "unknown environment `maze`; known environments: calc, search-qa, household, shop, sokoban, solver-verifier, search-team, external, dataset, agent"
         );
         assert!(matches!(
             make_env("external", 1),

@@ -8,7 +8,8 @@ $OPENAI_BASE_URL/keel/reward before it exits. Run against any OpenAI-compatible 
 an ordinary agent (with KEEL_TASK set by hand).
 
 Options: --follow-up asks the model to check its answer once (a second user turn);
---log DIR writes the final conversation to DIR/<api key>.json (used by keel's tests).
+--logprobs asks for the sampled tokens' log-probs; --log DIR writes the final conversation
+(and the log-probs) to DIR/<api key>.json (used by keel's tests).
 """
 import argparse
 import ast
@@ -51,9 +52,14 @@ def calculate(expression):
         return "error: not an arithmetic expression"
 
 
-def run(client, messages, max_calls):
+def run(client, messages, max_calls, logprobs=None):
     for _ in range(max_calls):
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        extra = {"logprobs": True} if logprobs is not None else {}
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                               **extra)
+        if logprobs is not None:
+            content = reply.choices[0].logprobs.content if reply.choices[0].logprobs else []
+            logprobs.append([t.logprob for t in content or []])
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
@@ -82,20 +88,23 @@ def main():
     parser.add_argument("--follow-up", action="store_true")
     parser.add_argument("--max-calls", type=int, default=4)
     parser.add_argument("--log")
+    parser.add_argument("--logprobs", action="store_true")
     args = parser.parse_args()
+    logprobs = [] if args.logprobs else None
     task = json.loads(os.environ["KEEL_TASK"])
     client = OpenAI(max_retries=0)
     messages = [{"role": m["role"], "content": m["content"]} for m in task["prompt"]]
-    answer = run(client, messages, args.max_calls)
+    answer = run(client, messages, args.max_calls, logprobs)
     if args.follow_up:
         messages.append({"role": "user", "content": "Check it and give only the final number."})
-        answer = run(client, messages, args.max_calls)
+        answer = run(client, messages, args.max_calls, logprobs)
     truths = task["ground_truth"] if isinstance(task["ground_truth"], list) else [task["ground_truth"]]
     reward = 1.0 if answer.strip() in [str(t) for t in truths] else 0.0
     post_reward(reward)
     if args.log:
         with open(os.path.join(args.log, os.environ["OPENAI_API_KEY"] + ".json"), "w") as f:
-            json.dump({"messages": messages, "tools": TOOLS, "reward": reward}, f)
+            json.dump({"messages": messages, "tools": TOOLS, "reward": reward,
+                       "logprobs": logprobs}, f)
 
 
 if __name__ == "__main__":

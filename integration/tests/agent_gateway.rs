@@ -9,6 +9,8 @@
 
 use std::path::Path;
 
+use keel_actors::events::TrainEvent;
+use keel_integration::events::train_events;
 use keel_integration::{family_models, python, run_train, stored_batches, train_output};
 
 const ROWS: &[(&str, &str)] = &[
@@ -68,7 +70,6 @@ eval_file = {data:?}
 
 [env.agent]
 command = [{command}]
-timeout_s = 120
 {extra}
 
 [model]
@@ -90,7 +91,11 @@ enabled = false
 [learner]
 algo = "grpo"
 "#,
-            command = command.join(", ")
+            command = command.join(", "),
+            extra = match extra.contains("timeout_s") {
+                true => extra.to_string(),
+                false => format!("timeout_s = 120\n{extra}"),
+            }
         ),
     )
     .expect("config");
@@ -109,6 +114,7 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
             .display()
             .to_string(),
         "--follow-up".into(),
+        "--logprobs".into(),
         "--log".into(),
         logs.display().to_string(),
     ];
@@ -138,20 +144,21 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
             .iter()
             .position(|&m| m == 1)
             .expect("a sampled token");
-        let mut answers = Vec::new();
+        let (mut answers, mut sampled_logprobs) = (Vec::new(), Vec::new());
         let mut i = first;
         while i < t.tokens.len() {
             let end = (i..t.tokens.len())
                 .find(|&j| t.loss_mask[j] == 0)
                 .unwrap_or(t.tokens.len());
             answers.push(codec.response_text(&t.tokens[i..end]).expect("decode"));
+            sampled_logprobs.push(t.behaviour_logprobs[i..end].to_vec());
             i = (end..t.tokens.len())
                 .find(|&j| t.loss_mask[j] == 1)
                 .unwrap_or(t.tokens.len());
         }
         assert_eq!(t.turns.len(), 2, "the agent's follow-up is a second turn");
         let prompt: Vec<u64> = t.tokens[..first].iter().map(|&x| u64::from(x)).collect();
-        let found = logged.iter().any(|l| {
+        let found = logged.iter().find(|l| {
             l["first"].as_array().is_some_and(|ids| {
                 ids.iter().filter_map(|x| x.as_u64()).collect::<Vec<_>>() == prompt
             }) && l["answers"] == serde_json::json!(answers)
@@ -165,13 +172,28 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
             .iter()
             .filter(|l| l["answers"] == serde_json::json!(answers));
         assert!(
-            found,
+            found.is_some(),
             "no agent saw this episode: first prompt {} tokens (logs with it: {}), answers {answers:?} (logs with them: {}); first logged prompt: {}",
             first,
             same_prompt.count(),
             same_answers.count(),
             logged[0]["first"]
         );
+        // OAI-5: the log-probs the agent got are the stored behaviour log-probs of the turn's
+        // content tokens (its stop token, when it stopped, excluded), bit for bit.
+        let got = found.map(|l| l["logprobs"].clone()).unwrap_or_default();
+        for (k, stored) in sampled_logprobs.iter().enumerate() {
+            let returned: Vec<f32> = got[k]
+                .as_array()
+                .expect("logprobs of every answer")
+                .iter()
+                .map(|x| x.as_f64().expect("a number") as f32)
+                .collect();
+            assert!(
+                returned.len() + 1 >= stored.len() && returned[..] == stored[..returned.len()],
+                "turn {k}: returned {returned:?}, stored {stored:?}"
+            );
+        }
     }
 }
 
@@ -186,4 +208,129 @@ fn a_bad_agent_command_is_refused_before_anything_runs() {
     assert!(!out.status.success());
     assert!(err.contains("env.agent.command"), "{err}");
     assert!(!root.exists(), "nothing is written");
+}
+
+/// Agents that misbehave (integration/tests/python/hostile_agent.py: malformed JSON, no key,
+/// an unknown key, an oversized body, another temperature, a rewritten history, a hang past
+/// `timeout_s`, an exit before the first call, an exit without the reward) each get a clear
+/// HTTP status or fail only their own episode: the run finishes, the failures are counted in
+/// the `rollout` events, and no agent outlives its episode (APR-2).
+#[test]
+fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let model = family_models().join("qwen2.5");
+    let command = [
+        "python3".to_string(),
+        agent_script("tests/python/hostile_agent.py")
+            .display()
+            .to_string(),
+        logs.display().to_string(),
+    ];
+    let extra = "max_request_bytes = 65536\ntimeout_s = 20";
+    let config = config(dir.path(), &command, extra);
+    let root = dir.path().join("run");
+    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
+
+    let mut seen: Vec<serde_json::Value> = std::fs::read_dir(&logs)
+        .expect("logs")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).expect("log")).expect("json"))
+        .collect();
+    seen.sort_by_key(|v| v["kind"].as_str().map(str::to_owned));
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        seen.iter().filter(|v| v["kind"] == kind).collect()
+    };
+    for kind in [
+        "good",
+        "probe",
+        "rewrite",
+        "hang",
+        "early_exit",
+        "no_reward",
+    ] {
+        assert!(!of(kind).is_empty(), "no {kind} agent ran: {seen:?}");
+    }
+    for probe in of("probe") {
+        let statuses = [
+            ("malformed", 400),
+            ("no_key", 401),
+            ("unknown_key", 404),
+            ("huge", 413),
+            ("temperature", 400),
+            ("reward_status", 200),
+        ];
+        for (what, status) in statuses {
+            assert_eq!(probe[what], status, "{what}: {probe}");
+        }
+        assert_eq!(
+            probe["retry_same"], true,
+            "a retry gets the stored answer: {probe}"
+        );
+    }
+    for rewrite in of("rewrite") {
+        assert_eq!(rewrite["rewrite"], 409, "{rewrite}");
+    }
+    for agent in &seen {
+        let pid = agent["pid"].as_u64().expect("pid");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "agent {agent} outlived its episode"
+        );
+    }
+    let (mut trained, mut failed) = (0, 0);
+    for event in train_events(&root) {
+        if let TrainEvent::Rollout {
+            episodes,
+            failed_episodes,
+            ..
+        } = event
+        {
+            trained += episodes;
+            failed += failed_episodes;
+        }
+    }
+    assert!(
+        trained > 0 && failed > 0,
+        "trained {trained}, failed {failed}"
+    );
+}
+
+/// An agent written on the OpenAI Agents SDK (examples/agents/agents_sdk_calculator.py: a
+/// function tool, `Runner.run`, the SDK's own chat-completions model) trains unchanged: every
+/// call the SDK makes extends its conversation as the gateway requires, so no episode fails.
+#[test]
+fn an_openai_agents_sdk_agent_trains_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let model = family_models().join("qwen2.5");
+    let command = [
+        "python3".to_string(),
+        agent_script("../examples/agents/agents_sdk_calculator.py")
+            .display()
+            .to_string(),
+        "--log".into(),
+        logs.display().to_string(),
+    ];
+    let config = config(dir.path(), &command, "");
+    let root = dir.path().join("run");
+    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
+    let (mut trained, mut failed) = (0, 0);
+    for event in train_events(&root) {
+        if let TrainEvent::Rollout {
+            episodes,
+            failed_episodes,
+            ..
+        } = event
+        {
+            trained += episodes;
+            failed += failed_episodes;
+        }
+    }
+    assert_eq!((trained, failed), (8, 0), "2 steps of 2 tasks x 2 episodes");
+    let conversations = std::fs::read_dir(&logs).expect("logs").count();
+    assert!(conversations >= 8, "{conversations} SDK runs logged");
 }

@@ -149,8 +149,8 @@ fn data_check_shows_a_good_file_and_names_bad_rows() {
     );
     for want in [
         "rows     5",
-        "  prompt: list<{content: string, role: string}>",
-        "  reward_model: {ground_truth: string, style: string}",
+        "  prompt: list<{role: string, content: string}>",
+        "  reward_model: {style: string, ground_truth: string}",
         "verifiers      numeric 5",
         "data sources   mini-gsm8k 5",
         "tools          calc 2 (rows with tools are multi-turn)",

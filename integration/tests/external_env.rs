@@ -295,7 +295,7 @@ fn env_shard_drives_the_server_concurrently_and_survives_its_death() {
                 .iter()
                 .map(|&e| {
                     let (lo, hi) = bounds[e as usize];
-                    (e, EnvOp::Step(format!("guess {}", (lo + hi) / 2)))
+                    (e, EnvOp::Step(format!("guess {}", (lo + hi) / 2).into()))
                 })
                 .collect();
             let outs = request_all(&shard, guesses.clone()).await;

@@ -85,6 +85,8 @@ pub struct RolloutTotals {
     pub batches: u64,
     /// Episodes in them.
     pub episodes: u64,
+    /// Episodes that failed in their env while they were sampled (never trained).
+    pub failed_episodes: u64,
     /// Seconds spent sampling them (summed over generators).
     pub sample_seconds: f64,
     /// Sampler decode steps.
@@ -173,6 +175,7 @@ fn note_event(log: &mut RunLog, ev: &TrainEvent) {
         TrainEvent::Method { method, detail, .. } => note_method(&mut log.methods, method, detail),
         TrainEvent::Rollout {
             episodes,
+            failed_episodes,
             sample_seconds,
             decode_steps,
             busy_decode_steps,
@@ -181,6 +184,7 @@ fn note_event(log: &mut RunLog, ev: &TrainEvent) {
             let r = &mut log.rollouts;
             r.batches += 1;
             r.episodes += *episodes as u64;
+            r.failed_episodes += *failed_episodes as u64;
             r.sample_seconds += finite_or_zero(*sample_seconds);
             r.decode_steps += decode_steps;
             r.busy_decode_steps += busy_decode_steps;
@@ -437,8 +441,12 @@ fn rollouts_markdown(r: &RolloutTotals) -> String {
     } else {
         "- (no decode step)".into()
     };
+    let failed = match r.failed_episodes {
+        0 => String::new(),
+        n => format!("{n} more episodes failed in their env and were not trained.\n\n"),
+    };
     format!(
-        "## Rollouts\n\n| batches stored | episodes | mean sampling seconds per batch | sampler utilisation |\n| --- | --- | --- | --- |\n| {} | {} | {:.2} | {} |\n\n",
+        "## Rollouts\n\n| batches stored | episodes | mean sampling seconds per batch | sampler utilisation |\n| --- | --- | --- | --- |\n| {} | {} | {:.2} | {} |\n\n{failed}",
         r.batches,
         r.episodes,
         r.sample_seconds / r.batches as f64,

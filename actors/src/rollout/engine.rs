@@ -12,8 +12,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use keel_envs::{EnvSnapshot, StepOutcome};
-use keel_learner::hf::{ChatCodec, Completion, GenRequest, Sampler, SamplingParams};
+use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome};
+use keel_learner::hf::{ChatCodec, Completion, FinishReason, GenRequest, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
 use super::{
@@ -56,6 +56,8 @@ struct Episode {
     finished: Option<Instant>,
     /// The env ended the episode (so its shard already dropped it).
     env_ended: bool,
+    /// The env reads its turns' token log-probs (`Env::wants_token_logprobs`).
+    token_logprobs: bool,
 }
 
 /// One group's roll-outs under dynamic sampling (RO-9).
@@ -80,6 +82,17 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.behaviour_logprobs
         .extend(std::iter::repeat_n(0f32, ids.len()));
     traj.tokens.extend_from_slice(ids);
+}
+
+/// A turn's content tokens with their log-probs, for envs that report them (an undecodable
+/// turn has none: its text is empty too).
+fn content_tokens(codec: &ChatCodec, c: &Completion) -> Vec<SampledToken> {
+    let texts = codec.token_texts(&c.tokens).unwrap_or_default();
+    texts
+        .into_iter()
+        .zip(&c.logprobs)
+        .map(|(text, &logprob)| SampledToken { text, logprob })
+        .collect()
 }
 
 /// One rollout in flight (module doc).
@@ -177,6 +190,7 @@ impl<'a> Engine<'a> {
             turn_version: self.spec.policy_version,
             finished: None,
             env_ended: false,
+            token_logprobs: false,
         });
         self.by_id.insert(id, i);
         if let Some(g) = self.groups.get_mut(&p.group_id) {
@@ -248,17 +262,27 @@ impl<'a> Engine<'a> {
     /// A sampled turn: record it and send its action to the env. A turn that does not decode
     /// is an empty (invalid) action, never an error.
     fn on_completion(&mut self, i: usize, c: Completion) {
-        let t = &mut self.episodes[i].traj;
+        let ep = &mut self.episodes[i];
+        let mut turn = SampledTurn {
+            tokens: match ep.token_logprobs {
+                true => content_tokens(self.codec, &c),
+                false => Vec::new(),
+            },
+            prompt_tokens: ep.traj.tokens.len(),
+            completion_tokens: c.tokens.len(),
+            truncated: c.finish == FinishReason::Length,
+            ..SampledTurn::default()
+        };
+        let t = &mut ep.traj;
         self.stats.sampled_tokens += c.tokens.len();
         t.loss_mask.extend(std::iter::repeat_n(1u8, c.tokens.len()));
         t.tokens.extend(c.tokens);
         t.behaviour_logprobs.extend(c.logprobs);
-        let start = self.episodes[i].turn_start;
-        let action = self
+        turn.text = self
             .codec
-            .response_text(&self.episodes[i].traj.tokens[start..])
+            .response_text(&t.tokens[ep.turn_start..])
             .unwrap_or_default();
-        self.send_to_env(i, EnvOp::Step(action));
+        self.send_to_env(i, EnvOp::Step(turn));
     }
 
     fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
@@ -323,6 +347,7 @@ impl<'a> Engine<'a> {
         ep.anchor = start.anchor_key;
         ep.anchor_state = start.anchor_state;
         ep.task_type = start.task_type;
+        ep.token_logprobs = start.token_logprobs;
         Ok(())
     }
 
@@ -356,7 +381,7 @@ impl<'a> Engine<'a> {
             self.end(i);
             return Ok(false);
         }
-        // The env's messages: `tool` answers a function call (DS-8), an agent's new ones (AG-1).
+        // The env's messages: `tool` answers a function call (DS-8), an agent's new ones (AGT-1).
         let ids = self.codec.observation_messages(
             ep.traj.tokens.last().copied(),
             &chat_messages(&outcome.observation_messages()),

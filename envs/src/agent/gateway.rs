@@ -10,7 +10,8 @@
 //!   another episode, and a finished episode's key is dead.
 //! - GTW-3 A body over `env.agent.max_request_bytes` is 413, read no further; malformed JSON or
 //!   a request keel cannot serve as asked (another temperature than the run's, `n` > 1, stop
-//!   sequences, `max_tokens` below `rollout.max_turn_tokens`, a non-text content part) is 400
+//!   sequences, `max_tokens` below `rollout.max_turn_tokens`, `top_logprobs`, a non-text content
+//!   part) is 400
 //!   naming the field, and the episode goes on.
 //! - GTW-4 A valid call is handed to its episode and the HTTP thread waits for the answer; an
 //!   episode that ends first answers 410, so no agent waits forever.
@@ -309,6 +310,9 @@ fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> 
         if (t - limits.temperature).abs() > 1e-6 {
             return bad(format!("temperature = {t}: keel samples at the run's rollout.temperature = {} (the learner's log-probs assume it); omit temperature or send that value", limits.temperature));
         }
+    }
+    if call.top_logprobs.is_some_and(|k| k > 0) {
+        return bad("top_logprobs is not served: keel keeps the sampled token's log-prob only (logprobs: true returns it)".into());
     }
     if call.n.is_some_and(|n| n != 1) {
         return bad("n > 1 is not served: one answer per call".into());

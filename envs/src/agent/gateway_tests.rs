@@ -111,6 +111,11 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
             "stop",
         ),
         (
+            r#"{"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 2}"#,
+            400,
+            "top_logprobs",
+        ),
+        (
             r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#,
             400,
             "text parts",

@@ -45,12 +45,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::dataset::{Dataset, DatasetEnv, PromptMessage, RewardClient};
-use crate::env::{outcome_of, Env, StepOutcome};
+use crate::env::{outcome_of, Env, SampledTurn, StepOutcome};
 use crate::error::EnvError;
 use crate::snapshot::EnvSnapshot;
 use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
 use launch::AgentProcess;
-use openai::{Answer, InMessage};
+use openai::{Answer, InMessage, TokenLogprob};
 
 /// `[env.agent]`: the agent program and the gateway's limits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -200,8 +200,8 @@ struct Live {
     mailbox: Mailbox,
     agent: AgentProcess,
     deadline: Instant,
-    /// The call waiting for the policy's answer.
-    pending: Option<SyncSender<Reply>>,
+    /// The call waiting for the policy's answer, and whether it asked for log-probs (OAI-5).
+    pending: Option<(SyncSender<Reply>, bool)>,
     tools_offered: bool,
     said: Vec<Said>,
     calls: usize,
@@ -363,7 +363,7 @@ impl AgentEnv {
             .map(prompt_message)
             .collect();
         let live = self.live()?;
-        live.pending = Some(reply);
+        live.pending = Some((reply, request.logprobs == Some(true)));
         live.tools_offered = request.tools.as_ref().is_some_and(|t| !t.is_empty());
         live.tools = request.tools.unwrap_or_default();
         live.preamble = preamble;
@@ -371,15 +371,29 @@ impl AgentEnv {
         Ok(prompt)
     }
 
-    /// Answers the pending call with the sampled `response` (OAI-2) and waits for what the
+    /// Answers the pending call with the sampled turn (OAI-2, OAI-5) and waits for what the
     /// agent does next: its next call's new messages, or its exit (AGT-1..5).
-    fn answer(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
+    fn answer(&mut self, turn: &SampledTurn) -> Result<StepOutcome, EnvError> {
         if self.done {
             return Ok(outcome_of(self, String::new(), 0.0, true, true));
         }
         let live = self.live()?;
-        let answer = Answer::from_text(response, live.tools_offered);
-        if let Some(reply) = live.pending.take() {
+        let mut answer = Answer::from_text(&turn.text, live.tools_offered);
+        answer.prompt_tokens = turn.prompt_tokens;
+        answer.completion_tokens = turn.completion_tokens;
+        answer.truncated = turn.truncated;
+        if let Some((reply, logprobs)) = live.pending.take() {
+            if logprobs {
+                answer.logprobs = Some(
+                    turn.tokens
+                        .iter()
+                        .map(|t| TokenLogprob {
+                            token: t.text.clone(),
+                            logprob: t.logprob,
+                        })
+                        .collect(),
+                );
+            }
             // An agent that gave up on the call is seen when it exits or calls again.
             let _ = reply.send(Ok(Served {
                 call: live.calls,
@@ -387,13 +401,13 @@ impl AgentEnv {
             }));
         }
         live.calls += 1;
-        live.last_text = response.to_string();
+        live.last_text = turn.text.clone();
         live.said.push(Said::Answered(answer));
         loop {
             match self.next()? {
                 Next::Exited(status) => return self.finish(status),
                 Next::Call(request, reply) => {
-                    if let Some(messages) = self.next_call(request.messages, reply)? {
+                    if let Some(messages) = self.next_call(*request, reply)? {
                         let mut out = outcome_of(self, String::new(), 0.0, false, false);
                         out.messages = messages;
                         return Ok(out);
@@ -407,9 +421,10 @@ impl AgentEnv {
     /// (a retry, AGT-2; over the budget, AGT-5).
     fn next_call(
         &mut self,
-        messages: Vec<InMessage>,
+        request: openai::ChatRequest,
         reply: SyncSender<Reply>,
     ) -> Result<Option<Vec<PromptMessage>>, EnvError> {
+        let (messages, logprobs) = (request.messages, request.logprobs == Some(true));
         let max_calls = self.cfg.max_calls;
         let live = self.live()?;
         let said = live.said.len();
@@ -438,7 +453,7 @@ impl AgentEnv {
         }
         let texts: Vec<String> = new.iter().map(|m| m.text().unwrap_or_default()).collect();
         let observation = new.iter().zip(texts).map(prompt_message).collect();
-        live.pending = Some(reply);
+        live.pending = Some((reply, logprobs));
         live.said
             .extend(messages.into_iter().skip(said).map(Said::Sent));
         Ok(Some(observation))
@@ -514,7 +529,7 @@ impl Env for AgentEnv {
     }
 
     fn try_step(&mut self, action: &str) -> Result<StepOutcome, EnvError> {
-        self.answer(action)
+        self.answer(&SampledTurn::from(action))
     }
 
     fn step_response(&mut self, response: &str) -> StepOutcome {
@@ -523,7 +538,15 @@ impl Env for AgentEnv {
     }
 
     fn try_step_response(&mut self, response: &str) -> Result<StepOutcome, EnvError> {
-        self.answer(response)
+        self.answer(&SampledTurn::from(response))
+    }
+
+    fn try_step_turn(&mut self, turn: &SampledTurn) -> Result<StepOutcome, EnvError> {
+        self.answer(turn)
+    }
+
+    fn wants_token_logprobs(&self) -> bool {
+        true
     }
 
     /// The row's answer (demonstrations of an agent's episodes come from its own data).

@@ -16,7 +16,14 @@
 //! - OAI-3 A call id is `call_<episode call>_<index>`: stable for one stored answer, so a replayed
 //!   answer is the same bytes.
 //! - OAI-4 The SSE form of an answer carries the same message as the JSON form: a role chunk,
-//!   the content, each tool call whole, a chunk with `finish_reason`, then `data: [DONE]`.
+//!   the content (with the log-probs when asked), each tool call whole, a chunk with
+//!   `finish_reason`, then `data: [DONE]`.
+//! - OAI-5 `logprobs: true` returns every sampled content token (the stop token excluded) with
+//!   its log-probability under the sampling distribution at `rollout.temperature`: exactly the
+//!   behaviour log-probs stored with the episode, which the learner's ratio starts from.
+//!   `top_logprobs` > 0 is refused (400): keel keeps only the sampled token's. `finish_reason`
+//!   is `tool_calls` when calls parsed, `length` when the turn hit `rollout.max_turn_tokens`,
+//!   else `stop`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -55,6 +62,9 @@ pub struct ChatRequest {
     /// Return the sampled tokens' log-probs.
     #[serde(default)]
     pub logprobs: Option<bool>,
+    /// Alternatives per token (not served: keel keeps the sampled token's log-prob only).
+    #[serde(default)]
+    pub top_logprobs: Option<u64>,
 }
 
 /// One message of a request (OAI-1).
@@ -122,6 +132,15 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
+/// One sampled token of an answer and its log-prob (OAI-5).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token decoded alone.
+    pub token: String,
+    /// Its log-probability at the run's temperature.
+    pub logprob: f32,
+}
+
 /// The assistant message answering one call (OAI-2).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
@@ -129,12 +148,15 @@ pub struct Answer {
     pub content: Option<String>,
     /// The calls (empty: a plain answer).
     pub tool_calls: Vec<ToolCall>,
-    /// The sampled tokens' log-probs, when asked.
-    pub logprobs: Option<Vec<f32>>,
+    /// The sampled tokens' log-probs, when asked (OAI-5).
+    pub logprobs: Option<Vec<TokenLogprob>>,
     /// Tokens of the prompt the policy saw (the whole episode so far).
     pub prompt_tokens: usize,
     /// Tokens sampled.
     pub completion_tokens: usize,
+    /// The turn stopped at `rollout.max_turn_tokens` (`finish_reason` "length").
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 impl Answer {
@@ -151,6 +173,7 @@ impl Answer {
                 logprobs: None,
                 prompt_tokens: 0,
                 completion_tokens: 0,
+                truncated: false,
             },
             None => Answer {
                 content: Some(text.to_string()),
@@ -158,6 +181,7 @@ impl Answer {
                 logprobs: None,
                 prompt_tokens: 0,
                 completion_tokens: 0,
+                truncated: false,
             },
         }
     }
@@ -198,9 +222,10 @@ impl Answer {
     }
 
     fn finish_reason(&self) -> &'static str {
-        match self.tool_calls.is_empty() {
-            true => "stop",
-            false => "tool_calls",
+        match (self.tool_calls.is_empty(), self.truncated) {
+            (false, _) => "tool_calls",
+            (true, true) => "length",
+            (true, false) => "stop",
         }
     }
 
@@ -208,8 +233,9 @@ impl Answer {
         match &self.logprobs {
             None => Value::Null,
             Some(lps) => json!({"content": lps.iter().map(|lp| json!({
-                "token": "", "logprob": lp, "bytes": null, "top_logprobs": [],
-            })).collect::<Vec<_>>()}),
+                "token": lp.token, "logprob": lp.logprob, "bytes": lp.token.as_bytes(),
+                "top_logprobs": [],
+            })).collect::<Vec<_>>(), "refusal": null}),
         }
     }
 
@@ -247,7 +273,9 @@ impl Answer {
             Value::Null,
         )];
         if let Some(text) = &self.content {
-            events.push(chunk(json!({"content": text}), Value::Null));
+            let mut content = chunk(json!({"content": text}), Value::Null);
+            content["choices"][0]["logprobs"] = self.logprobs_json();
+            events.push(content);
         }
         if let Some(Value::Array(calls)) = self.message(call).get("tool_calls") {
             for (i, c) in calls.iter().enumerate() {
@@ -371,5 +399,27 @@ mod tests {
         assert!(sse.ends_with("data: [DONE]\n\n"));
         assert!(sse.contains("\"finish_reason\":\"tool_calls\""));
         assert!(sse.contains("\"content\":\"hi\""));
+    }
+
+    #[test]
+    fn oa5_logprobs_and_a_length_finish() {
+        let mut a = Answer::from_text("42", false);
+        a.truncated = true;
+        a.logprobs = Some(vec![TokenLogprob {
+            token: "42".into(),
+            logprob: -0.5,
+        }]);
+        let body = a.completion("id", "m", 1, 0);
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(choice["logprobs"]["content"][0]["token"], "42");
+        assert_eq!(choice["logprobs"]["content"][0]["logprob"], -0.5);
+        assert_eq!(choice["logprobs"]["content"][0]["bytes"], json!([52, 50]));
+        assert!(a.sse("id", "m", 1, 0).contains("\"logprob\":-0.5"));
+        a.logprobs = None;
+        assert_eq!(
+            a.completion("id", "m", 1, 0)["choices"][0]["logprobs"],
+            Value::Null
+        );
     }
 }

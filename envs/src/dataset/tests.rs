@@ -213,11 +213,11 @@ fn df_parquet_rows_written_by_pyarrow_read_like_jsonl() {
     assert_eq!(raw.rows.len(), 6);
     assert_eq!(
         file::shape(&raw.rows[0].value["reward_model"]),
-        "{ground_truth: string, style: string}"
+        "{style: string, ground_truth: string}"
     );
     assert_eq!(
         file::shape(&raw.rows[0].value["prompt"]),
-        "list<{content: string, role: string}>"
+        "list<{role: string, content: string}>"
     );
     assert_eq!(raw.rows[0].value["prompt"][0]["role"], "user");
     assert_eq!(raw.rows[0].value["extra_info"]["index"], 0);

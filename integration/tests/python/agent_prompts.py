@@ -7,6 +7,7 @@ For every LOG_DIR/*.json ({"messages", "tools"}) writes, in file-name order:
           prompt: what keel's first prompt must be (CC-1).
   whole:  the whole conversation with `tools` (assistant turns as the agent echoed them).
   answers: the assistant contents the agent received, in order.
+  logprobs: per answer, the content tokens' log-probs the gateway returned (when asked).
 """
 import json
 import os
@@ -32,6 +33,7 @@ def main(folder, logs, out):
             "first": ids(tok, messages[:first_answer], tools, True),
             "whole": ids(tok, messages, tools, False),
             "answers": [m.get("content") or "" for m in messages if m["role"] == "assistant"],
+            "logprobs": log.get("logprobs") or [],
         })
     json.dump(result, open(out, "w"))
     print("ok")

@@ -218,6 +218,16 @@ impl ChatCodec {
         self.tok.decode(&ids[..end], true)
     }
 
+    /// The content tokens of a sampled turn (those before its first stop token), each decoded
+    /// alone as [`ChatCodec::response_text`] decodes (a piece of a multi-byte character comes
+    /// out lossily), for callers that report per-token log-probs.
+    pub fn token_texts(&self, ids: &[u32]) -> Result<Vec<String>, HfError> {
+        ids.iter()
+            .take_while(|t| !self.stop_ids.contains(t))
+            .map(|&t| self.tok.decode(&[t], true))
+            .collect()
+    }
+
     /// Number of tokens of `text` alone.
     pub fn count(&self, text: &str) -> Result<usize, HfError> {
         Ok(self.tok.encode(text, false)?.len())
