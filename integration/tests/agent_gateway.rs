@@ -228,7 +228,7 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
             .to_string(),
         logs.display().to_string(),
     ];
-    let extra = "max_request_bytes = 65536\ntimeout_s = 20";
+    let extra = "max_request_bytes = 65536\ntimeout_s = 12";
     let config = config(dir.path(), &command, extra);
     let root = dir.path().join("run");
     run_train(&config, &root, &["--model", &model.to_string_lossy()]);

@@ -6,7 +6,9 @@
 //!   episode's key), `KEEL_TASK` (the task as JSON) and the same JSON on its stdin, which is then
 //!   closed; its stdout is discarded and the last 4 KiB of its stderr are kept for error
 //!   messages.
-//! - APR-2 Dropping the process kills it and reaps it: no agent outlives its episode.
+//! - APR-2 Dropping the process kills it and reaps it: no agent outlives its episode. An agent
+//!   whose episode ended on an HTTP answer it can read (409) gets a short grace to exit on its
+//!   own first, so it can log or clean up.
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -77,6 +79,15 @@ impl AgentProcess {
             self.exited = self.child.try_wait().ok().flatten();
         }
         self.exited
+    }
+
+    /// Waits up to `grace` for the agent to exit on its own (it was just told its episode is
+    /// over); the kill on drop follows otherwise (APR-2).
+    pub fn wait_for_exit(&mut self, grace: std::time::Duration) {
+        let until = std::time::Instant::now() + grace;
+        while self.exited().is_none() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// The end of what the agent wrote to stderr, for error messages.

@@ -443,6 +443,7 @@ impl AgentEnv {
         if !extends || new.is_empty() || new.iter().any(|m| m.role == "assistant") {
             let m = "this call does not extend the episode's conversation (the previous messages, the answer given, then new non-assistant messages); keel does not train rewritten histories yet";
             let _ = reply.send(Err(HttpError::new(409, m)));
+            live.agent.wait_for_exit(EXIT_GRACE);
             return Err(self.fail(format!("the agent {m}")));
         }
         if live.calls >= max_calls {
@@ -498,6 +499,9 @@ impl AgentEnv {
         .to_string()
     }
 }
+
+/// How long an agent told that its episode failed (409) may take to exit on its own (APR-2).
+const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// How often a waiting episode looks at its agent process.
 const POLL: Duration = Duration::from_millis(50);
