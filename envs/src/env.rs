@@ -202,8 +202,9 @@ pub trait Env: Send {
     fn try_step_turn(&mut self, turn: &SampledTurn) -> Result<StepOutcome, EnvError> {
         self.try_step_response(&turn.text)
     }
-    /// Whether [`SampledTurn::tokens`] should be filled for this env (decoding every token
-    /// alone costs; only the `agent` env returns log-probs to its callers).
+    /// Whether [`SampledTurn::tokens`] should be filled for this episode (asked right after
+    /// `reset`; decoding every token alone costs, and only the `agent` env returns log-probs to
+    /// its callers).
     fn wants_token_logprobs(&self) -> bool {
         false
     }

@@ -69,6 +69,8 @@ pub enum Event {
     },
     /// The episode's reward, reported by the agent.
     Reward(f32),
+    /// The agent closed its stderr: it is exiting (APR-3).
+    Closed,
 }
 
 /// The limits calls are checked against before they reach an episode (GTW-3).
@@ -99,6 +101,8 @@ pub struct Mailbox {
     pub key: String,
     /// Its calls and rewards.
     pub events: Receiver<Event>,
+    /// A sender into `events`, for the agent process's watcher (APR-3).
+    pub notify: SyncSender<Event>,
     episodes: Arc<Episodes>,
 }
 
@@ -154,10 +158,11 @@ impl Gateway {
         let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let key = format!("keel-{key}");
         let (tx, rx) = mpsc::sync_channel(16);
-        lock(&self.episodes).insert(key.clone(), tx);
+        lock(&self.episodes).insert(key.clone(), tx.clone());
         Mailbox {
             key,
             events: rx,
+            notify: tx,
             episodes: self.episodes.clone(),
         }
     }

@@ -81,7 +81,7 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
                     }));
                     served += 1;
                 }
-                Ok(Event::Reward(_)) => {}
+                Ok(Event::Reward(_) | Event::Closed) => {}
                 Err(_) => break,
             }
         }

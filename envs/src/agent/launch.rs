@@ -9,12 +9,16 @@
 //! - APR-2 Dropping the process kills it and reaps it: no agent outlives its episode. An agent
 //!   whose episode ended on an HTTP answer it can read (409) gets a short grace to exit on its
 //!   own first, so it can log or clean up.
+//! - APR-3 When the agent's stderr closes (it exits), its episode is told at once
+//!   ([`Event::Closed`]) rather than at its next 50 ms look at the process.
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 
+use super::gateway::Event;
 use crate::error::EnvError;
+use std::sync::mpsc::SyncSender;
 
 /// How much of an agent's stderr is kept (APR-1).
 const STDERR_TAIL: usize = 4096;
@@ -33,6 +37,7 @@ impl AgentProcess {
         base_url: &str,
         key: &str,
         task: &str,
+        on_close: SyncSender<Event>,
     ) -> Result<AgentProcess, EnvError> {
         let (program, args) = command.split_first().ok_or_else(|| EnvError::Agent {
             reason: "env.agent.command is empty".into(),
@@ -64,6 +69,8 @@ impl AgentProcess {
                     let over = t.len().saturating_sub(STDERR_TAIL);
                     t.drain(..over);
                 }
+                // APR-3: the episode hears of the exit now, not at its next poll.
+                let _ = on_close.try_send(Event::Closed);
             });
         }
         Ok(AgentProcess {
@@ -86,7 +93,7 @@ impl AgentProcess {
     pub fn wait_for_exit(&mut self, grace: std::time::Duration) {
         let until = std::time::Instant::now() + grace;
         while self.exited().is_none() && std::time::Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
 

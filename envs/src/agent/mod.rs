@@ -274,6 +274,7 @@ impl AgentEnv {
                     match event {
                         Event::Reward(r) => live.reward = Some(r),
                         Event::Call { request, reply } => return Ok(Next::Call(request, reply)),
+                        Event::Closed => {}
                     }
                 }
                 return Ok(Next::Exited(status));
@@ -287,6 +288,7 @@ impl AgentEnv {
             match live.mailbox.events.recv_timeout(left.min(POLL)) {
                 Ok(Event::Reward(r)) => live.reward = Some(r),
                 Ok(Event::Call { request, reply }) => return Ok(Next::Call(request, reply)),
+                Ok(Event::Closed) => live.agent.wait_for_exit(CLOSE_TO_EXIT),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(self.fail("the gateway stopped".into()))
@@ -315,6 +317,7 @@ impl AgentEnv {
             self.gateway.base_url(),
             &mailbox.key,
             &task,
+            mailbox.notify.clone(),
         )?;
         self.live = Some(Live {
             mailbox,
@@ -503,6 +506,9 @@ impl AgentEnv {
 /// How long an agent told that its episode failed (409) may take to exit on its own (APR-2).
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
+/// How long an agent that closed its stderr is given to be reaped before polling resumes.
+const CLOSE_TO_EXIT: Duration = Duration::from_millis(100);
+
 /// How often a waiting episode looks at its agent process.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -549,8 +555,13 @@ impl Env for AgentEnv {
         self.answer(turn)
     }
 
+    /// Asked once, after the first call (OAI-5): decoding every token alone is paid only by
+    /// episodes whose agent asks for log-probs.
     fn wants_token_logprobs(&self) -> bool {
-        true
+        self.live
+            .as_ref()
+            .and_then(|l| l.pending.as_ref())
+            .is_some_and(|(_, asked)| *asked)
     }
 
     /// The row's answer (demonstrations of an agent's episodes come from its own data).

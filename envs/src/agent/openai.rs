@@ -20,7 +20,9 @@
 //!   `finish_reason`, then `data: [DONE]`.
 //! - OAI-5 `logprobs: true` returns every sampled content token (the stop token excluded) with
 //!   its log-probability under the sampling distribution at `rollout.temperature`: exactly the
-//!   behaviour log-probs stored with the episode, which the learner's ratio starts from.
+//!   behaviour log-probs stored with the episode, which the learner's ratio starts from. The
+//!   tokens are decoded for an episode whose first call asks; a later call of an episode whose
+//!   first did not gets `logprobs: null`.
 //!   `top_logprobs` > 0 is refused (400): keel keeps only the sampled token's. `finish_reason`
 //!   is `tool_calls` when calls parsed, `length` when the turn hit `rollout.max_turn_tokens`,
 //!   else `stop`.

@@ -5,10 +5,12 @@
 //! (real chat template) on the same single-turn rows, seed and sampler, differing only in who
 //! asks for the turn:
 //! - `direct`: the `dataset` env; the engine renders each row's prompt and samples the answer.
-//! - `gateway`: the `agent` env; each episode starts an agent process (this binary with
-//!   `--agent`: a compiled HTTP client, so Python start-up is not what is timed) that sends the
-//!   row's prompt to `/v1/chat/completions` once; keel's verifier scores the answer
-//!   (`env.agent.reward = "verifier"`), as the dataset env does.
+//! - `gateway`: the `agent` env; each episode starts an agent process that sends the row's
+//!   prompt to `/v1/chat/completions` once; keel's verifier scores the answer
+//!   (`env.agent.reward = "verifier"`), as the dataset env does. Two agents: keel-echo-agent
+//!   (compiled, no libtorch: starts in about a millisecond, so the gateway is what is timed)
+//!   and the same call from Python on the standard library (`json` + `urllib`: the lightest
+//!   real agent, whose start-up is ~150 ms of CPU).
 //!
 //! A batch is `--agents` concurrent episodes. The figure is the mean seconds to sample one
 //! batch (the `rollout` events' `sample_seconds`), gateway over direct, measured in the same
@@ -16,7 +18,7 @@
 //! cell's episodes (one call each) over its sampling seconds.
 //!
 //! ```text
-//! cargo build --release -p keel-integration --bin keel-bench-gateway
+//! cargo build --release -p keel-envs -p keel-integration --bin keel-echo-agent --bin keel-bench-gateway
 //! target/release/keel-bench-gateway [--steps 4] [--agents 64] [--turn-tokens 16]
 //! ```
 
@@ -63,19 +65,15 @@ fn parse_args() -> Result<Args> {
     Ok(args)
 }
 
-/// The agent: one chat-completions call with the task's prompt, then exit.
-fn agent() -> Result<()> {
-    let task: serde_json::Value =
-        serde_json::from_str(&std::env::var("KEEL_TASK").context("KEEL_TASK")?)?;
-    let base = std::env::var("OPENAI_BASE_URL").context("OPENAI_BASE_URL")?;
-    let key = std::env::var("OPENAI_API_KEY").context("OPENAI_API_KEY")?;
-    let body = serde_json::json!({"model": "policy", "messages": task["prompt"]});
-    ureq::post(&format!("{base}/chat/completions"))
-        .header("Authorization", &format!("Bearer {key}"))
-        .send_json(&body)
-        .context("the chat call")?;
-    Ok(())
-}
+/// The Python agent: one chat-completions call with the task's prompt, then exit.
+const PY_AGENT: &str = r#"import json, os, urllib.request
+task = json.loads(os.environ["KEEL_TASK"])
+body = json.dumps({"model": "policy", "messages": task["prompt"]}).encode()
+urllib.request.urlopen(urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "Content-Type": "application/json"})).read()
+"#;
 
 /// 4 × `agents` rows "What is a + b?" with their sums.
 fn write_rows(path: &Path, agents: usize) -> Result<()> {
@@ -93,12 +91,12 @@ fn write_rows(path: &Path, agents: usize) -> Result<()> {
     Ok(std::fs::write(path, rows.join("\n"))?)
 }
 
-fn cell_toml(args: &Args, data: &Path, model: &Path, agent: Option<&Path>) -> Result<String> {
-    let env = match agent {
-        None => "name = \"dataset\"".to_string(),
-        Some(bin) => format!(
-            "name = \"agent\"\n[env.agent]\ncommand = [{:?}, \"--agent\"]\nreward = \"verifier\"\nmax_calls = 1",
-            bin.to_str().context("utf-8 binary path")?
+fn cell_toml(args: &Args, data: &Path, model: &Path, agent: &[String]) -> Result<String> {
+    let env = match agent.is_empty() {
+        true => "name = \"dataset\"".to_string(),
+        false => format!(
+            "name = \"agent\"\n[env.agent]\ncommand = {:?}\nreward = \"verifier\"\nmax_calls = 1",
+            agent
         ),
     };
     let data = data.to_str().context("utf-8 data path")?;
@@ -177,33 +175,47 @@ fn run_cell(toml: &str) -> Result<(f64, f64)> {
 }
 
 fn main() -> Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("--agent") {
-        return agent();
-    }
     let args = parse_args()?;
     tch::set_num_threads(1);
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("rows.jsonl");
     write_rows(&data, args.agents)?;
     let model = keel_integration::family_models().join("qwen2.5");
-    let me = std::env::current_exe()?;
-    let (direct, episodes) = run_cell(&cell_toml(&args, &data, &model, None)?)?;
-    let (gateway, gateway_episodes) = run_cell(&cell_toml(&args, &data, &model, Some(&me))?)?;
+    let script = dir.path().join("agent.py");
+    std::fs::write(&script, PY_AGENT)?;
+    let echo = std::env::current_exe()?.with_file_name("keel-echo-agent");
+    if !echo.exists() {
+        bail!(
+            "{} is missing: build it (cargo build -p keel-envs --bin keel-echo-agent)",
+            echo.display()
+        );
+    }
+    let path = |p: &Path| p.to_str().map(str::to_owned).context("utf-8 path");
+    let (direct, episodes) = run_cell(&cell_toml(&args, &data, &model, &[])?)?;
+    let cells = [
+        ("gateway, keel-echo-agent", vec![path(&echo)?]),
+        (
+            "gateway, Python urllib agent",
+            vec!["python3".into(), path(&script)?],
+        ),
+    ];
     println!(
         "{} concurrent episodes per batch, {} steps, turns of up to {} tokens (tiny Qwen2.5, 1 thread)",
         args.agents, args.steps, args.turn_tokens
     );
-    println!("| cell | sampling s/batch | episodes/batch | vs direct |");
-    println!("|---|---|---|---|");
-    println!("| direct (dataset env) | {direct:.3} | {episodes:.1} | 1.000× |");
+    println!("| cell | sampling s/batch | episodes/batch | vs direct | calls/s |");
+    println!("|---|---|---|---|---|");
     println!(
-        "| gateway (agent env, one call per agent process) | {gateway:.3} | {gateway_episodes:.1} | {:.3}× |",
-        gateway / direct
+        "| direct (dataset env) | {direct:.3} | {episodes:.1} | 1.000× | {:.1} |",
+        episodes / direct
     );
-    println!(
-        "gateway overhead per batch: {:+.1}%; calls/s through the gateway: {:.1}",
-        100.0 * (gateway / direct - 1.0),
-        gateway_episodes / gateway
-    );
+    for (name, agent) in cells {
+        let (gateway, n) = run_cell(&cell_toml(&args, &data, &model, &agent)?)?;
+        println!(
+            "| {name} | {gateway:.3} | {n:.1} | {:.3}× | {:.1} |",
+            gateway / direct,
+            n / gateway
+        );
+    }
     Ok(())
 }
