@@ -59,7 +59,8 @@ fn parse_args() -> Result<Args> {
             ),
         }
     }
-    if args.steps == 0 || args.agents < 4 || args.agents % 4 != 0 || args.turn_tokens == 0 {
+    if args.steps == 0 || args.agents < 4 || !args.agents.is_multiple_of(4) || args.turn_tokens == 0
+    {
         bail!("--steps and --turn-tokens must be at least 1, --agents a multiple of 4");
     }
     Ok(args)
