@@ -12,28 +12,18 @@ import argparse
 import asyncio
 import json
 import os
-import urllib.request
 
 from agents import (Agent, MaxTurnsExceeded, OpenAIChatCompletionsModel, Runner,
                     function_tool, set_tracing_disabled)
 from openai import AsyncOpenAI
 
-from calculator_agent import calculate
+from calculator_agent import calculate, post_reward
 
 
 @function_tool
 def calculator(expression: str) -> str:
     """Evaluates an arithmetic expression of numbers, + - * / and parentheses."""
     return calculate(expression)
-
-
-def post_reward(reward):
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"].rstrip("/") + "/keel/reward",
-        data=json.dumps({"reward": reward}).encode(),
-        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
-                 "Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=30).read()
 
 
 async def main():

@@ -102,25 +102,67 @@ algo = "grpo"
     path
 }
 
-#[test]
-fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
+/// A finished `keel train` of an agent: its temp dir, the agents' log folder and the run root.
+struct AgentRun {
+    dir: tempfile::TempDir,
+    logs: std::path::PathBuf,
+    root: std::path::PathBuf,
+    model: std::path::PathBuf,
+}
+
+/// Trains 2 steps with `python3 SCRIPT ARGS... LOGS` as the agent (`extra`: more
+/// `[env.agent]` keys).
+fn train_agent(script: &str, args: &[&str], extra: &str) -> AgentRun {
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).expect("logs");
     let model = family_models().join("qwen2.5");
-    let command = [
+    let mut command = vec![
         "python3".to_string(),
-        agent_script("../examples/agents/calculator_agent.py")
-            .display()
-            .to_string(),
-        "--follow-up".into(),
-        "--logprobs".into(),
-        "--log".into(),
-        logs.display().to_string(),
+        agent_script(script).display().to_string(),
     ];
-    let config = config(dir.path(), &command, "");
+    command.extend(args.iter().map(|a| a.to_string()));
+    command.push(logs.display().to_string());
+    let config = config(dir.path(), &command, extra);
     let root = dir.path().join("run");
     run_train(&config, &root, &["--model", &model.to_string_lossy()]);
+    AgentRun {
+        dir,
+        logs,
+        root,
+        model,
+    }
+}
+
+/// Episodes trained and episodes failed, summed over the run's `rollout` events.
+fn rollout_counts(root: &Path) -> (usize, usize) {
+    let (mut trained, mut failed) = (0, 0);
+    for event in train_events(root) {
+        if let TrainEvent::Rollout {
+            episodes,
+            failed_episodes,
+            ..
+        } = event
+        {
+            trained += episodes;
+            failed += failed_episodes;
+        }
+    }
+    (trained, failed)
+}
+
+#[test]
+fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
+    let AgentRun {
+        dir,
+        logs,
+        root,
+        model,
+    } = train_agent(
+        "../examples/agents/calculator_agent.py",
+        &["--follow-up", "--logprobs", "--log"],
+        "",
+    );
 
     let rendered = dir.path().join("rendered.json");
     python(&[
@@ -217,23 +259,13 @@ fn a_bad_agent_command_is_refused_before_anything_runs() {
 /// the `rollout` events, and no agent outlives its episode (APR-2).
 #[test]
 fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("logs");
-    let model = family_models().join("qwen2.5");
-    let command = [
-        "python3".to_string(),
-        agent_script("tests/python/hostile_agent.py")
-            .display()
-            .to_string(),
-        logs.display().to_string(),
-    ];
-    let extra = "max_request_bytes = 65536\ntimeout_s = 12";
-    let config = config(dir.path(), &command, extra);
-    let root = dir.path().join("run");
-    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
-
-    let mut seen: Vec<serde_json::Value> = std::fs::read_dir(&logs)
+    let run = train_agent(
+        "tests/python/hostile_agent.py",
+        &[],
+        "max_request_bytes = 65536\ntimeout_s = 12",
+    );
+    let logs = &run.logs;
+    let mut seen: Vec<serde_json::Value> = std::fs::read_dir(logs)
         .expect("logs")
         .filter_map(|e| e.ok())
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
@@ -280,18 +312,7 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
             "agent {agent} outlived its episode"
         );
     }
-    let (mut trained, mut failed) = (0, 0);
-    for event in train_events(&root) {
-        if let TrainEvent::Rollout {
-            episodes,
-            failed_episodes,
-            ..
-        } = event
-        {
-            trained += episodes;
-            failed += failed_episodes;
-        }
-    }
+    let (trained, failed) = rollout_counts(&run.root);
     assert!(
         trained > 0 && failed > 0,
         "trained {trained}, failed {failed}"
@@ -303,34 +324,16 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
 /// call the SDK makes extends its conversation as the gateway requires, so no episode fails.
 #[test]
 fn an_openai_agents_sdk_agent_trains_unchanged() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("logs");
-    let model = family_models().join("qwen2.5");
-    let command = [
-        "python3".to_string(),
-        agent_script("../examples/agents/agents_sdk_calculator.py")
-            .display()
-            .to_string(),
-        "--log".into(),
-        logs.display().to_string(),
-    ];
-    let config = config(dir.path(), &command, "");
-    let root = dir.path().join("run");
-    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
-    let (mut trained, mut failed) = (0, 0);
-    for event in train_events(&root) {
-        if let TrainEvent::Rollout {
-            episodes,
-            failed_episodes,
-            ..
-        } = event
-        {
-            trained += episodes;
-            failed += failed_episodes;
-        }
-    }
-    assert_eq!((trained, failed), (8, 0), "2 steps of 2 tasks x 2 episodes");
-    let conversations = std::fs::read_dir(&logs).expect("logs").count();
+    let run = train_agent(
+        "../examples/agents/agents_sdk_calculator.py",
+        &["--log"],
+        "",
+    );
+    assert_eq!(
+        rollout_counts(&run.root),
+        (8, 0),
+        "2 steps of 2 tasks x 2 episodes"
+    );
+    let conversations = std::fs::read_dir(&run.logs).expect("logs").count();
     assert!(conversations >= 8, "{conversations} SDK runs logged");
 }
