@@ -268,14 +268,6 @@ impl EnvBuilder {
             Shared::Nothing => build_builtin(&self.cfg),
         }
     }
-
-    /// The agent gateway's base URL (`agent` env only).
-    pub fn gateway_url(&self) -> Option<&str> {
-        match &self.shared {
-            Shared::Agent(_, gateway, _, _) => Some(gateway.base_url()),
-            _ => None,
-        }
-    }
 }
 
 /// The rows of `cfg.dataset` and its reward service, read once per builder (DS-1).

@@ -25,6 +25,7 @@ use rand::RngCore;
 use serde_json::{json, Value};
 
 use super::openai::{error_body, Answer, ChatRequest};
+use super::Sampling;
 use crate::error::EnvError;
 
 /// What a call is answered with: the assistant's answer or an HTTP error.
@@ -78,12 +79,8 @@ pub enum Event {
 pub struct CallLimits {
     /// Largest request body.
     pub max_request_bytes: usize,
-    /// The run's sampling temperature.
-    pub temperature: f64,
-    /// Tokens every turn may sample.
-    pub max_turn_tokens: usize,
-    /// The name `/v1/models` lists.
-    pub model: String,
+    /// The run's sampling: temperature, turn length, and the name `/v1/models` lists.
+    pub sampling: Sampling,
 }
 
 type Episodes = Mutex<HashMap<String, SyncSender<Event>>>;
@@ -189,7 +186,7 @@ fn serve(mut request: tiny_http::Request, episodes: &Episodes, limits: &CallLimi
     let answer = match (request.method(), path.as_str()) {
         (tiny_http::Method::Get, "/v1/models") => Ok(Body::Json(json!({
             "object": "list",
-            "data": [{"id": limits.model, "object": "model", "created": 0, "owned_by": "keel"}],
+            "data": [{"id": limits.sampling.model, "object": "model", "created": 0, "owned_by": "keel"}],
         }))),
         (tiny_http::Method::Post, "/v1/chat/completions") => {
             chat(&mut request, episodes, limits)
@@ -252,6 +249,17 @@ fn episode_of(
     })
 }
 
+/// The episode a call names (GTW-2), then its body (GTW-3): a bad key is refused before the
+/// body is read.
+fn episode_and_body(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    limits: &CallLimits,
+) -> Result<(SyncSender<Event>, Value), HttpError> {
+    let episode = episode_of(request, episodes)?;
+    Ok((episode, body(request, limits)?))
+}
+
 /// The body, refused past the limit without reading further (GTW-3).
 fn body(request: &mut tiny_http::Request, limits: &CallLimits) -> Result<Value, HttpError> {
     let max = limits.max_request_bytes;
@@ -282,8 +290,7 @@ fn chat(
     episodes: &Episodes,
     limits: &CallLimits,
 ) -> Result<Body, HttpError> {
-    let episode = episode_of(request, episodes)?;
-    let value = body(request, limits)?;
+    let (episode, value) = episode_and_body(request, episodes, limits)?;
     let call: ChatRequest = serde_json::from_value(value)
         .map_err(|e| HttpError::new(400, format!("not a chat-completions request: {e}")))?;
     check_call(&call, limits)?;
@@ -296,12 +303,20 @@ fn chat(
         })
         .map_err(|_| ended())?;
     let answer = rx.recv().map_err(|_| ended())??;
-    let created = crate::agent::unix_secs();
+    let created = unix_secs();
     let id = format!("chatcmpl-{}", answer.call);
     Ok(match stream {
         true => Body::Events(answer.answer.sse(&id, &model, created, answer.call)),
         false => Body::Json(answer.answer.completion(&id, &model, created, answer.call)),
     })
+}
+
+/// Seconds since the Unix epoch (the `created` field of answers).
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
 }
 
 fn ended() -> HttpError {
@@ -312,8 +327,8 @@ fn ended() -> HttpError {
 fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> {
     let bad = |m: String| Err(HttpError::new(400, m));
     if let Some(t) = call.temperature {
-        if (t - limits.temperature).abs() > 1e-6 {
-            return bad(format!("temperature = {t}: keel samples at the run's rollout.temperature = {} (the learner's log-probs assume it); omit temperature or send that value", limits.temperature));
+        if (t - limits.sampling.temperature).abs() > 1e-6 {
+            return bad(format!("temperature = {t}: keel samples at the run's rollout.temperature = {} (the learner's log-probs assume it); omit temperature or send that value", limits.sampling.temperature));
         }
     }
     if call.top_logprobs.is_some_and(|k| k > 0) {
@@ -333,8 +348,8 @@ fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> 
         );
     }
     if let Some(m) = call.max_completion_tokens.or(call.max_tokens) {
-        if (m as usize) < limits.max_turn_tokens {
-            return bad(format!("max_tokens = {m} is below the run's rollout.max_turn_tokens = {}: every turn may sample that many; omit max_tokens or raise it", limits.max_turn_tokens));
+        if (m as usize) < limits.sampling.max_turn_tokens {
+            return bad(format!("max_tokens = {m} is below the run's rollout.max_turn_tokens = {}: every turn may sample that many; omit max_tokens or raise it", limits.sampling.max_turn_tokens));
         }
     }
     for m in &call.messages {
@@ -351,8 +366,7 @@ fn reward(
     episodes: &Episodes,
     limits: &CallLimits,
 ) -> Result<Body, HttpError> {
-    let episode = episode_of(request, episodes)?;
-    let value = body(request, limits)?;
+    let (episode, value) = episode_and_body(request, episodes, limits)?;
     let reward = value
         .get("reward")
         .and_then(Value::as_f64)

@@ -5,15 +5,18 @@ use std::time::Duration;
 
 use super::gateway::{CallLimits, Event, Gateway, Served};
 use super::openai::Answer;
+use super::Sampling;
 
 fn gateway() -> Gateway {
     Gateway::start(
         "127.0.0.1:0",
         CallLimits {
             max_request_bytes: 4096,
-            temperature: 1.0,
-            max_turn_tokens: 16,
-            model: "policy".into(),
+            sampling: Sampling {
+                temperature: 1.0,
+                max_turn_tokens: 16,
+                model: "policy".into(),
+            },
         },
     )
     .expect("gateway")

@@ -162,20 +162,10 @@ impl AgentConfig {
             &self.bind,
             CallLimits {
                 max_request_bytes: self.max_request_bytes,
-                temperature: self.sampling.temperature,
-                max_turn_tokens: self.sampling.max_turn_tokens,
-                model: self.sampling.model.clone(),
+                sampling: self.sampling.clone(),
             },
         )
     }
-}
-
-/// Seconds since the Unix epoch (the `created` field of answers).
-pub(crate) fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
 }
 
 /// What the conversation holds, to check that a call extends it (AGT-1).
