@@ -95,7 +95,7 @@ mod tests {
         let s = t.special();
         let mut env = make_env("calc", 2).expect("env");
         let seeds: Vec<u64> = (0..20).map(|i| task_seed(Split::Train, i)).collect();
-        for d in demonstrations(env.as_mut(), &t, &seeds, 0.3, 5).expect("demos") {
+        for d in demonstrations(&mut [env.as_mut()], &t, &seeds, 0.3, 5).expect("demos") {
             let (tokens, mask) = render_demonstration(&c, &d, "").expect("render");
             let mut want = vec![s.bos];
             want.extend(t.encode(&d.prompt).unwrap());

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use actix::{Addr, SyncArbiter};
 use bytes::Bytes;
-use keel_envs::{build_env, demonstrations, task_seed, Env, Split};
+use keel_envs::{demonstrations, task_seed, Env, Split};
 use keel_store::{
     CheckpointManifest, DataPosition, ExpectHead, LifeEnd, LifeRecord, NewCheckpoint, RunStore,
     StoreError,
@@ -913,11 +913,22 @@ fn make_demos(
     if cfg.sft.steps == 0 {
         return Ok(Vec::new());
     }
-    let mut env: Box<dyn Env> = build_env(&cfg.env_config())?;
     let seeds: Vec<u64> = (0..cfg.sft.demos as u64)
         .map(|i| task_seed(Split::Train, SFT_TASK_OFFSET + i))
         .collect();
-    let demos = demonstrations(env.as_mut(), tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
+    // As many instances as the rollout runs env calls at once: an env whose episodes wait on
+    // something (an agent program, a server) is demonstrated as concurrently as it is sampled.
+    let workers = (cfg.env.concurrency * cfg.rollout.env_shards).clamp(1, seeds.len().max(1));
+    let builder = keel_envs::EnvBuilder::new(&cfg.env_config())?;
+    let mut envs: Vec<Box<dyn Env>> = (0..workers)
+        .map(|_| builder.build())
+        .collect::<Result<_, _>>()?;
+    let mut refs: Vec<&mut dyn Env> = Vec::with_capacity(workers);
+    for env in &mut envs {
+        refs.push(env.as_mut());
+    }
+    tracing::info!(demos = seeds.len(), workers, env = %cfg.env.name, "SFT: demonstrating");
+    let demos = demonstrations(&mut refs, tokenizer, &seeds, cfg.sft.noise, cfg.run.seed)?;
     // A demonstration longer than the model's context cannot be trained on: leave it out.
     let total = demos.len();
     let mut fit = Vec::with_capacity(total);

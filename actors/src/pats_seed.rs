@@ -136,7 +136,7 @@ mod tests {
             .map(|i| task_seed(Split::Train, 10_000 + i))
             .collect();
         let codec = cfg.chat_codec(&tok).expect("codec");
-        let demos = demonstrations(env.as_mut(), &tok, &seeds, 0.3, 7).expect("demos");
+        let demos = demonstrations(&mut [env.as_mut()], &tok, &seeds, 0.3, 7).expect("demos");
         let plain: Vec<SftSequence> = demos
             .iter()
             .map(|d| render_demonstration(&codec, d, "").expect("render"))

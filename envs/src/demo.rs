@@ -20,6 +20,8 @@
 //!   rng seed); the `i`-th uses its own random stream `i`, so it does not depend on the others.
 //! - DM-3 With `noise = 0` every demonstration is the oracle's and succeeds.
 //! - DM-4 `success` is the environment's verdict at the end of the episode.
+//! - DM-5 Sharing the work over several env instances changes nothing but the wall time: the
+//!   result is the one a single instance gives, in task-seed order (by DM-2).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -59,10 +61,13 @@ pub struct Demonstration {
     pub success: bool,
 }
 
-/// One demonstration per task seed (DM-1..DM-4); `noise` is the per-turn mistake probability;
-/// `tokenizer` is the env's vocabulary, which mistakes stay inside.
+/// One demonstration per task seed (DM-1..DM-5); `noise` is the per-turn mistake probability;
+/// `tokenizer` is the env's vocabulary, which mistakes stay inside. The work is shared out over
+/// `envs` (instances of one env config), one thread each: demonstration `i` runs on instance
+/// `i mod envs.len()`, so an env whose episodes wait on something (an agent program, a server)
+/// demonstrates `envs.len()` tasks at once.
 pub fn demonstrations(
-    env: &mut dyn Env,
+    envs: &mut [&mut dyn Env],
     tokenizer: &Tokenizer,
     task_seeds: &[u64],
     noise: f64,
@@ -71,15 +76,58 @@ pub fn demonstrations(
     if !(0.0..=1.0).contains(&noise) {
         return Err(EnvError::InvalidNoise { noise });
     }
-    task_seeds
-        .iter()
-        .enumerate()
-        .map(|(i, &seed)| {
+    if envs.is_empty() && !task_seeds.is_empty() {
+        return Err(EnvError::NoEnvInstance);
+    }
+    let workers = envs.len().max(1);
+    let mut slots: Vec<Option<Result<Demonstration, EnvError>>> = std::iter::repeat_with(|| None)
+        .take(task_seeds.len())
+        .collect();
+    let demonstrate_share = |w: usize, env: &mut dyn Env| {
+        let mut done = Vec::new();
+        for i in (w..task_seeds.len()).step_by(workers) {
             let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
             rng.set_stream(i as u64);
-            demonstrate(env, tokenizer, seed, noise, &mut rng)
+            let demo = demonstrate(env, tokenizer, task_seeds[i], noise, &mut rng);
+            let failed = demo.is_err();
+            done.push((i, demo));
+            if failed {
+                break;
+            }
+        }
+        done
+    };
+    let shares: Vec<Vec<(usize, Result<Demonstration, EnvError>)>> = match envs {
+        [env] => vec![demonstrate_share(0, &mut **env)],
+        _ => std::thread::scope(|scope| {
+            let handles: Vec<_> = envs
+                .iter_mut()
+                .enumerate()
+                .map(|(w, env)| {
+                    let share = &demonstrate_share;
+                    scope.spawn(move || share(w, &mut **env))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        }),
+    };
+    for (i, demo) in shares.into_iter().flatten() {
+        slots[i] = Some(demo);
+    }
+    // A share stops at its first error; report the first error in seed order.
+    if let Some(e) = slots
+        .iter_mut()
+        .find_map(|d| match d.take_if(|d| d.is_err()) {
+            Some(Err(e)) => Some(e),
+            _ => None,
         })
-        .collect()
+    {
+        return Err(e);
+    }
+    Ok(slots.into_iter().flatten().flatten().collect())
 }
 
 fn demonstrate(
@@ -212,7 +260,7 @@ mod tests {
         for n_ops in 1..=4 {
             let mut env = CalcEnv::new(CalcConfig { n_ops });
             let seeds = seeds(100);
-            let demos = demonstrations(&mut env, &tok, &seeds, 0.0, 1).unwrap();
+            let demos = demonstrations(&mut [&mut env], &tok, &seeds, 0.0, 1).unwrap();
             assert_eq!(demos.len(), seeds.len());
             for (d, &seed) in demos.iter().zip(&seeds) {
                 assert!(d.success);
@@ -226,13 +274,13 @@ mod tests {
         let tok = Tokenizer::calc();
         let mut env = CalcEnv::new(CalcConfig { n_ops: 2 });
         let seeds = seeds(300);
-        let demos = demonstrations(&mut env, &tok, &seeds, 0.3, 2).unwrap();
+        let demos = demonstrations(&mut [&mut env], &tok, &seeds, 0.3, 2).unwrap();
         let solved = demos.iter().filter(|d| d.success).count();
         assert!(solved > 60 && solved < 270, "solved {solved}/300");
         for (d, &seed) in demos.iter().zip(&seeds) {
             check_replay(&mut env, seed, d);
         }
-        let all_noise = demonstrations(&mut env, &tok, &seeds, 1.0, 2).unwrap();
+        let all_noise = demonstrations(&mut [&mut env], &tok, &seeds, 1.0, 2).unwrap();
         assert!(all_noise.iter().all(|d| !d.success));
     }
 
@@ -241,13 +289,31 @@ mod tests {
         let tok = Tokenizer::calc();
         let mut env = CalcEnv::new(CalcConfig { n_ops: 3 });
         let seeds = seeds(50);
-        let a = demonstrations(&mut env, &tok, &seeds, 0.3, 9).unwrap();
-        let b = demonstrations(&mut env, &tok, &seeds, 0.3, 9).unwrap();
+        let a = demonstrations(&mut [&mut env], &tok, &seeds, 0.3, 9).unwrap();
+        let b = demonstrations(&mut [&mut env], &tok, &seeds, 0.3, 9).unwrap();
         assert_eq!(a, b);
-        let prefix = demonstrations(&mut env, &tok, &seeds[..10], 0.3, 9).unwrap();
+        let prefix = demonstrations(&mut [&mut env], &tok, &seeds[..10], 0.3, 9).unwrap();
         assert_eq!(&a[..10], &prefix[..]);
-        let c = demonstrations(&mut env, &tok, &seeds, 0.3, 10).unwrap();
+        let c = demonstrations(&mut [&mut env], &tok, &seeds, 0.3, 10).unwrap();
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn dm5_sharing_over_instances_changes_nothing() {
+        let tok = Tokenizer::calc();
+        let seeds = seeds(23);
+        let mut one = CalcEnv::new(CalcConfig { n_ops: 3 });
+        let alone = demonstrations(&mut [&mut one], &tok, &seeds, 0.3, 9).unwrap();
+        let mut envs: Vec<CalcEnv> = (0..4)
+            .map(|_| CalcEnv::new(CalcConfig { n_ops: 3 }))
+            .collect();
+        let mut refs: Vec<&mut dyn Env> = envs.iter_mut().map(|e| e as &mut dyn Env).collect();
+        let shared = demonstrations(&mut refs, &tok, &seeds, 0.3, 9).unwrap();
+        assert_eq!(alone, shared);
+        assert!(matches!(
+            demonstrations(&mut [], &tok, &seeds, 0.3, 9),
+            Err(EnvError::NoEnvInstance)
+        ));
     }
 
     #[test]
@@ -284,7 +350,7 @@ mod tests {
         let mut env = CalcEnv::new(CalcConfig::default());
         for noise in [-0.1, 1.1, f64::NAN] {
             assert!(matches!(
-                demonstrations(&mut env, &tok, &[1], noise, 0),
+                demonstrations(&mut [&mut env], &tok, &[1], noise, 0),
                 Err(EnvError::InvalidNoise { .. })
             ));
         }

@@ -80,6 +80,9 @@ pub enum EnvError {
         /// What failed.
         reason: String,
     },
+    /// Demonstrations were asked of no env instance.
+    #[error("demonstrations need at least one env instance")]
+    NoEnvInstance,
     /// The demonstration noise probability is not in `[0, 1]`.
     #[error("demonstration noise = {noise}, expected a probability in [0, 1]")]
     InvalidNoise {

@@ -275,9 +275,9 @@ fn demonstrations_stay_in_the_vocabulary_and_end_on_a_turn_for_every_env() {
         let mut e = env(&cfg);
         let tok = Tokenizer::for_env(e.as_ref());
         let seeds: Vec<u64> = (0..100).map(|i| task_seed(Split::Train, i)).collect();
-        let clean = demonstrations(e.as_mut(), &tok, &seeds, 0.0, 1).unwrap();
+        let clean = demonstrations(&mut [e.as_mut()], &tok, &seeds, 0.0, 1).unwrap();
         assert!(clean.iter().all(|d| d.success), "{}", cfg.name);
-        let noisy = demonstrations(e.as_mut(), &tok, &seeds, 0.5, 1).unwrap();
+        let noisy = demonstrations(&mut [e.as_mut()], &tok, &seeds, 0.5, 1).unwrap();
         let ok = noisy.iter().filter(|d| d.success).count();
         assert!(ok < 100, "{}: noise 0.5 never failed", cfg.name);
         for d in &noisy {

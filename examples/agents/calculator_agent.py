@@ -9,13 +9,15 @@ an ordinary agent (with KEEL_TASK set by hand).
 
 Options: --follow-up asks the model to check its answer once (a second user turn);
 --logprobs asks for the sampled tokens' log-probs; --log DIR writes the final conversation
-(and the log-probs) to DIR/<api key>.json (used by keel's tests).
+(with the log-probs, the task's split and when it ran) to DIR/<api key>.json (used by keel's
+tests).
 """
 import argparse
 import ast
 import json
 import operator
 import os
+import time
 import urllib.request
 
 from openai import OpenAI
@@ -91,6 +93,7 @@ def main():
     parser.add_argument("--logprobs", action="store_true")
     args = parser.parse_args()
     logprobs = [] if args.logprobs else None
+    started = time.time()
     task = json.loads(os.environ["KEEL_TASK"])
     client = OpenAI(max_retries=0)
     messages = [{"role": m["role"], "content": m["content"]} for m in task["prompt"]]
@@ -104,7 +107,8 @@ def main():
     if args.log:
         with open(os.path.join(args.log, os.environ["OPENAI_API_KEY"] + ".json"), "w") as f:
             json.dump({"messages": messages, "tools": TOOLS, "reward": reward,
-                       "logprobs": logprobs}, f)
+                       "logprobs": logprobs, "split": task["split"],
+                       "ran": [started, time.time()]}, f)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ fn agent_script(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
 }
 
-fn config(dir: &Path, command: &[String], extra: &str) -> std::path::PathBuf {
+fn config(dir: &Path, command: &[String], extra: &str, sft: &str) -> std::path::PathBuf {
     let data = dataset(dir);
     let command: Vec<String> = command.iter().map(|c| format!("{c:?}")).collect();
     let path = dir.join("agent.toml");
@@ -76,7 +76,7 @@ command = [{command}]
 context_len = 1024
 
 [sft]
-steps = 0
+{sft}
 
 [rollout]
 tasks_per_batch = 2
@@ -92,6 +92,10 @@ enabled = false
 algo = "grpo"
 "#,
             command = command.join(", "),
+            sft = match sft {
+                "" => "steps = 0",
+                sft => sft,
+            },
             extra = match extra.contains("timeout_s") {
                 true => extra.to_string(),
                 false => format!("timeout_s = 120\n{extra}"),
@@ -112,7 +116,7 @@ struct AgentRun {
 
 /// Trains 2 steps with `python3 SCRIPT ARGS... LOGS` as the agent (`extra`: more
 /// `[env.agent]` keys).
-fn train_agent(script: &str, args: &[&str], extra: &str) -> AgentRun {
+fn train_agent(script: &str, args: &[&str], extra: &str, sft: &str) -> AgentRun {
     let dir = tempfile::tempdir().expect("tempdir");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&logs).expect("logs");
@@ -123,7 +127,7 @@ fn train_agent(script: &str, args: &[&str], extra: &str) -> AgentRun {
     ];
     command.extend(args.iter().map(|a| a.to_string()));
     command.push(logs.display().to_string());
-    let config = config(dir.path(), &command, extra);
+    let config = config(dir.path(), &command, extra, sft);
     let root = dir.path().join("run");
     run_train(&config, &root, &["--model", &model.to_string_lossy()]);
     AgentRun {
@@ -161,6 +165,7 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
     } = train_agent(
         "../examples/agents/calculator_agent.py",
         &["--follow-up", "--logprobs", "--log"],
+        "",
         "",
     );
 
@@ -243,7 +248,7 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
 fn a_bad_agent_command_is_refused_before_anything_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = family_models().join("qwen2.5");
-    let config = config(dir.path(), &[], "");
+    let config = config(dir.path(), &[], "", "");
     let root = dir.path().join("run");
     let out = train_output(&config, &root, &["--model", &model.to_string_lossy()]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -263,6 +268,7 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
         "tests/python/hostile_agent.py",
         &[],
         "max_request_bytes = 65536\ntimeout_s = 12",
+        "",
     );
     let logs = &run.logs;
     let mut seen: Vec<serde_json::Value> = std::fs::read_dir(logs)
@@ -328,6 +334,7 @@ fn an_openai_agents_sdk_agent_trains_unchanged() {
         "../examples/agents/agents_sdk_calculator.py",
         &["--log"],
         "",
+        "",
     );
     assert_eq!(
         rollout_counts(&run.root),
@@ -336,4 +343,50 @@ fn an_openai_agents_sdk_agent_trains_unchanged() {
     );
     let conversations = std::fs::read_dir(&run.logs).expect("logs").count();
     assert!(conversations >= 8, "{conversations} SDK runs logged");
+}
+
+/// The SFT warm start demonstrates through the agent program too (the row's answer as the
+/// model's turn, DM-1..5): every demonstration is a real agent episode, run as concurrently as
+/// the rollout runs them (`env.concurrency`), and SFT then trains on them before RL starts.
+#[test]
+fn the_sft_warm_start_demonstrates_through_concurrent_agents() {
+    let run = train_agent(
+        "../examples/agents/calculator_agent.py",
+        &["--log"],
+        "",
+        "steps = 2\nbatch_size = 4\ndemos = 12\nnoise = 0.0",
+    );
+    let demos: Vec<serde_json::Value> = std::fs::read_dir(&run.logs)
+        .expect("logs")
+        .filter_map(|e| e.ok())
+        .map(|e| serde_json::from_slice(&std::fs::read(e.path()).expect("log")).expect("json"))
+        .filter(|v: &serde_json::Value| {
+            v["split"] == "train" && v["messages"].as_array().is_some_and(|m| m.len() == 3)
+        })
+        .collect();
+    // Rollout episodes of the train split are there too; the 12 demonstrations all succeed.
+    let solved = demos.iter().filter(|d| d["reward"] == 1.0).count();
+    assert!(
+        solved >= 12,
+        "{solved} solved demonstrations of 12: {demos:?}"
+    );
+    let ran: Vec<(f64, f64)> = demos
+        .iter()
+        .filter_map(|d| Some((d["ran"][0].as_f64()?, d["ran"][1].as_f64()?)))
+        .collect();
+    let overlapping = ran
+        .iter()
+        .enumerate()
+        .any(|(i, a)| ran[i + 1..].iter().any(|b| a.0 < b.1 && b.0 < a.1));
+    assert!(overlapping, "demonstrations ran one at a time: {ran:?}");
+    let sft_steps: Vec<u64> = train_events(&run.root)
+        .into_iter()
+        .filter_map(|e| match e {
+            TrainEvent::SftDone { steps, .. } => Some(steps),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sft_steps, vec![2]);
+    let (trained, _) = rollout_counts(&run.root);
+    assert!(trained > 0, "RL trained no episode after SFT");
 }

@@ -443,7 +443,8 @@ fn sft_demonstrations_never_reach_the_reward_service() {
     // What the SFT warm start runs (actors::job make_demos): noised oracle demonstrations.
     let tokenizer = keel_envs::Tokenizer::for_env(env.as_ref());
     let seeds: Vec<u64> = (0..24).map(|i| task_seed(Split::Train, i)).collect();
-    let demos = keel_envs::demonstrations(env.as_mut(), &tokenizer, &seeds, 0.5, 7).expect("demos");
+    let demos =
+        keel_envs::demonstrations(&mut [env.as_mut()], &tokenizer, &seeds, 0.5, 7).expect("demos");
     assert!(
         demos.iter().any(|d| d.success),
         "oracle answers score 1 (DS-3)"

@@ -40,7 +40,7 @@ fn sft_success(
     cfg.run.device = "cpu".into();
     cfg.run.seed = 3;
     let codec = || cfg.chat_codec(&tok).expect("codec");
-    let data: Vec<(Vec<u32>, Vec<u8>)> = demonstrations(env.as_mut(), &tok, &seeds, 0.15, 7)
+    let data: Vec<(Vec<u32>, Vec<u8>)> = demonstrations(&mut [env.as_mut()], &tok, &seeds, 0.15, 7)
         .expect("demos")
         .iter()
         .map(|d| render_demonstration(&codec(), d, "").expect("render"))
