@@ -29,7 +29,7 @@ use actix::{
     Actor, ActorFutureExt, Addr, Arbiter, AsyncContext, Context, Handler, Message, Supervised,
     Supervisor, WrapFuture,
 };
-use keel_envs::{Env, EnvSnapshot, LatencyModel, StepOutcome};
+use keel_envs::{Env, EnvSnapshot, LatencyModel, StepOutcome, TurnLimits};
 use tokio::sync::Semaphore;
 
 use crate::supervision::{run_caught, RestartBudget};
@@ -68,6 +68,8 @@ pub struct ResetOutcome {
     pub anchor_state: String,
     /// The env reads its turns' token log-probs (`Env::wants_token_logprobs`).
     pub token_logprobs: bool,
+    /// What the first turn is asked to be (`Env::next_turn`).
+    pub next_turn: TurnLimits,
 }
 
 /// What to do with an episode.
@@ -89,8 +91,14 @@ pub enum EnvReply {
     Started(ResetOutcome),
     /// The episode was restored.
     Restored,
-    /// The episode took a step.
-    Stepped(StepOutcome),
+    /// The episode took a step; `next_turn` is what its next turn is asked to be
+    /// (`Env::next_turn`, when it goes on).
+    Stepped {
+        /// The step's outcome.
+        outcome: StepOutcome,
+        /// `Env::next_turn` after the step.
+        next_turn: TurnLimits,
+    },
 }
 
 /// The answer to one request.
@@ -317,12 +325,21 @@ fn serve(
                     anchor_key: live.env.anchor_key(),
                     anchor_state: live.env.anchor_state(),
                     token_logprobs: live.env.wants_token_logprobs(),
+                    next_turn: live.env.next_turn(),
                 })
             }),
             EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
             EnvOp::Step(turn) => {
                 live.turn += 1;
-                live.env.try_step_turn(&turn).map(EnvReply::Stepped)
+                live.env
+                    .try_step_turn(&turn)
+                    .map(|outcome| EnvReply::Stepped {
+                        next_turn: match outcome.done {
+                            true => TurnLimits::default(),
+                            false => live.env.next_turn(),
+                        },
+                        outcome,
+                    })
             }
         };
         let reply = match reply {
@@ -335,7 +352,7 @@ fn serve(
                 )
             }
         };
-        let goes_on = !matches!(&reply, EnvReply::Stepped(o) if o.done);
+        let goes_on = !matches!(&reply, EnvReply::Stepped { outcome, .. } if outcome.done);
         if !goes_on {
             return (None, Ok(reply), None);
         }
@@ -467,7 +484,7 @@ mod tests {
 
     fn stepped(a: &EnvAnswer) -> StepOutcome {
         match &a.result {
-            Ok(EnvReply::Stepped(o)) => o.clone(),
+            Ok(EnvReply::Stepped { outcome, .. }) => outcome.clone(),
             other => panic!("expected a step outcome, got {other:?}"),
         }
     }

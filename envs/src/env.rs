@@ -97,8 +97,20 @@ pub struct SampledTurn {
     pub prompt_tokens: usize,
     /// Tokens sampled in this turn, the stop token included.
     pub completion_tokens: usize,
-    /// The turn ended at `rollout.max_turn_tokens`, not at a stop token.
+    /// The turn ended at its token limit (`rollout.max_turn_tokens`, or the smaller
+    /// [`TurnLimits::max_tokens`]), not at a stop token.
     pub truncated: bool,
+}
+
+/// What the env asks of its next sampled turn beyond the run's settings (the `agent` env: a
+/// call's own `max_tokens` and `stop`). The default asks nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TurnLimits {
+    /// Most tokens of the turn; the run's `rollout.max_turn_tokens` still bounds it.
+    pub max_tokens: Option<usize>,
+    /// Strings that end the turn once its decoded text contains one (the tokens sampled up to
+    /// then are kept and trained; the env decides what text its caller sees).
+    pub stop: Vec<String>,
 }
 
 /// One sampled token: its text alone and its log-probability.
@@ -207,6 +219,11 @@ pub trait Env: Send {
     /// its callers).
     fn wants_token_logprobs(&self) -> bool {
         false
+    }
+    /// What the next turn is asked to be (asked after `reset` and after every step that does
+    /// not end the episode).
+    fn next_turn(&self) -> TurnLimits {
+        TurnLimits::default()
     }
 }
 

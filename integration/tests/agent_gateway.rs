@@ -307,6 +307,18 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
             probe["retry_same"], true,
             "a retry gets the stored answer: {probe}"
         );
+        assert_eq!(
+            probe["retry_key"], true,
+            "a call with an answered Idempotency-Key gets the stored answer: {probe}"
+        );
+        assert!(
+            probe["capped_tokens"].as_u64().is_some_and(|n| n <= 2),
+            "max_tokens = 2 bounds the turn (AGT-7): {probe}"
+        );
+        assert_eq!(
+            probe["stop_cut"], true,
+            "the answer ends before its stop: {probe}"
+        );
     }
     for rewrite in of("rewrite") {
         assert_eq!(rewrite["rewrite"], 409, "{rewrite}");

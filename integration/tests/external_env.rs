@@ -395,7 +395,7 @@ fn latency_overlaps_and_each_episode_is_answered_when_its_own_step_is_done() {
 
 fn stepped(a: EnvAnswer) -> keel_envs::StepOutcome {
     match a.result {
-        Ok(EnvReply::Stepped(o)) => o,
+        Ok(EnvReply::Stepped { outcome, .. }) => outcome,
         other => panic!("expected a served step, got {other:?}"),
     }
 }

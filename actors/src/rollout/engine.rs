@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome};
+use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome, TurnLimits};
 use keel_learner::hf::{ChatCodec, Completion, FinishReason, GenRequest, Sampler, SamplingParams};
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
@@ -58,6 +58,9 @@ struct Episode {
     env_ended: bool,
     /// The env reads its turns' token log-probs (`Env::wants_token_logprobs`).
     token_logprobs: bool,
+    /// What the env asks of the next turn (`Env::next_turn`): a smaller token limit, stop
+    /// strings.
+    next_turn: TurnLimits,
 }
 
 /// One group's roll-outs under dynamic sampling (RO-9).
@@ -191,6 +194,7 @@ impl<'a> Engine<'a> {
             finished: None,
             env_ended: false,
             token_logprobs: false,
+            next_turn: TurnLimits::default(),
         });
         self.by_id.insert(id, i);
         if let Some(g) = self.groups.get_mut(&p.group_id) {
@@ -313,7 +317,8 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            Ok(EnvReply::Stepped(outcome)) => {
+            Ok(EnvReply::Stepped { outcome, next_turn }) => {
+                self.episodes[i].next_turn = next_turn;
                 if !self.stepped(i, outcome)? {
                     return Ok(());
                 }
@@ -348,6 +353,7 @@ impl<'a> Engine<'a> {
         ep.anchor_state = start.anchor_state;
         ep.task_type = start.task_type;
         ep.token_logprobs = start.token_logprobs;
+        ep.next_turn = start.next_turn;
         Ok(())
     }
 
@@ -447,9 +453,14 @@ impl<'a> Engine<'a> {
                 ep.traj.turns.len() as u64,
             ]),
         };
+        let mut params = self.params.clone();
+        if let Some(m) = ep.next_turn.max_tokens {
+            params.max_new_tokens = params.max_new_tokens.min(m).max(1);
+        }
+        params.stop_strings = std::mem::take(&mut ep.next_turn.stop);
         let request = GenRequest {
             prompt: ep.traj.tokens.clone(),
-            params: self.params.clone(),
+            params,
             seed,
         };
         let model = self.policies.model(slot)?;
@@ -465,6 +476,7 @@ impl<'a> Engine<'a> {
                     spec.context_len,
                 )?;
                 s.set_batch_invariant(spec.batch_invariant);
+                s.set_detokenizer(self.codec.detokenizer());
                 empty.insert(s)
             }
         };

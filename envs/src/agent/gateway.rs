@@ -9,10 +9,10 @@
 //!   key names no live episode is 404 (401 without one), so an agent can never write into
 //!   another episode, and a finished episode's key is dead.
 //! - GTW-3 A body over `env.agent.max_request_bytes` is 413, read no further; malformed JSON or
-//!   a request keel cannot serve as asked (another temperature than the run's, `n` > 1, stop
-//!   sequences, `max_tokens` below `rollout.max_turn_tokens`, `top_logprobs`, a non-text content
-//!   part) is 400
-//!   naming the field, and the episode goes on.
+//!   a request keel cannot serve as asked (another temperature than the run's, `n` > 1, more
+//!   than four or empty stop sequences, `max_tokens = 0`, `top_logprobs`, a non-text content
+//!   part) is 400 naming the field, and the episode goes on. `max_tokens` and `stop` are
+//!   honoured (AGT-7).
 //! - GTW-4 A valid call is handed to its episode and the HTTP thread waits for the answer; an
 //!   episode that ends first answers 410, so no agent waits forever.
 
@@ -224,22 +224,26 @@ fn respond(request: tiny_http::Request, answer: Result<Body, HttpError>) {
     let _ = request.respond(response);
 }
 
+/// The value of header `name`, if sent.
+fn header(request: &tiny_http::Request, name: &'static str) -> Option<String> {
+    request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv(name))
+        .map(|h| h.value.as_str().to_string())
+}
+
 /// The episode the call's key names (GTW-2).
 fn episode_of(
     request: &tiny_http::Request,
     episodes: &Episodes,
 ) -> Result<SyncSender<Event>, HttpError> {
-    let auth = request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .map(|h| h.value.as_str().to_string())
-        .ok_or_else(|| {
-            HttpError::new(
-                401,
-                "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)",
-            )
-        })?;
+    let auth = header(request, "Authorization").ok_or_else(|| {
+        HttpError::new(
+            401,
+            "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)",
+        )
+    })?;
     let key = auth.strip_prefix("Bearer ").unwrap_or(&auth).trim();
     lock(episodes).get(key).cloned().ok_or_else(|| {
         HttpError::new(
@@ -291,8 +295,9 @@ fn chat(
     limits: &CallLimits,
 ) -> Result<Body, HttpError> {
     let (episode, value) = episode_and_body(request, episodes, limits)?;
-    let call: ChatRequest = serde_json::from_value(value)
+    let mut call: ChatRequest = serde_json::from_value(value)
         .map_err(|e| HttpError::new(400, format!("not a chat-completions request: {e}")))?;
+    call.idempotency_key = header(request, "Idempotency-Key");
     check_call(&call, limits)?;
     let (stream, model) = (call.stream, call.model.clone());
     let (tx, rx) = mpsc::sync_channel(1);
@@ -337,20 +342,9 @@ fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> 
     if call.n.is_some_and(|n| n != 1) {
         return bad("n > 1 is not served: one answer per call".into());
     }
-    let stop_given = match &call.stop {
-        None | Some(Value::Null) => false,
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(_) => true,
-    };
-    if stop_given {
-        return bad(
-            "stop sequences are not served: a turn ends at the model's end-of-turn token".into(),
-        );
-    }
-    if let Some(m) = call.max_completion_tokens.or(call.max_tokens) {
-        if (m as usize) < limits.sampling.max_turn_tokens {
-            return bad(format!("max_tokens = {m} is below the run's rollout.max_turn_tokens = {}: every turn may sample that many; omit max_tokens or raise it", limits.sampling.max_turn_tokens));
-        }
+    call.stop_sequences().map_err(|e| HttpError::new(400, e))?;
+    if call.max_answer_tokens() == Some(0) {
+        return bad("max_tokens must be at least 1".into());
     }
     for m in &call.messages {
         m.text().map_err(|e| HttpError::new(400, e))?;

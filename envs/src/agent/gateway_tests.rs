@@ -104,14 +104,19 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
             "rollout.temperature",
         ),
         (
-            r#"{"messages": [{"role": "user", "content": "a"}], "max_tokens": 4}"#,
+            r#"{"messages": [{"role": "user", "content": "a"}], "max_tokens": 0}"#,
             400,
-            "max_turn_tokens",
+            "at least 1",
         ),
         (
-            r#"{"messages": [{"role": "user", "content": "a"}], "stop": ["x"]}"#,
+            r#"{"messages": [{"role": "user", "content": "a"}], "stop": ["a", "b", "c", "d", "e"]}"#,
             400,
-            "stop",
+            "at most 4",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "a"}], "stop": [""]}"#,
+            400,
+            "non-empty",
         ),
         (
             r#"{"messages": [{"role": "user", "content": "a"}], "logprobs": true, "top_logprobs": 2}"#,
@@ -163,4 +168,54 @@ fn gtw_a_call_whose_episode_ends_unanswered_gets_410() {
     let (status, text) = post(&url, Some(&key), CALL);
     assert_eq!(status, 410, "{text}");
     ender.join().expect("ender");
+}
+
+#[test]
+fn gtw_max_tokens_stop_and_the_idempotency_key_reach_the_episode() {
+    let gw = gateway();
+    let url = format!("{}/chat/completions", gw.base_url());
+    let mailbox = gw.open();
+    let key = mailbox.key.clone();
+    let sampler =
+        std::thread::spawn(
+            move || match mailbox.events.recv_timeout(Duration::from_secs(20)) {
+                Ok(Event::Call { request, reply }) => {
+                    let _ = reply.send(Ok(Served {
+                        call: 0,
+                        answer: Answer::from_text("4", false),
+                    }));
+                    (
+                        request.max_answer_tokens(),
+                        request.stop_sequences(),
+                        request.idempotency_key.clone(),
+                    )
+                }
+                _ => panic!("no call reached the episode"),
+            },
+        );
+    let body = r#"{"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 3, "stop": "\n"}"#;
+    let mut resp = client()
+        .post(&url)
+        .header("Authorization", &format!("Bearer {key}"))
+        .header("Idempotency-Key", "call-1")
+        .send(body)
+        .expect("request");
+    assert_eq!(resp.status().as_u16(), 200);
+    let _ = resp.body_mut().read_to_string();
+    let (max_tokens, stop, idempotency_key) = sampler.join().expect("sampler");
+    assert_eq!(max_tokens, Some(3));
+    assert_eq!(stop, Ok(vec!["\n".to_string()]));
+    assert_eq!(idempotency_key.as_deref(), Some("call-1"));
+}
+
+#[test]
+fn oai_answers_leave_the_stop_sequence_out() {
+    use super::openai::cut_at_stop;
+    let stops = vec!["Observation:".to_string(), "\n\n".to_string()];
+    assert_eq!(
+        cut_at_stop("Thought: add\n\nObservation: 7", &stops),
+        ("Thought: add", true)
+    );
+    assert_eq!(cut_at_stop("7", &stops), ("7", false));
+    assert_eq!(cut_at_stop("", &[]), ("", false));
 }

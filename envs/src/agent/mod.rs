@@ -14,8 +14,9 @@
 //!   messages, then the answer given (as the client echoes it back), then new messages, none of
 //!   them the assistant's. Only the new messages are rendered (CC-2) after the sampled tokens,
 //!   which are never re-tokenised; the episode's tokens are the ones sampled.
-//! - AGT-2 A call that repeats the previous call's messages exactly is a retry: it gets the
-//!   stored answer again, never a second sample.
+//! - AGT-2 A call that repeats the previous call's messages exactly, or sends the
+//!   `Idempotency-Key` header of a call already answered in this episode, is a retry: it gets
+//!   the stored answer again, never a second sample.
 //! - AGT-3 A call whose messages rewrite the history (drop, change or add assistant messages) is
 //!   answered 409 and fails the episode: it is never trained on half (segments are not built
 //!   yet).
@@ -29,6 +30,11 @@
 //! - AGT-6 The task is the dataset row as JSON: `{"split", "index", "data_source", "prompt":
 //!   [messages], "ground_truth", "extra_info"}`, in `KEEL_TASK` and on stdin (APR-1). The
 //!   agent program decides what the model sees; the ground truth is there for its reward.
+//! - AGT-7 A call's `max_tokens` (or `max_completion_tokens`) bounds its turn below
+//!   `rollout.max_turn_tokens` (`finish_reason` "length" when reached); its `stop` sequences
+//!   end the turn at the first one sampled. The tokens sampled up to and including the stop
+//!   text are trained; the answer leaves the stop text and anything after it out, as the
+//!   OpenAI API does, and the next call's conversation extends that answer.
 
 pub mod gateway;
 pub mod launch;
@@ -37,6 +43,7 @@ pub mod openai;
 #[cfg(test)]
 mod gateway_tests;
 
+use std::collections::HashMap;
 use std::sync::mpsc::{RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,7 +52,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::dataset::{Dataset, DatasetEnv, PromptMessage, RewardClient};
-use crate::env::{outcome_of, Env, SampledTurn, StepOutcome};
+use crate::env::{outcome_of, Env, SampledTurn, StepOutcome, TurnLimits};
 use crate::error::EnvError;
 use crate::snapshot::EnvSnapshot;
 use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
@@ -185,13 +192,41 @@ impl Said {
     }
 }
 
+/// A call waiting for the policy's answer.
+struct Pending {
+    reply: SyncSender<Reply>,
+    /// It asked for log-probs (OAI-5).
+    logprobs: bool,
+    /// Its `Idempotency-Key` (AGT-2).
+    key: Option<String>,
+    /// Its `max_tokens` and `stop` (AGT-7).
+    limits: TurnLimits,
+}
+
+impl Pending {
+    fn new(reply: SyncSender<Reply>, request: &openai::ChatRequest) -> Pending {
+        Pending {
+            reply,
+            logprobs: request.logprobs == Some(true),
+            key: request.idempotency_key.clone(),
+            limits: TurnLimits {
+                max_tokens: request.max_answer_tokens().map(|m| m as usize),
+                // Checked by the gateway (GTW-3).
+                stop: request.stop_sequences().unwrap_or_default(),
+            },
+        }
+    }
+}
+
 /// One live episode.
 struct Live {
     mailbox: Mailbox,
     agent: AgentProcess,
     deadline: Instant,
-    /// The call waiting for the policy's answer, and whether it asked for log-probs (OAI-5).
-    pending: Option<(SyncSender<Reply>, bool)>,
+    /// The call waiting for the policy's answer.
+    pending: Option<Pending>,
+    /// The answers given to calls that sent an `Idempotency-Key` (AGT-2).
+    by_key: HashMap<String, Served>,
     tools_offered: bool,
     said: Vec<Said>,
     calls: usize,
@@ -314,6 +349,7 @@ impl AgentEnv {
             agent,
             deadline: Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s),
             pending: None,
+            by_key: HashMap::new(),
             tools_offered: false,
             said: Vec::new(),
             calls: 0,
@@ -356,7 +392,7 @@ impl AgentEnv {
             .map(prompt_message)
             .collect();
         let live = self.live()?;
-        live.pending = Some((reply, request.logprobs == Some(true)));
+        live.pending = Some(Pending::new(reply, &request));
         live.tools_offered = request.tools.as_ref().is_some_and(|t| !t.is_empty());
         live.tools = request.tools.unwrap_or_default();
         live.preamble = preamble;
@@ -371,12 +407,18 @@ impl AgentEnv {
             return Ok(outcome_of(self, String::new(), 0.0, true, true));
         }
         let live = self.live()?;
-        let mut answer = Answer::from_text(&turn.text, live.tools_offered);
+        let pending = live.pending.take();
+        let stops = pending
+            .as_ref()
+            .map(|p| &p.limits.stop[..])
+            .unwrap_or_default();
+        let (text, stopped) = openai::cut_at_stop(&turn.text, stops);
+        let mut answer = Answer::from_text(text, live.tools_offered);
         answer.prompt_tokens = turn.prompt_tokens;
         answer.completion_tokens = turn.completion_tokens;
-        answer.truncated = turn.truncated;
-        if let Some((reply, logprobs)) = live.pending.take() {
-            if logprobs {
+        answer.truncated = turn.truncated && !stopped;
+        if let Some(pending) = pending {
+            if pending.logprobs {
                 answer.logprobs = Some(
                     turn.tokens
                         .iter()
@@ -387,14 +429,18 @@ impl AgentEnv {
                         .collect(),
                 );
             }
-            // An agent that gave up on the call is seen when it exits or calls again.
-            let _ = reply.send(Ok(Served {
+            let served = Served {
                 call: live.calls,
                 answer: answer.clone(),
-            }));
+            };
+            if let Some(key) = pending.key {
+                live.by_key.insert(key, served.clone());
+            }
+            // An agent that gave up on the call is seen when it exits or calls again.
+            let _ = pending.reply.send(Ok(served));
         }
         live.calls += 1;
-        live.last_text = turn.text.clone();
+        live.last_text = text.to_string();
         live.said.push(Said::Answered(answer));
         loop {
             match self.next()? {
@@ -417,9 +463,18 @@ impl AgentEnv {
         request: openai::ChatRequest,
         reply: SyncSender<Reply>,
     ) -> Result<Option<Vec<PromptMessage>>, EnvError> {
-        let (messages, logprobs) = (request.messages, request.logprobs == Some(true));
         let max_calls = self.cfg.max_calls;
         let live = self.live()?;
+        if let Some(served) = request
+            .idempotency_key
+            .as_ref()
+            .and_then(|k| live.by_key.get(k))
+        {
+            let _ = reply.send(Ok(served.clone()));
+            return Ok(None);
+        }
+        let pending = Pending::new(reply, &request);
+        let (messages, reply) = (request.messages, pending.reply.clone());
         let said = live.said.len();
         let extends = messages.len() >= said - 1
             && live.said.iter().zip(&messages).all(|(s, m)| s.matches(m));
@@ -447,7 +502,7 @@ impl AgentEnv {
         }
         let texts: Vec<String> = new.iter().map(|m| m.text().unwrap_or_default()).collect();
         let observation = new.iter().zip(texts).map(prompt_message).collect();
-        live.pending = Some((reply, logprobs));
+        live.pending = Some(pending);
         live.said
             .extend(messages.into_iter().skip(said).map(Said::Sent));
         Ok(Some(observation))
@@ -551,7 +606,16 @@ impl Env for AgentEnv {
         self.live
             .as_ref()
             .and_then(|l| l.pending.as_ref())
-            .is_some_and(|(_, asked)| *asked)
+            .is_some_and(|p| p.logprobs)
+    }
+
+    /// The pending call's `max_tokens` and `stop` (AGT-7).
+    fn next_turn(&self) -> TurnLimits {
+        self.live
+            .as_ref()
+            .and_then(|l| l.pending.as_ref())
+            .map(|p| p.limits.clone())
+            .unwrap_or_default()
     }
 
     /// The row's answer (demonstrations of an agent's episodes come from its own data).

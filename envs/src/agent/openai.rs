@@ -52,7 +52,7 @@ pub struct ChatRequest {
     /// The newer spelling of `max_tokens`.
     #[serde(default)]
     pub max_completion_tokens: Option<u64>,
-    /// Stop sequences (not supported: refused when non-empty).
+    /// Stop sequences: a string or a list of strings (the turn ends at the first).
     #[serde(default)]
     pub stop: Option<Value>,
     /// Answers per request (only 1).
@@ -67,6 +67,49 @@ pub struct ChatRequest {
     /// Alternatives per token (not served: keel keeps the sampled token's log-prob only).
     #[serde(default)]
     pub top_logprobs: Option<u64>,
+    /// The `Idempotency-Key` header: a retry with the same key gets the same answer (AGT-2).
+    #[serde(skip)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Most stop sequences a call may send (the OpenAI API's limit).
+pub const MAX_STOP_SEQUENCES: usize = 4;
+
+impl ChatRequest {
+    /// The call's stop sequences: `stop` as one string or a list of at most
+    /// [`MAX_STOP_SEQUENCES`] non-empty strings.
+    pub fn stop_sequences(&self) -> Result<Vec<String>, String> {
+        let stops = match &self.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or("stop must be a string or a list of strings")?,
+            Some(_) => return Err("stop must be a string or a list of strings".into()),
+        };
+        if stops.len() > MAX_STOP_SEQUENCES || stops.iter().any(String::is_empty) {
+            return Err(format!(
+                "stop takes at most {MAX_STOP_SEQUENCES} non-empty strings"
+            ));
+        }
+        Ok(stops)
+    }
+
+    /// The call's `max_completion_tokens` (or its older spelling `max_tokens`).
+    pub fn max_answer_tokens(&self) -> Option<u64> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+/// `text` up to the first occurrence of any of `stops` (the OpenAI API leaves the stop
+/// sequence out of the answer), and whether one occurred.
+pub fn cut_at_stop<'t>(text: &'t str, stops: &[String]) -> (&'t str, bool) {
+    match stops.iter().filter_map(|s| text.find(s.as_str())).min() {
+        Some(at) => (&text[..at], true),
+        None => (text, false),
+    }
 }
 
 /// One message of a request (OAI-1).

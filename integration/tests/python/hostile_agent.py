@@ -5,8 +5,10 @@ mod 6, so any six consecutive episodes see every behaviour; what it observed goe
 DIR/<slot>.json for the test to read:
   0 good: answers through the real openai client and posts its reward
   1 probe: malformed JSON, no key, an unknown key, an oversized body, another temperature
-    (each must be refused with a clear HTTP status and the episode goes on), then a good call,
-    its exact retry (must return the stored answer), and the reward
+    (each must be refused with a clear HTTP status and the episode goes on), then a good call
+    with max_tokens = 2 and an Idempotency-Key, its exact retry and a changed call with the
+    same key (both must return the stored answer), a call with stop sequences (the answer must
+    hold none), and the reward
   2 rewrite: a good call, then a call whose history drops the answer (409), exits without reward
   3 hang: a good call, then sleeps until killed (env.agent.timeout_s)
   4 early exit: exits before its first call
@@ -52,7 +54,10 @@ def post(path, body, key=KEY):
 def chat(client, messages, **kw):
     reply = client.chat.completions.create(model="policy", messages=messages, **kw)
     message = reply.choices[0].message
-    return message.content or "", message.model_dump(exclude_none=True)
+    return message.content or "", message.model_dump(exclude_none=True), reply
+
+
+STOPS = [" ", "e", "a", "o"]
 
 
 def reward(value):
@@ -88,10 +93,18 @@ def main():
             seen["temperature"] = 200
         except BadRequestError as e:
             seen["temperature"] = e.status_code
-    answer, message = chat(client, messages)
+    capped = {"max_tokens": 2, "extra_headers": {"Idempotency-Key": "probe-1"}}
+    answer, message, first = chat(client, messages, **(capped if kind == "probe" else {}))
     seen["answer"] = answer
     if kind == "probe":
+        seen["capped_tokens"] = first.usage.completion_tokens
         seen["retry_same"] = chat(client, messages)[0] == answer
+        changed = messages + [message, {"role": "user", "content": "Are you sure?"}]
+        _, _, again = chat(client, changed, **capped)
+        seen["retry_key"] = (again.id, again.choices[0].message.content or "") == \
+            (first.id, answer)
+        stopped, _, _ = chat(client, changed, stop=STOPS)
+        seen["stop_cut"] = not any(s in stopped for s in STOPS)
     if kind == "rewrite":
         rewritten = messages + [{"role": "user", "content": "And again?"}]
         status, _ = post("/chat/completions",

@@ -41,7 +41,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::error::HfError;
+use super::sampler::Detokenize;
 use super::tokenizer::{ChatMessage, HfTokenizer};
 
 /// How strictly turn-by-turn rendering must agree with rendering the whole conversation
@@ -71,7 +74,8 @@ impl TemplateCheck {
 
 /// Renders episodes of text turns as tokens (CC-1..5).
 pub struct ChatCodec {
-    tok: HfTokenizer,
+    /// Shared with the samplers' detokenizers ([`ChatCodec::detokenizer`]).
+    tok: Arc<HfTokenizer>,
     eos: String,
     end_of_turn: u32,
     stop_ids: Vec<u32>,
@@ -82,6 +86,15 @@ pub struct ChatCodec {
     /// Template text before and after a demonstrated action's content (CC-3).
     action_before: String,
     action_after: String,
+}
+
+/// The text of a sampled turn: its tokens before the first stop token, decoded.
+fn response_text(tok: &HfTokenizer, stop_ids: &[u32], ids: &[u32]) -> Result<String, HfError> {
+    let end = ids
+        .iter()
+        .position(|t| stop_ids.contains(t))
+        .unwrap_or(ids.len());
+    tok.decode(&ids[..end], true)
 }
 
 const PROBE_USER: [&str; 3] = ["keelprobeuserone", "keelprobeusertwo", "keelprobeuserthree"];
@@ -110,7 +123,7 @@ impl ChatCodec {
         let system_prefix = system_prefix(&tok)?;
         let (separator, action_before, action_after) = turn_frame(&tok, &eos)?;
         let codec = ChatCodec {
-            tok,
+            tok: Arc::new(tok),
             eos,
             end_of_turn,
             stop_ids,
@@ -211,11 +224,13 @@ impl ChatCodec {
     /// The response text of a sampled turn (CC-3): decoded up to the first stop token,
     /// special tokens dropped, untrimmed.
     pub fn response_text(&self, ids: &[u32]) -> Result<String, HfError> {
-        let end = ids
-            .iter()
-            .position(|t| self.stop_ids.contains(t))
-            .unwrap_or(ids.len());
-        self.tok.decode(&ids[..end], true)
+        response_text(&self.tok, &self.stop_ids, ids)
+    }
+
+    /// [`ChatCodec::response_text`] as a sampler's detokenizer (stop strings, SA-3).
+    pub fn detokenizer(&self) -> Detokenize {
+        let (tok, stop_ids) = (self.tok.clone(), self.stop_ids.clone());
+        Box::new(move |ids: &[u32]| response_text(&tok, &stop_ids, ids))
     }
 
     /// The content tokens of a sampled turn (those before its first stop token), each decoded
