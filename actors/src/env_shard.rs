@@ -294,6 +294,38 @@ type Served = (
     bool,
 );
 
+/// Runs `op` on the episode's env.
+fn apply(live: &mut Live, op: EnvOp) -> Result<EnvReply, keel_envs::EnvError> {
+    match op {
+        EnvOp::Reset(seed) => live.env.try_reset(seed).map(|prompt| {
+            EnvReply::Started(ResetOutcome {
+                preamble: live.env.preamble(),
+                prompt,
+                tools: live.env.tools(),
+                task_type: live.env.task_type(),
+                agent_id: live.env.agent_id(),
+                anchor_key: live.env.anchor_key(),
+                anchor_state: live.env.anchor_state(),
+                token_logprobs: live.env.wants_token_logprobs(),
+                next_turn: live.env.next_turn(),
+            })
+        }),
+        EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
+        EnvOp::Step(turn) => {
+            live.turn += 1;
+            live.env
+                .try_step_turn(&turn)
+                .map(|outcome| EnvReply::Stepped {
+                    next_turn: match outcome.done {
+                        true => TurnLimits::default(),
+                        false => live.env.next_turn(),
+                    },
+                    outcome,
+                })
+        }
+    }
+}
+
 /// Runs `op` on the episode's env (building it for a reset or restore), catching panics (ES-1).
 fn serve(
     episode: u64,
@@ -314,34 +346,7 @@ fn serve(
                 }
             },
         };
-        let reply = match op {
-            EnvOp::Reset(seed) => live.env.try_reset(seed).map(|prompt| {
-                EnvReply::Started(ResetOutcome {
-                    preamble: live.env.preamble(),
-                    prompt,
-                    tools: live.env.tools(),
-                    task_type: live.env.task_type(),
-                    agent_id: live.env.agent_id(),
-                    anchor_key: live.env.anchor_key(),
-                    anchor_state: live.env.anchor_state(),
-                    token_logprobs: live.env.wants_token_logprobs(),
-                    next_turn: live.env.next_turn(),
-                })
-            }),
-            EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),
-            EnvOp::Step(turn) => {
-                live.turn += 1;
-                live.env
-                    .try_step_turn(&turn)
-                    .map(|outcome| EnvReply::Stepped {
-                        next_turn: match outcome.done {
-                            true => TurnLimits::default(),
-                            false => live.env.next_turn(),
-                        },
-                        outcome,
-                    })
-            }
-        };
+        let reply = apply(&mut live, op);
         let reply = match reply {
             Ok(r) => r,
             Err(e) => {

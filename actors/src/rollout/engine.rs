@@ -87,6 +87,17 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.tokens.extend_from_slice(ids);
 }
 
+/// The run's sampling parameters as the env asks its next turn to be (`Env::next_turn`): a
+/// smaller token limit, stop strings.
+fn turn_params(run: &SamplingParams, asked: TurnLimits) -> SamplingParams {
+    let mut params = run.clone();
+    if let Some(m) = asked.max_tokens {
+        params.max_new_tokens = params.max_new_tokens.min(m).max(1);
+    }
+    params.stop_strings = asked.stop;
+    params
+}
+
 /// A turn's content tokens with their log-probs, for envs that report them (an undecodable
 /// turn has none: its text is empty too).
 fn content_tokens(codec: &ChatCodec, c: &Completion) -> Vec<SampledToken> {
@@ -453,14 +464,9 @@ impl<'a> Engine<'a> {
                 ep.traj.turns.len() as u64,
             ]),
         };
-        let mut params = self.params.clone();
-        if let Some(m) = ep.next_turn.max_tokens {
-            params.max_new_tokens = params.max_new_tokens.min(m).max(1);
-        }
-        params.stop_strings = std::mem::take(&mut ep.next_turn.stop);
         let request = GenRequest {
             prompt: ep.traj.tokens.clone(),
-            params,
+            params: turn_params(&self.params, std::mem::take(&mut ep.next_turn)),
             seed,
         };
         let model = self.policies.model(slot)?;
