@@ -11,7 +11,10 @@ use std::path::Path;
 
 use keel_actors::events::TrainEvent;
 use keel_integration::events::train_events;
-use keel_integration::{family_models, python, run_train, stored_batches, train_output};
+use keel_integration::{
+    family_models, free_port, python, run_train, stored_batches, train_command, train_log,
+    train_output, Guarded,
+};
 
 const ROWS: &[(&str, &str)] = &[
     ("What is 3 + 4?", "7"),
@@ -401,4 +404,75 @@ fn the_sft_warm_start_demonstrates_through_concurrent_agents() {
     assert_eq!(sft_steps, vec![2]);
     let (trained, _) = rollout_counts(&run.root);
     assert!(trained > 0, "RL trained no episode after SFT");
+}
+
+/// `launch = "pull"` (GTW-5, APR-4): keel starts no agent; a pool worker standing for another
+/// host (examples/agents/pool_worker.py) pulls episodes with the pool key, runs the unchanged
+/// calculator agent on each and reports their ends. The run trains and no episode fails.
+#[test]
+fn agents_elsewhere_pull_their_episodes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let model = family_models().join("qwen2.5");
+    let port = free_port();
+    let pool_key = "keel-test-pool-key-0123456789";
+    let config = config(
+        dir.path(),
+        &[],
+        &format!(
+            "launch = \"pull\"\nbind = \"127.0.0.1:{port}\"\npool_key_env = \"KEEL_TEST_POOL_KEY\""
+        ),
+        "",
+    );
+    let root = dir.path().join("run");
+    let log = std::fs::File::create(train_log(&root)).expect("log file");
+    let mut train = Guarded::spawn(
+        train_command(&config, &root, &["--model", &model.to_string_lossy()])
+            .env("KEEL_TEST_POOL_KEY", pool_key)
+            .env("KEEL_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log),
+    )
+    .expect("start keel train");
+    let worker = Guarded::spawn(
+        std::process::Command::new("python3")
+            .arg(agent_script("../examples/agents/pool_worker.py"))
+            .args(["--gateway", &format!("http://127.0.0.1:{port}/v1")])
+            .args(["--workers", "4", "--patience", "3", "--", "python3"])
+            .arg(agent_script("../examples/agents/calculator_agent.py"))
+            .arg("--log")
+            .arg(&logs)
+            .env("KEEL_AGENT_POOL_KEY", pool_key)
+            .stdout(std::process::Stdio::piped()),
+    )
+    .expect("start the pool worker");
+    let status = train.wait().expect("wait keel train");
+    assert!(
+        status.success(),
+        "keel train failed ({status}):\n{}",
+        keel_integration::log_tail(&root)
+    );
+    let mut worker = worker;
+    let mut out = String::new();
+    if let Some(mut stdout) = worker.stdout.take() {
+        std::io::Read::read_to_string(&mut stdout, &mut out).expect("worker output");
+    }
+    let ran: serde_json::Value = serde_json::from_str(out.trim()).expect("worker summary");
+    let (trained, failed) = rollout_counts(&root);
+    assert!(
+        trained > 0 && failed == 0,
+        "trained {trained}, failed {failed}"
+    );
+    assert!(
+        ran["episodes"]
+            .as_u64()
+            .is_some_and(|n| n as usize >= trained),
+        "the pool ran {ran} episodes for {trained} trained"
+    );
+    let logged = std::fs::read_dir(&logs).expect("logs").count();
+    assert!(
+        logged >= trained,
+        "{logged} agent logs for {trained} episodes"
+    );
 }

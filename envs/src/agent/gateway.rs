@@ -3,8 +3,8 @@
 //!
 //! Invariants:
 //! - GTW-1 The server binds `env.agent.bind` (loopback unless configured) and answers
-//!   `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/keel/reward`; anything else is
-//!   404 with the list of routes.
+//!   `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/keel/reward` and the pull routes
+//!   of GTW-5; anything else is 404 with the list of routes.
 //! - GTW-2 Every episode key is 128 random bits from the OS; a call whose `Authorization: Bearer`
 //!   key names no live episode is 404 (401 without one), so an agent can never write into
 //!   another episode, and a finished episode's key is dead.
@@ -15,6 +15,11 @@
 //!   honoured (AGT-7).
 //! - GTW-4 A valid call is handed to its episode and the HTTP thread waits for the answer; an
 //!   episode that ends first answers 410, so no agent waits forever.
+//! - GTW-5 With `env.agent.launch = "pull"`, agents elsewhere take episodes:
+//!   `POST /v1/keel/episodes/next` with the pool key as bearer token answers the oldest episode
+//!   not yet taken (`{"key", "task"}`; each is handed out once) or 204 after `wait_s`; the agent
+//!   then calls with that key as any agent does and ends with `POST /v1/keel/episodes/end`
+//!   (`{"reward"}` or `{"error"}`). Without a pool key (`launch = "spawn"`) pulls are 404.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -72,6 +77,8 @@ pub enum Event {
     Reward(f32),
     /// The agent closed its stderr: it is exiting (APR-3).
     Closed,
+    /// A pulled agent reported its episode's end (GTW-5): `None`, or what went wrong.
+    Ended(Option<String>),
 }
 
 /// The limits calls are checked against before they reach an episode (GTW-3).
@@ -81,7 +88,25 @@ pub struct CallLimits {
     pub max_request_bytes: usize,
     /// The run's sampling: temperature, turn length, and the name `/v1/models` lists.
     pub sampling: Sampling,
+    /// The secret agents must send to pull episodes (GTW-5); `None` serves no pulls.
+    pub pool_key: Option<String>,
 }
+
+/// An episode waiting for a pulled agent (GTW-5).
+struct Offer {
+    key: String,
+    task: Value,
+}
+
+/// Episodes offered to pulling agents, oldest first.
+#[derive(Default)]
+struct Offers {
+    queue: Mutex<std::collections::VecDeque<Offer>>,
+    ready: std::sync::Condvar,
+}
+
+/// Longest a pull waits for an episode, seconds (GTW-5).
+const MAX_PULL_WAIT_S: f64 = 60.0;
 
 type Episodes = Mutex<HashMap<String, SyncSender<Event>>>;
 
@@ -89,6 +114,7 @@ type Episodes = Mutex<HashMap<String, SyncSender<Event>>>;
 pub struct Gateway {
     server: Arc<tiny_http::Server>,
     episodes: Arc<Episodes>,
+    offers: Arc<Offers>,
     base_url: String,
 }
 
@@ -128,17 +154,19 @@ impl Gateway {
         let host = if host == "0.0.0.0" { "127.0.0.1" } else { host };
         let server = Arc::new(server);
         let episodes: Arc<Episodes> = Arc::default();
-        let (s, e) = (server.clone(), episodes.clone());
+        let offers: Arc<Offers> = Arc::default();
+        let (s, e, o) = (server.clone(), episodes.clone(), offers.clone());
         let limits = Arc::new(limits);
         std::thread::Builder::new()
             .name("keel-gateway".into())
-            .spawn(move || accept(&s, &e, &limits))
+            .spawn(move || accept(&s, &e, &o, &limits))
             .map_err(|e| EnvError::Agent {
                 reason: format!("cannot start the gateway thread: {e}"),
             })?;
         Ok(Gateway {
             server,
             episodes,
+            offers,
             base_url: format!("http://{host}:{port}/v1"),
         })
     }
@@ -165,23 +193,46 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Offers the episode of `mailbox` with `task` to the next agent that pulls (GTW-5).
+    pub fn offer(&self, mailbox: &Mailbox, task: &str) {
+        let task = serde_json::from_str(task).unwrap_or(Value::String(task.into()));
+        let mut queue = self.offers.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.push_back(Offer {
+            key: mailbox.key.clone(),
+            task,
+        });
+        self.offers.ready.notify_one();
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         self.server.unblock();
     }
 }
 
-fn accept(server: &tiny_http::Server, episodes: &Arc<Episodes>, limits: &Arc<CallLimits>) {
+fn accept(
+    server: &tiny_http::Server,
+    episodes: &Arc<Episodes>,
+    offers: &Arc<Offers>,
+    limits: &Arc<CallLimits>,
+) {
     for request in server.incoming_requests() {
-        let (episodes, limits) = (episodes.clone(), limits.clone());
+        let (episodes, offers, limits) = (episodes.clone(), offers.clone(), limits.clone());
         // One thread per call: a call waits on its episode's sampling (GTW-4).
         let _ = std::thread::Builder::new()
             .name("keel-gateway-call".into())
-            .spawn(move || serve(request, &episodes, &limits));
+            .spawn(move || serve(request, &episodes, &offers, &limits));
     }
 }
 
-fn serve(mut request: tiny_http::Request, episodes: &Episodes, limits: &CallLimits) {
+fn serve(
+    mut request: tiny_http::Request,
+    episodes: &Episodes,
+    offers: &Offers,
+    limits: &CallLimits,
+) {
     let path = request.url().split('?').next().unwrap_or("").to_string();
     let answer = match (request.method(), path.as_str()) {
         (tiny_http::Method::Get, "/v1/models") => Ok(Body::Json(json!({
@@ -192,9 +243,13 @@ fn serve(mut request: tiny_http::Request, episodes: &Episodes, limits: &CallLimi
             chat(&mut request, episodes, limits)
         }
         (tiny_http::Method::Post, "/v1/keel/reward") => reward(&mut request, episodes, limits),
+        (tiny_http::Method::Post, "/v1/keel/episodes/next") => {
+            pull(&mut request, episodes, offers, limits)
+        }
+        (tiny_http::Method::Post, "/v1/keel/episodes/end") => end(&mut request, episodes, limits),
         _ => Err(HttpError::new(
             404,
-            format!("no route {path}; the gateway serves GET /v1/models, POST /v1/chat/completions and POST /v1/keel/reward"),
+            format!("no route {path}; the gateway serves GET /v1/models, POST /v1/chat/completions, POST /v1/keel/reward, POST /v1/keel/episodes/next and POST /v1/keel/episodes/end"),
         )),
     };
     respond(request, answer);
@@ -203,12 +258,14 @@ fn serve(mut request: tiny_http::Request, episodes: &Episodes, limits: &CallLimi
 enum Body {
     Json(Value),
     Events(String),
+    NoContent,
 }
 
 fn respond(request: tiny_http::Request, answer: Result<Body, HttpError>) {
     let (status, body, kind) = match answer {
         Ok(Body::Json(v)) => (200, v.to_string(), "application/json"),
         Ok(Body::Events(s)) => (200, s, "text/event-stream"),
+        Ok(Body::NoContent) => (204, String::new(), "application/json"),
         Err(e) => (
             e.status,
             error_body(&e.message, "invalid_request_error").to_string(),
@@ -369,5 +426,76 @@ fn reward(
     episode
         .send(Event::Reward(reward as f32))
         .map_err(|_| ended())?;
+    Ok(Body::Json(json!({"ok": true})))
+}
+
+/// `POST /v1/keel/episodes/next` (GTW-5): the oldest episode no agent has pulled yet, waiting
+/// up to `wait_s` (default 20, at most 60) seconds for one; 204 when none came.
+fn pull(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    offers: &Offers,
+    limits: &CallLimits,
+) -> Result<Body, HttpError> {
+    let Some(pool_key) = &limits.pool_key else {
+        return Err(HttpError::new(
+            404,
+            "this gateway starts its agents itself (env.agent.launch = \"spawn\"): no episodes to pull",
+        ));
+    };
+    let sent = header(request, "Authorization").unwrap_or_default();
+    if sent.strip_prefix("Bearer ").unwrap_or(&sent).trim() != pool_key {
+        return Err(HttpError::new(
+            401,
+            "pulling episodes needs the pool key (the variable env.agent.pool_key_env names) as the bearer token",
+        ));
+    }
+    let wait_s = match request.body_length() {
+        Some(0) => None,
+        _ => body(request, limits)?.get("wait_s").and_then(Value::as_f64),
+    }
+    .unwrap_or(20.0)
+    .clamp(0.0, MAX_PULL_WAIT_S);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(wait_s);
+    let mut queue = offers.queue.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        // An offer whose episode ended unpulled (its key retired) is skipped.
+        while let Some(offer) = queue.pop_front() {
+            if lock(episodes).contains_key(&offer.key) {
+                return Ok(Body::Json(json!({"key": offer.key, "task": offer.task})));
+            }
+        }
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(Body::NoContent);
+        }
+        queue = offers
+            .ready
+            .wait_timeout(queue, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// `POST /v1/keel/episodes/end` (GTW-5): a pulled agent's episode is over, as
+/// `{"reward": r}` (optional; as `/v1/keel/reward`) or `{"error": "why"}` (it failed).
+fn end(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    limits: &CallLimits,
+) -> Result<Body, HttpError> {
+    let (episode, value) = episode_and_body(request, episodes, limits)?;
+    if let Some(r) = value.get("reward") {
+        let r = r
+            .as_f64()
+            .filter(|r| r.is_finite())
+            .ok_or_else(|| HttpError::new(400, "reward must be a finite number"))?;
+        episode.send(Event::Reward(r as f32)).map_err(|_| ended())?;
+    }
+    let error = value.get("error").map(|e| match e {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    });
+    episode.send(Event::Ended(error)).map_err(|_| ended())?;
     Ok(Body::Json(json!({"ok": true})))
 }

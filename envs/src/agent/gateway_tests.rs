@@ -17,6 +17,7 @@ fn gateway() -> Gateway {
                 max_turn_tokens: 16,
                 model: "policy".into(),
             },
+            pool_key: None,
         },
     )
     .expect("gateway")
@@ -84,7 +85,7 @@ fn gtw_hostile_bodies_get_clear_errors_and_the_episode_goes_on() {
                     }));
                     served += 1;
                 }
-                Ok(Event::Reward(_) | Event::Closed) => {}
+                Ok(Event::Reward(_) | Event::Closed | Event::Ended(_)) => {}
                 Err(_) => break,
             }
         }
@@ -218,4 +219,77 @@ fn oai_answers_leave_the_stop_sequence_out() {
     );
     assert_eq!(cut_at_stop("7", &stops), ("7", false));
     assert_eq!(cut_at_stop("", &[]), ("", false));
+}
+
+#[test]
+fn gtw5_pulled_episodes_are_handed_out_once_and_ended_by_report() {
+    let gw = Gateway::start(
+        "127.0.0.1:0",
+        CallLimits {
+            max_request_bytes: 4096,
+            sampling: Sampling::default(),
+            pool_key: Some("pool-secret-0123456789".into()),
+        },
+    )
+    .expect("gateway");
+    let next = format!("{}/keel/episodes/next", gw.base_url());
+    let (status, _) = post(&next, Some("wrong"), r#"{"wait_s": 0}"#);
+    assert_eq!(status, 401);
+    let (status, _) = post(&next, Some("pool-secret-0123456789"), r#"{"wait_s": 0}"#);
+    assert_eq!(status, 204, "nothing offered yet");
+    let mailbox = gw.open();
+    gw.offer(&mailbox, r#"{"index": 3}"#);
+    let (status, body) = post(&next, Some("pool-secret-0123456789"), r#"{"wait_s": 0}"#);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["key"], mailbox.key.as_str());
+    assert_eq!(v["task"]["index"], 3);
+    let (status, _) = post(&next, Some("pool-secret-0123456789"), r#"{"wait_s": 0}"#);
+    assert_eq!(status, 204, "an episode is handed out once");
+    let end = format!("{}/keel/episodes/end", gw.base_url());
+    let (status, _) = post(&end, Some(&mailbox.key), r#"{"reward": 1.0}"#);
+    assert_eq!(status, 200);
+    assert!(matches!(mailbox.events.try_recv(), Ok(Event::Reward(r)) if r == 1.0));
+    assert!(matches!(mailbox.events.try_recv(), Ok(Event::Ended(None))));
+    // An offer whose episode ended unpulled is skipped.
+    let gone = gw.open();
+    gw.offer(&gone, "{}");
+    drop(gone);
+    let (status, _) = post(&next, Some("pool-secret-0123456789"), r#"{"wait_s": 0}"#);
+    assert_eq!(status, 204);
+    // A spawning gateway serves no pulls.
+    let spawning = gateway();
+    let (status, body) = post(
+        &format!("{}/keel/episodes/next", spawning.base_url()),
+        Some("x"),
+        "{}",
+    );
+    assert_eq!(status, 404, "{body}");
+}
+
+#[test]
+fn gtw5_pull_needs_a_pool_key_and_no_command() {
+    use super::AgentConfig;
+    let pull = AgentConfig {
+        launch: "pull".into(),
+        pool_key_env: "KEEL_TEST_UNSET_POOL_KEY_VARIABLE".into(),
+        ..AgentConfig::default()
+    };
+    assert!(pull.validate().is_ok());
+    let err = pull.start_gateway().err().expect("no pool key").to_string();
+    assert!(err.contains("pool_key_env"), "{err}");
+    let both = AgentConfig {
+        command: vec!["python3".into()],
+        ..pull.clone()
+    };
+    assert!(both.validate().is_err());
+    let unknown = AgentConfig {
+        launch: "ssh".into(),
+        ..pull
+    };
+    assert!(unknown
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("launch"));
 }

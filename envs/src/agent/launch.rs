@@ -11,6 +11,8 @@
 //!   own first, so it can log or clean up.
 //! - APR-3 When the agent's stderr closes (it exits), its episode is told at once
 //!   ([`Event::Closed`]) rather than at its next 50 ms look at the process.
+//! - APR-4 An agent that pulled its episode (GTW-5) is not keel's process: its episode ends when
+//!   it reports the end; nothing is killed, its key dies with the episode.
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -109,6 +111,52 @@ impl Drop for AgentProcess {
         if self.exited().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+    }
+}
+
+/// The agent of one episode: a process keel started, or one that pulled the episode (APR-4).
+pub enum Agent {
+    /// Started by keel (APR-1..3).
+    Process(AgentProcess),
+    /// Runs elsewhere; `None` until it reports the end (`Some(Err(why))` when it failed).
+    Pulled(Option<Result<(), String>>),
+}
+
+impl Agent {
+    /// How the agent ended, once it has: `Err` says why it counts as a failure.
+    pub fn ended(&mut self) -> Option<Result<(), String>> {
+        match self {
+            Agent::Process(p) => p.exited().map(|status| match status.success() {
+                true => Ok(()),
+                false => Err(format!("exited with {status}")),
+            }),
+            Agent::Pulled(end) => end.clone(),
+        }
+    }
+
+    /// A pulled agent's end report (a started agent ends by exiting: ignored).
+    pub fn report_end(&mut self, error: Option<String>) {
+        if let Agent::Pulled(end) = self {
+            *end = Some(match error {
+                None => Ok(()),
+                Some(why) => Err(format!("reported a failure: {why}")),
+            });
+        }
+    }
+
+    /// Gives a started agent `grace` to exit on its own (APR-2).
+    pub fn wait_for_exit(&mut self, grace: std::time::Duration) {
+        if let Agent::Process(p) = self {
+            p.wait_for_exit(grace);
+        }
+    }
+
+    /// A started agent's last stderr, for error messages.
+    pub fn stderr_tail(&self) -> String {
+        match self {
+            Agent::Process(p) => p.stderr_tail(),
+            Agent::Pulled(_) => String::new(),
         }
     }
 }

@@ -20,7 +20,8 @@
 //! - AGT-3 A call whose messages rewrite the history (drop, change or add assistant messages) is
 //!   answered 409 and fails the episode: it is never trained on half (segments are not built
 //!   yet).
-//! - AGT-4 The episode ends when the agent exits. Its reward is the last one the agent posted to
+//! - AGT-4 The episode ends when the agent exits (a pulled agent, GTW-5: when it reports the
+//!   end, or fails it). Its reward is the last one the agent posted to
 //!   `/v1/keel/reward` (`env.agent.reward = "agent"`), or the row's verifier (or the dataset's
 //!   reward service) applied to the last answer (`"verifier"`). An agent that exits before its
 //!   first call, exits non-zero, exits without the reward it owes, or outlives
@@ -56,15 +57,21 @@ use crate::env::{outcome_of, Env, SampledTurn, StepOutcome, TurnLimits};
 use crate::error::EnvError;
 use crate::snapshot::EnvSnapshot;
 use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
-use launch::AgentProcess;
+use launch::{Agent, AgentProcess};
 use openai::{Answer, InMessage, TokenLogprob};
 
 /// `[env.agent]`: the agent program and the gateway's limits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// The agent program and its arguments, started once per episode.
+    /// How episodes get their agent: `spawn` (keel starts `command` per episode) or `pull`
+    /// (agents elsewhere take episodes from the gateway, GTW-5).
+    pub launch: String,
+    /// The agent program and its arguments, started once per episode (`launch = "spawn"`).
     pub command: Vec<String>,
+    /// The environment variable holding the secret pulling agents send (`launch = "pull"`;
+    /// at least 16 characters; kept out of config files).
+    pub pool_key_env: String,
     /// Where the gateway listens (`host:port`; port 0 picks a free one).
     pub bind: String,
     /// Most answered calls per episode (AGT-5).
@@ -104,7 +111,9 @@ impl Default for Sampling {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
+            launch: "spawn".into(),
             command: Vec::new(),
+            pool_key_env: "KEEL_AGENT_POOL_KEY".into(),
             bind: "127.0.0.1:0".into(),
             max_calls: 16,
             timeout_s: 300.0,
@@ -126,12 +135,23 @@ impl AgentConfig {
                 expected,
             })
         };
-        if self.command.is_empty() || self.command[0].is_empty() {
-            return bad(
-                "command",
-                format!("{:?}", self.command),
-                "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
-            );
+        match self.launch.as_str() {
+            "spawn" if self.command.first().is_none_or(String::is_empty) => {
+                return bad(
+                    "command",
+                    format!("{:?}", self.command),
+                    "the agent program and its arguments, e.g. [\"python3\", \"agent.py\"]",
+                )
+            }
+            "pull" if !self.command.is_empty() => {
+                return bad(
+                    "command",
+                    format!("{:?}", self.command),
+                    "no command with launch = \"pull\" (agents elsewhere pull their episodes)",
+                )
+            }
+            "spawn" | "pull" => {}
+            other => return bad("launch", other.to_string(), "spawn or pull"),
         }
         if self.bind.parse::<std::net::SocketAddr>().is_err() {
             return bad("bind", self.bind.clone(), "host:port, e.g. 127.0.0.1:0");
@@ -163,6 +183,23 @@ impl AgentConfig {
         Ok(())
     }
 
+    /// The pool key pulling agents send (GTW-5), read from `pool_key_env` with
+    /// `launch = "pull"`.
+    fn pool_key(&self) -> Result<Option<String>, EnvError> {
+        if self.launch != "pull" {
+            return Ok(None);
+        }
+        match std::env::var(&self.pool_key_env) {
+            Ok(key) if key.len() >= 16 => Ok(Some(key)),
+            _ => Err(EnvError::InvalidConfig {
+                env: "agent",
+                field: "pool_key_env",
+                value: self.pool_key_env.clone(),
+                expected: "the name of an environment variable set to a secret of at least 16 characters, which pulling agents send as their bearer token",
+            }),
+        }
+    }
+
     /// Starts the gateway every episode of this config shares.
     pub fn start_gateway(&self) -> Result<Gateway, EnvError> {
         Gateway::start(
@@ -170,6 +207,7 @@ impl AgentConfig {
             CallLimits {
                 max_request_bytes: self.max_request_bytes,
                 sampling: self.sampling.clone(),
+                pool_key: self.pool_key()?,
             },
         )
     }
@@ -221,7 +259,7 @@ impl Pending {
 /// One live episode.
 struct Live {
     mailbox: Mailbox,
-    agent: AgentProcess,
+    agent: Agent,
     deadline: Instant,
     /// The call waiting for the policy's answer.
     pending: Option<Pending>,
@@ -239,7 +277,8 @@ struct Live {
 /// What the agent did next.
 enum Next {
     Call(Box<openai::ChatRequest>, SyncSender<Reply>),
-    Exited(std::process::ExitStatus),
+    /// The agent ended: `Err` says why that is a failure.
+    Ended(Result<(), String>),
 }
 
 /// The `agent` env (AGT-1..6).
@@ -293,16 +332,16 @@ impl AgentEnv {
             let Some(live) = self.live.as_mut() else {
                 return Err(self.fail("no episode is running".into()));
             };
-            if let Some(status) = live.agent.exited() {
+            if let Some(end) = live.agent.ended() {
                 // What the agent sent before it exited still counts.
                 while let Ok(event) = live.mailbox.events.try_recv() {
                     match event {
                         Event::Reward(r) => live.reward = Some(r),
                         Event::Call { request, reply } => return Ok(Next::Call(request, reply)),
-                        Event::Closed => {}
+                        Event::Closed | Event::Ended(_) => {}
                     }
                 }
-                return Ok(Next::Exited(status));
+                return Ok(Next::Ended(end));
             }
             let left = live.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -314,6 +353,7 @@ impl AgentEnv {
                 Ok(Event::Reward(r)) => live.reward = Some(r),
                 Ok(Event::Call { request, reply }) => return Ok(Next::Call(request, reply)),
                 Ok(Event::Closed) => live.agent.wait_for_exit(CLOSE_TO_EXIT),
+                Ok(Event::Ended(error)) => live.agent.report_end(error),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(self.fail("the gateway stopped".into()))
@@ -337,13 +377,19 @@ impl AgentEnv {
         self.tasks.reset(task_seed);
         let task = self.task_json(task_seed);
         let mailbox = self.gateway.open();
-        let agent = AgentProcess::spawn(
-            &self.cfg.command,
-            self.gateway.base_url(),
-            &mailbox.key,
-            &task,
-            mailbox.notify.clone(),
-        )?;
+        let agent = match self.cfg.launch.as_str() {
+            "pull" => {
+                self.gateway.offer(&mailbox, &task);
+                Agent::Pulled(None)
+            }
+            _ => Agent::Process(AgentProcess::spawn(
+                &self.cfg.command,
+                self.gateway.base_url(),
+                &mailbox.key,
+                &task,
+                mailbox.notify.clone(),
+            )?),
+        };
         self.live = Some(Live {
             mailbox,
             agent,
@@ -361,8 +407,9 @@ impl AgentEnv {
         self.done = false;
         self.solved = false;
         match self.next()? {
-            Next::Exited(status) => {
-                Err(self.fail(format!("the agent exited ({status}) before its first call")))
+            Next::Ended(end) => {
+                let how = end.err().unwrap_or_else(|| "ended".into());
+                Err(self.fail(format!("the agent {how} before its first call")))
             }
             Next::Call(request, reply) => self.first_call(*request, reply),
         }
@@ -444,7 +491,7 @@ impl AgentEnv {
         live.said.push(Said::Answered(answer));
         loop {
             match self.next()? {
-                Next::Exited(status) => return self.finish(status),
+                Next::Ended(end) => return self.finish(end),
                 Next::Call(request, reply) => {
                     if let Some(messages) = self.next_call(*request, reply)? {
                         let mut out = outcome_of(self, String::new(), 0.0, false, false);
@@ -509,11 +556,11 @@ impl AgentEnv {
     }
 
     /// The agent exited: the episode's reward (AGT-4).
-    fn finish(&mut self, status: std::process::ExitStatus) -> Result<StepOutcome, EnvError> {
+    fn finish(&mut self, end: Result<(), String>) -> Result<StepOutcome, EnvError> {
         let live = self.live()?;
         let (reward, last) = (live.reward, live.last_text.clone());
-        if !status.success() {
-            return Err(self.fail(format!("the agent exited with {status}")));
+        if let Err(how) = end {
+            return Err(self.fail(format!("the agent {how}")));
         }
         let reward = match self.cfg.reward.as_str() {
             "verifier" => self.tasks.score_final(&last)?,
