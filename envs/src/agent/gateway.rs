@@ -290,19 +290,29 @@ fn header(request: &tiny_http::Request, name: &'static str) -> Option<String> {
         .map(|h| h.value.as_str().to_string())
 }
 
+/// The `Authorization` header's token (`Bearer ` stripped).
+fn bearer(request: &tiny_http::Request) -> Option<String> {
+    let auth = header(request, "Authorization")?;
+    Some(
+        auth.strip_prefix("Bearer ")
+            .unwrap_or(&auth)
+            .trim()
+            .to_string(),
+    )
+}
+
 /// The episode the call's key names (GTW-2).
 fn episode_of(
     request: &tiny_http::Request,
     episodes: &Episodes,
 ) -> Result<SyncSender<Event>, HttpError> {
-    let auth = header(request, "Authorization").ok_or_else(|| {
+    let key = bearer(request).ok_or_else(|| {
         HttpError::new(
             401,
             "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)",
         )
     })?;
-    let key = auth.strip_prefix("Bearer ").unwrap_or(&auth).trim();
-    lock(episodes).get(key).cloned().ok_or_else(|| {
+    lock(episodes).get(&key).cloned().ok_or_else(|| {
         HttpError::new(
             404,
             "no live episode has this key: the episode is unknown or already finished",
@@ -443,8 +453,7 @@ fn pull(
             "this gateway starts its agents itself (env.agent.launch = \"spawn\"): no episodes to pull",
         ));
     };
-    let sent = header(request, "Authorization").unwrap_or_default();
-    if sent.strip_prefix("Bearer ").unwrap_or(&sent).trim() != pool_key {
+    if bearer(request).as_deref() != Some(pool_key.as_str()) {
         return Err(HttpError::new(
             401,
             "pulling episodes needs the pool key (the variable env.agent.pool_key_env names) as the bearer token",
