@@ -863,6 +863,7 @@ impl Controller {
         m.rollout_invalid_rate.set(t.invalid_rate);
         m.episode_turns.set(t.episode_turns);
         m.response_length.set(t.response_length);
+        m.segments_per_episode.set(t.segments_per_episode);
         for &(lag, tokens) in &t.token_lags {
             for _ in 0..tokens {
                 m.token_staleness.observe(lag as f64);

@@ -31,7 +31,10 @@ pub fn scaffolded_prompt(scaffold: &str, prompt: &str) -> String {
 pub fn chat_messages(preamble: &[keel_envs::PromptMessage]) -> Vec<ChatMessage> {
     preamble
         .iter()
-        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .map(|m| ChatMessage {
+            tool_calls: m.tool_calls.clone(),
+            ..ChatMessage::new(&m.role, &m.content)
+        })
         .collect()
 }
 

@@ -143,6 +143,8 @@ pub struct Trained {
     pub episode_turns: f64,
     /// Mean model tokens per episode.
     pub response_length: f64,
+    /// Mean trajectories per episode: above 1 when agents rewrite their history (RB-4).
+    pub segments_per_episode: f64,
     /// Seconds the store took to return the batch.
     pub get_seconds: f64,
     /// Archived size of the batch.
@@ -438,9 +440,14 @@ impl LearnerActor {
         let mut token_lags = Vec::new();
         let mut model_tokens = 0usize;
         let (mut successes, mut turns, mut invalid) = (0usize, 0usize, 0usize);
+        let mut episodes = 0usize;
         for traj in batch.trajectories.iter() {
             task_ids.push(traj.task_id.to_native());
-            successes += usize::from(traj.final_reward.to_native() >= 1.0);
+            // RB-4: an episode is counted at its first segment.
+            if traj.trajectory_id == traj.episode_id {
+                episodes += 1;
+                successes += usize::from(traj.final_reward.to_native() >= 1.0);
+            }
             let oldest = traj
                 .turns
                 .iter()
@@ -473,7 +480,7 @@ impl LearnerActor {
         }
         task_ids.sort_unstable();
         task_ids.dedup();
-        let n_traj = batch.trajectories.len().max(1);
+        let n_episodes = episodes.max(1);
         let device = learner.model().device();
         let mut tensors = TrainBatch::from_archived(batch, device)?;
         let clean_logp = tensors.behaviour_logp.shallow_clone();
@@ -522,12 +529,13 @@ impl LearnerActor {
             turn_lags,
             batch_seq,
             task_ids,
-            success_rate: successes as f64 / n_traj as f64,
+            success_rate: successes as f64 / n_episodes as f64,
             invalid_rate: invalid as f64 / turns.max(1) as f64,
             trajectory_lags,
             token_lags,
-            episode_turns: turns as f64 / n_traj as f64,
-            response_length: model_tokens as f64 / n_traj as f64,
+            episode_turns: turns as f64 / n_episodes as f64,
+            response_length: model_tokens as f64 / n_episodes as f64,
+            segments_per_episode: batch.trajectories.len() as f64 / n_episodes as f64,
             get_seconds,
             get_bytes,
             lr,

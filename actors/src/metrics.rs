@@ -398,6 +398,12 @@ train_metrics! {
         "Mean model tokens per episode in the last batch",
         []
     );
+    /// Mean trajectories per episode of the last batch (RB-4).
+    segments_per_episode: gauge(
+        "keel_rollout_segments_per_episode",
+        "Mean trajectories per episode in the last batch: above 1 when agents rewrite their history",
+        []
+    );
     /// Invalid-action rate (per turn) of the last batch.
     rollout_invalid_rate: gauge(
         "keel_rollout_invalid_action_rate",

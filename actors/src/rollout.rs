@@ -44,6 +44,13 @@
 //!   truncated with reward 0, its turns trained as sampled and an observation past the bound
 //!   cut off (it is mask-0 context after the last sampled token); one whose first prompt
 //!   already leaves no room for a turn fails (RO-4: excluded and counted, with the lengths).
+//! - RO-12 (segments): a step whose outcome starts a new segment (`StepOutcome::segment`, an
+//!   agent that rewrote its history, AGT-3) ends the trajectory so far; the episode goes on in
+//!   a fresh one whose prompt is the segment's conversation rendered whole (CC-1), never the
+//!   old tokens. RO-11 holds per segment (a segment prompt with no room fails the episode).
+//!   The batch lists an episode's segments in order, one trajectory each, sharing its group and
+//!   final reward; the first keeps the episode's id and every one records it (RB-4). Turn
+//!   seeds count the episode's turns across segments (RO-3).
 
 use actix::Addr;
 

@@ -142,6 +142,11 @@ fn demonstrate(
             oracle
         };
         let out = env.try_step(&action)?;
+        if out.segment.is_some() {
+            return Err(EnvError::Agent {
+                reason: "the agent rewrote its history during a demonstration (a segmented episode is not one demonstration sequence)".into(),
+            });
+        }
         let done = out.done;
         turns.push(DemoTurn {
             action,

@@ -63,6 +63,21 @@ pub struct StepOutcome {
     /// since its last call); when non-empty it stands for `observation` and its role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<crate::dataset::PromptMessage>,
+    /// The episode goes on in a new segment (the `agent` env, AGT-3: the agent rewrote its
+    /// history): the trajectory so far ends here, and the next turn answers this whole
+    /// conversation, rendered as a fresh prompt. It stands for `observation` and `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<Segment>,
+}
+
+/// The conversation a new segment of an episode starts from ([`StepOutcome::segment`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Every message of the conversation, in order (the last is the user's or a tool's).
+    pub messages: Vec<crate::dataset::PromptMessage>,
+    /// The OpenAI function tools the chat template renders into the prompt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl StepOutcome {
@@ -77,6 +92,7 @@ impl StepOutcome {
             role => role,
         };
         vec![crate::dataset::PromptMessage {
+            tool_calls: Vec::new(),
             role: role.into(),
             content: self.observation.clone(),
         }]
@@ -256,6 +272,7 @@ pub(crate) fn outcome_of(
         anchor_state,
         observation_role: String::new(),
         messages: Vec::new(),
+        segment: None,
     }
 }
 

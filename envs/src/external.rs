@@ -371,6 +371,7 @@ impl Env for ExternalEnv {
                 anchor_state: self.anchor_state(),
                 observation_role: String::new(),
                 messages: Vec::new(),
+                segment: None,
             });
         }
         let turn = self.view.turns + 1;
@@ -389,6 +390,7 @@ impl Env for ExternalEnv {
             anchor_state: self.view.anchor_state.clone(),
             observation_role: String::new(),
             messages: Vec::new(),
+            segment: None,
         })
     }
 

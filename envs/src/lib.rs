@@ -58,7 +58,7 @@ pub use agent::{AgentConfig, AgentEnv};
 pub use calc::{CalcConfig, CalcEnv};
 pub use dataset::{Dataset, DatasetConfig, DatasetEnv, PromptMessage};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
-pub use env::{fnv1a64, Env, SampledToken, SampledTurn, StepOutcome, TurnLimits};
+pub use env::{fnv1a64, Env, SampledToken, SampledTurn, Segment, StepOutcome, TurnLimits};
 pub use error::EnvError;
 pub use external::{ExternalClient, ExternalConfig, ExternalEnv};
 pub use latency::LatencyModel;

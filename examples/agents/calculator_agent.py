@@ -8,15 +8,19 @@ $OPENAI_BASE_URL/keel/reward before it exits. Run against any OpenAI-compatible 
 an ordinary agent (with KEEL_TASK set by hand).
 
 Options: --follow-up asks the model to check its answer once (a second user turn);
+--compact rewrites the history after the first answer, as agents that compact their context
+do: the model's draft is replaced by the calculation as one calculator call and its result,
+and the model answers from there (keel trains the episode as two segments sharing its reward);
 --logprobs asks for the sampled tokens' log-probs; --log DIR writes the final conversation
-(with the log-probs, the task's split and when it ran) to DIR/<api key>.json (used by keel's
-tests).
+(with the conversations each segment started from, the log-probs, the task's split and when it
+ran) to DIR/<api key>.json (used by keel's tests).
 """
 import argparse
 import ast
 import json
 import operator
 import os
+import re
 import time
 import urllib.request
 
@@ -76,6 +80,26 @@ def run(client, messages, max_calls, logprobs=None):
     return ""
 
 
+def compacted(task_messages, draft):
+    """The task, then the calculation (from the draft's calculator call, else read off the
+    question) as one calculator call and its result: the history a compacting agent keeps."""
+    expression = ""
+    for call in draft.get("tool_calls") or []:
+        try:
+            expression = json.loads(call["function"]["arguments"]).get("expression", "")
+        except (json.JSONDecodeError, AttributeError, KeyError):
+            pass
+    if not expression:
+        found = re.search(r"-?\d+(?:\s*[-+*/]\s*-?\d+)+", task_messages[-1]["content"])
+        expression = found.group(0) if found else ""
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
+    return task_messages + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": calculate(expression)},
+    ]
+
+
 def post_reward(reward):
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"].rstrip("/") + "/keel/reward",
@@ -88,6 +112,7 @@ def post_reward(reward):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--follow-up", action="store_true")
+    parser.add_argument("--compact", action="store_true")
     parser.add_argument("--max-calls", type=int, default=4)
     parser.add_argument("--log")
     parser.add_argument("--logprobs", action="store_true")
@@ -97,7 +122,12 @@ def main():
     task = json.loads(os.environ["KEEL_TASK"])
     client = OpenAI(max_retries=0)
     messages = [{"role": m["role"], "content": m["content"]} for m in task["prompt"]]
+    segments = [list(messages)]
     answer = run(client, messages, args.max_calls, logprobs)
+    if args.compact:
+        messages = compacted(segments[0], messages[len(segments[0])])
+        segments.append(list(messages))
+        answer = run(client, messages, args.max_calls, logprobs)
     if args.follow_up:
         messages.append({"role": "user", "content": "Check it and give only the final number."})
         answer = run(client, messages, args.max_calls, logprobs)
@@ -106,7 +136,7 @@ def main():
     post_reward(reward)
     if args.log:
         with open(os.path.join(args.log, os.environ["OPENAI_API_KEY"] + ".json"), "w") as f:
-            json.dump({"messages": messages, "tools": TOOLS, "reward": reward,
+            json.dump({"messages": messages, "segments": segments, "tools": TOOLS, "reward": reward,
                        "logprobs": logprobs, "split": task["split"],
                        "ran": [started, time.time()]}, f)
 

@@ -261,7 +261,8 @@ fn a_bad_agent_command_is_refused_before_anything_runs() {
 }
 
 /// Agents that misbehave (integration/tests/python/hostile_agent.py: malformed JSON, no key,
-/// an unknown key, an oversized body, another temperature, a rewritten history, a hang past
+/// an unknown key, an oversized body, another temperature, a call ending with an assistant
+/// message (a prefill), a hang past
 /// `timeout_s`, an exit before the first call, an exit without the reward) each get a clear
 /// HTTP status or fail only their own episode: the run finishes, the failures are counted in
 /// the `rollout` events, and no agent outlives its episode (APR-2).
@@ -287,7 +288,7 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
     for kind in [
         "good",
         "probe",
-        "rewrite",
+        "prefill",
         "hang",
         "early_exit",
         "no_reward",
@@ -323,8 +324,8 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
             "the answer ends before its stop: {probe}"
         );
     }
-    for rewrite in of("rewrite") {
-        assert_eq!(rewrite["rewrite"], 409, "{rewrite}");
+    for prefill in of("prefill") {
+        assert_eq!(prefill["prefill"], 400, "{prefill}");
     }
     for agent in &seen {
         let pid = agent["pid"].as_u64().expect("pid");
@@ -338,6 +339,66 @@ fn misbehaving_agents_get_clear_errors_and_the_run_goes_on() {
         trained > 0 && failed > 0,
         "trained {trained}, failed {failed}"
     );
+}
+
+/// An agent that compacts its history (calculator_agent.py --compact: after its first answer
+/// the model's draft is replaced by a calculator call and its result) trains in segments
+/// (AGT-3, RO-12, RB-4): every episode is two trajectories sharing its id and reward, both
+/// trained, and each segment's prompt is exactly what transformers renders for the
+/// conversation it started from (the assistant's tool call rendered by the template).
+#[test]
+fn an_agent_that_compacts_its_history_trains_in_segments() {
+    let run = train_agent(
+        "../examples/agents/calculator_agent.py",
+        &["--compact", "--log"],
+        "",
+        "",
+    );
+    assert_eq!(rollout_counts(&run.root), (8, 0), "no episode failed");
+    let rendered = run.dir.path().join("rendered.json");
+    python(&[
+        agent_script("tests/python/agent_prompts.py").as_os_str(),
+        run.model.as_os_str(),
+        run.logs.as_os_str(),
+        rendered.as_os_str(),
+    ]);
+    let logged: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&rendered).expect("rendered")).expect("json");
+    let batches = stored_batches(&run.root);
+    assert!(!batches.is_empty(), "no batch was stored");
+    for batch in batches {
+        let mut episodes: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
+            Default::default();
+        for t in &batch.trajectories {
+            episodes.entry(t.episode_id).or_default().push(t);
+        }
+        assert_eq!(episodes.len(), 4, "2 tasks x 2 episodes per batch");
+        for (id, segments) in episodes {
+            assert_eq!(segments.len(), 2, "episode {id}: one segment per call");
+            assert_eq!(
+                segments[0].trajectory_id, id,
+                "the first segment keeps the id"
+            );
+            assert_eq!(segments[0].final_reward, segments[1].final_reward);
+            let prompts: Vec<Vec<u64>> = segments
+                .iter()
+                .map(|t| {
+                    let first = t.loss_mask.iter().position(|&m| m == 1);
+                    let first = first.expect("every segment has sampled (trained) tokens");
+                    t.tokens[..first].iter().map(|&x| u64::from(x)).collect()
+                })
+                .collect();
+            let seen = logged
+                .iter()
+                .any(|l| l["segments"] == serde_json::json!(prompts));
+            assert!(
+                seen,
+                "episode {id}: no agent's two conversations render to its segment prompts ({} and {} tokens)",
+                prompts[0].len(),
+                prompts[1].len()
+            );
+        }
+    }
 }
 
 /// An agent written on the OpenAI Agents SDK (examples/agents/agents_sdk_calculator.py: a

@@ -18,6 +18,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                 .collect();
             Trajectory {
                 trajectory_id: seq * 1000 + i,
+                episode_id: seq * 1000 + i,
                 group_id: i / 2,
                 task_id: 100 + i / 2,
                 env_name: "calc".into(),

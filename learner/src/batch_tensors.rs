@@ -9,7 +9,8 @@
 //! - BT-3: every trajectory is non-empty, its mask and behaviour log-probs have its token count,
 //!   mask values are 0 or 1, and behaviour log-probs are finite where the mask is 1.
 //! - BT-4: `n_tokens = Σ loss_mask`; `final_rewards[i]` (finite) and `group_ids[i]` belong to
-//!   row `i`.
+//!   row `i`; so does `episodes[i]`, the episode row i is a segment of (RB-4: the stored
+//!   `episode_id`; a row built without one, SFT or tests, is its own episode, `episodes[i] = i`).
 //! - BT-5: `from_archived` reads the archive zero-copy and copies each value exactly once, into
 //!   the padded host buffers; every trajectory is used, whatever its `source` (anchor
 //!   trajectories are trained on like on-policy ones and flagged in `anchors`).
@@ -48,6 +49,8 @@ pub struct TrainBatch {
     pub final_rewards: Vec<f32>,
     /// One GRPO group id per trajectory.
     pub group_ids: Vec<u64>,
+    /// The episode each trajectory is a segment of (BT-4, RB-4).
+    pub episodes: Vec<u64>,
     /// Number of mask-1 tokens (BT-4).
     pub n_tokens: usize,
     /// Each trajectory's model turns (BT-6, BT-7).
@@ -105,6 +108,8 @@ pub(crate) struct Row {
     pub logp: Vec<f32>,
     pub reward: f32,
     pub group: u64,
+    /// The stored episode id (RB-4); `None` = its own episode (BT-4).
+    pub episode: Option<u64>,
     /// Stored turns; empty = derive from the mask (BT-6).
     pub turns: Vec<RowTurn>,
     pub agent: u32,
@@ -130,6 +135,7 @@ impl Row {
             logp,
             reward,
             group,
+            episode: None,
             turns: Vec::new(),
             agent: 0,
             anchor: false,
@@ -263,6 +269,7 @@ impl TrainBatch {
             behaviour_logp: pick(&self.behaviour_logp)?,
             final_rewards: rows.iter().map(|&r| self.final_rewards[r]).collect(),
             group_ids: rows.iter().map(|&r| self.group_ids[r]).collect(),
+            episodes: rows.iter().map(|&r| self.episodes[r]).collect(),
             n_tokens,
             turn_ids: pick(&self.turn_ids)?,
             max_turns: turns.iter().map(|s| s.len()).max().unwrap_or(1).max(1) as i64,
@@ -292,6 +299,7 @@ impl TrainBatch {
                 logp: t.behaviour_logprobs.iter().map(|x| x.to_native()).collect(),
                 reward: t.final_reward.to_native(),
                 group: t.group_id.to_native(),
+                episode: Some(t.episode_id.to_native()),
                 turns: t
                     .turns
                     .iter()
@@ -439,6 +447,10 @@ impl TrainBatch {
             turn_ids: to_dev(Tensor::f_from_slice(&turn_ids)?)?,
             final_rewards: rows.iter().map(|r| r.reward).collect(),
             group_ids: rows.iter().map(|r| r.group).collect(),
+            episodes: (0..rows.len() as u64)
+                .zip(&rows)
+                .map(|(i, r)| r.episode.unwrap_or(i))
+                .collect(),
             n_tokens,
             turns,
             max_turns,
@@ -505,6 +517,7 @@ mod tests {
         let start = mask.iter().position(|&m| m == 1).unwrap_or(0) as u32;
         keel_store::Trajectory {
             trajectory_id: id,
+            episode_id: id,
             group_id: 40 + id / 2,
             task_id: id / 2,
             env_name: "test".into(),

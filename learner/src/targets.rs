@@ -1,6 +1,11 @@
 //! Per-batch training targets: scores, advantages, the ratio's denominator and reference
 //! log-probs, computed once per `train_step` from a [`TrainBatch`] and a [`PresetConfig`].
 //!
+//! Segments (RB-4): every trajectory is trained as its own sequence. GRPO / Dr. GRPO count an
+//! episode split into segments once in its group (`algo::grpo::episode_advantages`); the other
+//! estimators see each segment as a trajectory with the episode's reward (GAE: the reward at
+//! its last model token).
+//!
 //! Scores (layout C, one trajectory = one sample):
 //! ```text
 //! score_i   = R_i − c·#invalid turns_i + overlong(n_model_tokens_i)           (per trajectory)
@@ -24,7 +29,7 @@ use crate::algo::dapo::{invalid_action_penalty, overlong_penalty};
 use crate::algo::drmas::drmas_advantages;
 use crate::algo::gae::{masked_whiten, try_gae};
 use crate::algo::gigpo::{gigpo_advantages, similarity_groups, StepRecord};
-use crate::algo::grpo::{group_advantages, GRPO_EPS};
+use crate::algo::grpo::{episode_advantages, GRPO_EPS};
 use crate::algo::kl::kl_in_reward;
 use crate::algo::presets::{AdvantageKind, PresetConfig, RatioBase};
 use crate::algo::rtpo::{branch_turn_mask, sibling_advantages};
@@ -223,7 +228,13 @@ pub(crate) fn compute(
     let mut kl_reward_mean = None;
     let mut advantages = match p.advantage {
         AdvantageKind::Grpo => broadcast(
-            &group_advantages(&sc, &batch.group_ids, p.normalize_std, GRPO_EPS),
+            &episode_advantages(
+                &sc,
+                &batch.group_ids,
+                &batch.episodes,
+                p.normalize_std,
+                GRPO_EPS,
+            ),
             &mask,
         )?,
         AdvantageKind::DrMas => {

@@ -233,6 +233,7 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                 .collect();
             Trajectory {
                 trajectory_id: i,
+                episode_id: i,
                 group_id: i / 8,
                 task_id: 1000 + i / 8,
                 env_name: "calc".into(),

@@ -11,6 +11,9 @@
 //! - RB-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
 //!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), every token with
 //!   `loss_mask == 1` lies inside some turn, and `trained_turn` (RTPO) names an existing turn.
+//! - RB-4 (segments): every `episode_id` names a trajectory of the batch whose own
+//!   `trajectory_id` is that id (the episode's first segment), of the same group, task, source
+//!   and final reward. A trajectory that is not split has `episode_id == trajectory_id`.
 //! - RB-3: a [`BatchBuf`] only exists for bytes that passed bytecheck validation once, in
 //!   [`BatchBuf::from_archive_bytes`]; [`BatchBuf::archived`] never validates again and never
 //!   copies.
@@ -49,6 +52,11 @@ pub struct Trajectory {
     pub group_id: u64,
     /// The task this trajectory attempted.
     pub task_id: u64,
+    /// The episode this trajectory is a segment of: the `trajectory_id` of its first segment
+    /// (RB-4). An agent that rewrites its history splits its episode into segments, trained as
+    /// separate sequences that share the episode's reward; most episodes are one segment, whose
+    /// `episode_id` is its own id.
+    pub episode_id: u64,
     /// The environment that served the task.
     pub env_name: String,
     /// Which agent (in multi-agent environments) produced the trajectory.
@@ -124,6 +132,35 @@ impl RolloutBatch {
             t.validate().map_err(|reason| {
                 invalid(format!("trajectory {i} (id {}): {reason}", t.trajectory_id))
             })?;
+        }
+        self.validate_segments()
+    }
+
+    /// RB-4: every segment's episode is a first segment of the batch that agrees with it.
+    fn validate_segments(&self) -> Result<(), StoreError> {
+        let firsts: std::collections::HashMap<u64, &Trajectory> = self
+            .trajectories
+            .iter()
+            .filter(|t| t.episode_id == t.trajectory_id)
+            .map(|t| (t.trajectory_id, t))
+            .collect();
+        for t in &self.trajectories {
+            let Some(first) = firsts.get(&t.episode_id) else {
+                return Err(invalid(format!(
+                    "trajectory {} is a segment of episode {}, which is not a first segment in batch {}",
+                    t.trajectory_id, t.episode_id, self.batch_seq
+                )));
+            };
+            let agrees = first.group_id == t.group_id
+                && first.task_id == t.task_id
+                && first.source == t.source
+                && first.final_reward.to_bits() == t.final_reward.to_bits();
+            if !agrees {
+                return Err(invalid(format!(
+                    "trajectory {} disagrees with its episode {} on group, task, source or reward",
+                    t.trajectory_id, t.episode_id
+                )));
+            }
         }
         Ok(())
     }
@@ -295,6 +332,7 @@ pub(crate) mod tests {
                 .collect();
             Trajectory {
                 trajectory_id: id,
+                episode_id: id,
                 group_id: 42,
                 task_id: 7 + id,
                 env_name: "gridworld".into(),
@@ -385,6 +423,36 @@ pub(crate) mod tests {
         let mut b = sample_batch(0);
         b.trajectories[1].trajectory_id = 1;
         assert!(reason(&b).contains("appears twice"), "{}", reason(&b));
+    }
+
+    #[test]
+    fn rb4_segments_name_a_first_segment_that_agrees() {
+        let mut b = sample_batch(0);
+        let mut second = b.trajectories[0].clone();
+        second.trajectory_id = 9;
+        b.trajectories.push(second);
+        b.validate().expect("a second segment of episode 1");
+        let mut orphan = b.clone();
+        orphan.trajectories[2].episode_id = 7;
+        assert!(
+            reason(&orphan).contains("not a first segment"),
+            "{}",
+            reason(&orphan)
+        );
+        let mut chained = b.clone();
+        chained.trajectories[2].episode_id = 2;
+        assert!(
+            reason(&chained).contains("disagrees"),
+            "{}",
+            reason(&chained)
+        );
+        let mut other_reward = b;
+        other_reward.trajectories[2].final_reward = 0.0;
+        assert!(
+            reason(&other_reward).contains("disagrees"),
+            "{}",
+            reason(&other_reward)
+        );
     }
 
     #[test]

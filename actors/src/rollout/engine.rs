@@ -39,7 +39,10 @@ struct Episode {
     /// 0 = the first roll-out of its plan; k = the k-th re-roll (RO-9).
     attempt: usize,
     shard: usize,
+    /// The segment being sampled (the whole episode unless its agent rewrote its history).
     traj: Trajectory,
+    /// Its earlier segments, in order (AGT-3, RB-4).
+    segments: Vec<Trajectory>,
     done: bool,
     failed: bool,
     success: bool,
@@ -179,6 +182,7 @@ impl<'a> Engine<'a> {
             shard: shard_of(id, self.shards.len()),
             traj: Trajectory {
                 trajectory_id: id,
+                episode_id: id,
                 group_id: p.group_id,
                 task_id: p.task.task_id,
                 env_name: self.spec.env_name.clone(),
@@ -192,6 +196,7 @@ impl<'a> Engine<'a> {
                 scaffold_version: 0,
                 trained_turn: p.start.as_ref().map(|_| 0),
             },
+            segments: Vec::new(),
             done: false,
             failed: false,
             success: false,
@@ -398,6 +403,24 @@ impl<'a> Engine<'a> {
             self.end(i);
             return Ok(false);
         }
+        if let Some(segment) = outcome.segment.take() {
+            // RO-12: the trajectory so far is a segment; the next one starts from this prompt.
+            let ids = self
+                .codec
+                .conversation(&chat_messages(&segment.messages), &segment.tools)?;
+            self.stats.prompt_tokens += ids.len();
+            let fresh = Trajectory {
+                tokens: Vec::new(),
+                loss_mask: Vec::new(),
+                behaviour_logprobs: Vec::new(),
+                turns: Vec::new(),
+                env_name: ep.traj.env_name.clone(),
+                ..ep.traj
+            };
+            ep.segments.push(std::mem::replace(&mut ep.traj, fresh));
+            push_context(&mut ep.traj, &ids);
+            return Ok(true);
+        }
         // The env's messages: `tool` answers a function call (DS-8), an agent's new ones (AGT-1).
         let ids = self.codec.observation_messages(
             ep.traj.tokens.last().copied(),
@@ -454,15 +477,11 @@ impl<'a> Engine<'a> {
         ep.turn_version = self.version;
         let slot = model_slot(&*self.policies, ep.traj.source, ep.agent);
         // RO-3: the draw depends on (seed, plan, attempt, turn), never on timing.
+        let turn =
+            (ep.traj.turns.len() + ep.segments.iter().map(|s| s.turns.len()).sum::<usize>()) as u64;
         let seed = match ep.attempt {
-            0 => mix_seed(&[spec.rng_seed, ep.plan as u64, ep.traj.turns.len() as u64]),
-            a => mix_seed(&[
-                spec.rng_seed,
-                7,
-                a as u64,
-                ep.plan as u64,
-                ep.traj.turns.len() as u64,
-            ]),
+            0 => mix_seed(&[spec.rng_seed, ep.plan as u64, turn]),
+            a => mix_seed(&[spec.rng_seed, 7, a as u64, ep.plan as u64, turn]),
         };
         let request = GenRequest {
             prompt: ep.traj.tokens.clone(),
@@ -599,12 +618,14 @@ impl<'a> Engine<'a> {
             .iter()
             .map(|(&id, g)| (id, g.chosen.unwrap_or(0)))
             .collect();
+        // RB-4: later segments take ids past every episode's.
+        let mut next_id = self.episodes.iter().map(|e| e.id + 1).max().unwrap_or(0);
         let mut order: Vec<usize> = (0..self.episodes.len()).collect();
         order.sort_by_key(|&i| (self.episodes[i].plan, self.episodes[i].attempt));
         let mut episodes: Vec<Option<Episode>> = self.episodes.into_iter().map(Some).collect();
         let mut trajectories = Vec::with_capacity(episodes.len());
         for i in order {
-            let Some(ep) = episodes[i].take() else {
+            let Some(mut ep) = episodes[i].take() else {
                 continue;
             };
             if ep.failed {
@@ -617,15 +638,30 @@ impl<'a> Engine<'a> {
             if kept.get(&ep.traj.group_id).copied().unwrap_or(0) != ep.attempt {
                 continue;
             }
-            extras.task_types.push(ep.task_type);
-            extras.finished_seconds.push(
-                ep.finished
-                    .map_or(0.0, |t| t.duration_since(self.started).as_secs_f64()),
-            );
-            if self.spec.capture_boundaries {
-                extras.boundaries.push(ep.boundaries);
+            let finished = ep
+                .finished
+                .map_or(0.0, |t| t.duration_since(self.started).as_secs_f64());
+            let reward = ep.traj.final_reward;
+            let mut segments = ep.segments;
+            segments.push(ep.traj);
+            let last = segments.len() - 1;
+            for (k, mut t) in segments.into_iter().enumerate() {
+                if k > 0 {
+                    t.trajectory_id = next_id;
+                    next_id += 1;
+                }
+                t.final_reward = reward;
+                extras.task_types.push(ep.task_type.clone());
+                extras.finished_seconds.push(finished);
+                if self.spec.capture_boundaries {
+                    // Boundaries are captured only by envs with snapshots, which never segment.
+                    extras.boundaries.push(match k == last {
+                        true => std::mem::take(&mut ep.boundaries),
+                        false => Vec::new(),
+                    });
+                }
+                trajectories.push(t);
             }
-            trajectories.push(ep.traj);
         }
         let batch = RolloutBatch {
             run_id: self.spec.run_id.clone(),

@@ -17,9 +17,12 @@
 //! - AGT-2 A call that repeats the previous call's messages exactly, or sends the
 //!   `Idempotency-Key` header of a call already answered in this episode, is a retry: it gets
 //!   the stored answer again, never a second sample.
-//! - AGT-3 A call whose messages rewrite the history (drop, change or add assistant messages) is
-//!   answered 409 and fails the episode: it is never trained on half (segments are not built
-//!   yet).
+//! - AGT-3 A call whose messages rewrite the history (drop or change messages, add assistant
+//!   messages: a summarising, trimming or forking agent) starts a new segment of the episode
+//!   (`StepOutcome::segment`): the trajectory so far ends, and the call's whole conversation
+//!   (its assistant messages' tool calls included) is rendered as the next segment's prompt.
+//!   Segments share the episode's reward and are trained as separate sequences (RB-4). A call
+//!   that ends with an assistant message is answered 400 and fails the episode.
 //! - AGT-4 The episode ends when the agent exits (a pulled agent, GTW-5: when it reports the
 //!   end, or fails it). Its reward is the last one the agent posted to
 //!   `/v1/keel/reward` (`env.agent.reward = "agent"`), or the row's verifier (or the dataset's
@@ -53,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::dataset::{Dataset, DatasetEnv, PromptMessage, RewardClient};
-use crate::env::{outcome_of, Env, SampledTurn, StepOutcome, TurnLimits};
+use crate::env::{outcome_of, Env, SampledTurn, Segment, StepOutcome, TurnLimits};
 use crate::error::EnvError;
 use crate::snapshot::EnvSnapshot;
 use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
@@ -274,6 +277,14 @@ struct Live {
     tools: Vec<serde_json::Value>,
 }
 
+/// How a call after the first goes on from the conversation so far.
+enum WentOn {
+    /// It extends it with these messages (AGT-1).
+    Extended(Vec<PromptMessage>),
+    /// It rewrote it: a new segment (AGT-3).
+    Rewritten(Segment),
+}
+
 /// What the agent did next.
 enum Next {
     Call(Box<openai::ChatRequest>, SyncSender<Reply>),
@@ -426,18 +437,9 @@ impl AgentEnv {
             let _ = reply.send(Err(HttpError::new(400, m)));
             return Err(self.fail(m.into()));
         }
-        let mut texts: Vec<String> = request
-            .messages
-            .iter()
-            .map(|m| m.text().unwrap_or_default())
-            .collect();
-        let prompt = texts.pop().unwrap_or_default();
-        let preamble = request
-            .messages
-            .iter()
-            .zip(texts)
-            .map(prompt_message)
-            .collect();
+        let mut preamble: Vec<PromptMessage> =
+            request.messages.iter().map(prompt_message).collect();
+        let prompt = preamble.pop().map(|m| m.content).unwrap_or_default();
         let live = self.live()?;
         live.pending = Some(Pending::new(reply, &request));
         live.tools_offered = request.tools.as_ref().is_some_and(|t| !t.is_empty());
@@ -493,9 +495,12 @@ impl AgentEnv {
             match self.next()? {
                 Next::Ended(end) => return self.finish(end),
                 Next::Call(request, reply) => {
-                    if let Some(messages) = self.next_call(*request, reply)? {
+                    if let Some(went_on) = self.next_call(*request, reply)? {
                         let mut out = outcome_of(self, String::new(), 0.0, false, false);
-                        out.messages = messages;
+                        match went_on {
+                            WentOn::Extended(messages) => out.messages = messages,
+                            WentOn::Rewritten(segment) => out.segment = Some(segment),
+                        }
                         return Ok(out);
                     }
                 }
@@ -503,13 +508,13 @@ impl AgentEnv {
         }
     }
 
-    /// A call after the first: its new messages (AGT-1), or `None` when it was answered here
-    /// (a retry, AGT-2; over the budget, AGT-5).
+    /// A call after the first: its new messages (AGT-1) or its rewritten conversation (AGT-3),
+    /// or `None` when it was answered here (a retry, AGT-2; over the budget, AGT-5).
     fn next_call(
         &mut self,
         request: openai::ChatRequest,
         reply: SyncSender<Reply>,
-    ) -> Result<Option<Vec<PromptMessage>>, EnvError> {
+    ) -> Result<Option<WentOn>, EnvError> {
         let max_calls = self.cfg.max_calls;
         let live = self.live()?;
         if let Some(served) = request
@@ -534,12 +539,11 @@ impl AgentEnv {
                 return Ok(None);
             }
         }
-        let new = messages.get(said..).unwrap_or_default();
-        if !extends || new.is_empty() || new.iter().any(|m| m.role == "assistant") {
-            let m = "this call does not extend the episode's conversation (the previous messages, the answer given, then new non-assistant messages); keel does not train rewritten histories yet";
-            let _ = reply.send(Err(HttpError::new(409, m)));
+        if messages.last().is_none_or(|m| m.role == "assistant") {
+            let m = "a call must end with a user or tool message";
+            let _ = reply.send(Err(HttpError::new(400, m)));
             live.agent.wait_for_exit(EXIT_GRACE);
-            return Err(self.fail(format!("the agent {m}")));
+            return Err(self.fail(format!("the agent sent a call that does not: {m}")));
         }
         if live.calls >= max_calls {
             let m =
@@ -547,12 +551,23 @@ impl AgentEnv {
             let _ = reply.send(Err(HttpError::new(429, m)));
             return Ok(None);
         }
-        let texts: Vec<String> = new.iter().map(|m| m.text().unwrap_or_default()).collect();
-        let observation = new.iter().zip(texts).map(prompt_message).collect();
         live.pending = Some(pending);
-        live.said
-            .extend(messages.into_iter().skip(said).map(Said::Sent));
-        Ok(Some(observation))
+        let new = messages.get(said..).unwrap_or_default();
+        if extends && !new.iter().any(|m| m.role == "assistant") {
+            let observation = new.iter().map(prompt_message).collect();
+            live.said
+                .extend(messages.into_iter().skip(said).map(Said::Sent));
+            return Ok(Some(WentOn::Extended(observation)));
+        }
+        // AGT-3: a rewritten history goes on in a new segment.
+        let segment = Segment {
+            messages: messages.iter().map(prompt_message).collect(),
+            tools: request.tools.unwrap_or_default(),
+        };
+        live.tools_offered = !segment.tools.is_empty();
+        live.tools = segment.tools.clone();
+        live.said = messages.into_iter().map(Said::Sent).collect();
+        Ok(Some(WentOn::Rewritten(segment)))
     }
 
     /// The agent exited: the episode's reward (AGT-4).
@@ -604,12 +619,26 @@ const CLOSE_TO_EXIT: Duration = Duration::from_millis(100);
 /// How often a waiting episode looks at its agent process.
 const POLL: Duration = Duration::from_millis(50);
 
-fn prompt_message((m, content): (&InMessage, String)) -> PromptMessage {
+/// An agent's message as the chat template renders it: `developer` is `system`, an assistant
+/// message's tool calls are kept with their arguments as JSON objects (OAI-1: content parts
+/// that are not text were refused by the gateway).
+fn prompt_message(m: &InMessage) -> PromptMessage {
     let role = match m.role.as_str() {
         "developer" => "system".to_string(),
         r => r.to_string(),
     };
-    PromptMessage { role, content }
+    let tool_calls = m
+        .calls()
+        .into_iter()
+        .map(|(name, arguments)| {
+            json!({"type": "function", "function": {"name": name, "arguments": arguments}})
+        })
+        .collect();
+    PromptMessage {
+        role,
+        content: m.text().unwrap_or_default(),
+        tool_calls,
+    }
 }
 
 impl Env for AgentEnv {

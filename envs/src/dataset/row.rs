@@ -49,6 +49,10 @@ pub struct PromptMessage {
     pub role: String,
     /// Its text.
     pub content: String,
+    /// An assistant message's function calls, OpenAI-shaped (`{"type": "function", "function":
+    /// {"name", "arguments"}}`, the arguments a JSON object), rendered by the chat template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
 }
 
 /// A built-in tool a row may use (DR-5): the agentic episode's actions besides the answer.
@@ -285,6 +289,7 @@ fn parse_prompt(
             ))
         }
         Some(Value::String(text)) => vec![PromptMessage {
+            tool_calls: Vec::new(),
             role: "user".into(),
             content: text.clone(),
         }],
@@ -307,6 +312,7 @@ fn parse_prompt(
                     err.at(&format!("{field}.content"), "missing or not a string")
                 })?;
                 Ok(PromptMessage {
+                    tool_calls: Vec::new(),
                     role: role.into(),
                     content: content.into(),
                 })

@@ -56,6 +56,7 @@ fn batch(seq: u64) -> RolloutBatch {
                 .collect();
             Trajectory {
                 trajectory_id: seq * TRAJECTORIES + i,
+                episode_id: seq * TRAJECTORIES + i,
                 group_id: i / 4,
                 task_id: seq * TRAJECTORIES + i / 4,
                 env_name: "calc".into(),

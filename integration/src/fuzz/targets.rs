@@ -255,6 +255,7 @@ pub fn seed_batches() -> Vec<RolloutBatch> {
             .collect();
         Trajectory {
             trajectory_id: id,
+            episode_id: id,
             group_id: id / 2,
             task_id: 12 + id / 2,
             env_name: "calc".into(),

@@ -8,6 +8,9 @@ For every LOG_DIR/*.json ({"messages", "tools"}) writes, in file-name order:
   whole:  the whole conversation with `tools` (assistant turns as the agent echoed them).
   answers: the assistant contents the agent received, in order.
   logprobs: per answer, the content tokens' log-probs the gateway returned (when asked).
+  segments: for each conversation a segment started from (an agent that rewrote its history,
+          "segments" in the log), its ids with `tools` and the generation prompt. Tool-call
+          arguments are given to the template as objects, as transformers documents them.
 """
 import json
 import os
@@ -22,6 +25,19 @@ def ids(tok, messages, tools, generation):
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
+def with_object_arguments(messages):
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"],
+                                   "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
 def main(folder, logs, out):
     tok = AutoTokenizer.from_pretrained(folder)
     result = []
@@ -34,6 +50,8 @@ def main(folder, logs, out):
             "whole": ids(tok, messages, tools, False),
             "answers": [m.get("content") or "" for m in messages if m["role"] == "assistant"],
             "logprobs": log.get("logprobs") or [],
+            "segments": [ids(tok, with_object_arguments(s), tools, True)
+                         for s in log.get("segments") or []],
         })
     json.dump(result, open(out, "w"))
     print("ok")

@@ -9,7 +9,8 @@ DIR/<slot>.json for the test to read:
     with max_tokens = 2 and an Idempotency-Key, its exact retry and a changed call with the
     same key (both must return the stored answer), a call with stop sequences (the answer must
     hold none), and the reward
-  2 rewrite: a good call, then a call whose history drops the answer (409), exits without reward
+  2 prefill: a good call, then a call that ends with an assistant message (400), exits
+    without reward
   3 hang: a good call, then sleeps until killed (env.agent.timeout_s)
   4 early exit: exits before its first call
   5 no reward: a good call, then exits 0 without posting a reward
@@ -67,7 +68,7 @@ def reward(value):
 
 def main():
     slot = claim_slot()
-    kind = ["good", "probe", "rewrite", "hang", "early_exit", "no_reward"][slot % 6]
+    kind = ["good", "probe", "prefill", "hang", "early_exit", "no_reward"][slot % 6]
     seen = {"kind": kind, "pid": os.getpid()}
 
     def log():
@@ -105,11 +106,11 @@ def main():
             (first.id, answer)
         stopped, _, _ = chat(client, changed, stop=STOPS)
         seen["stop_cut"] = not any(s in stopped for s in STOPS)
-    if kind == "rewrite":
-        rewritten = messages + [{"role": "user", "content": "And again?"}]
+    if kind == "prefill":
+        prefilled = messages + [message, {"role": "assistant", "content": "The answer is"}]
         status, _ = post("/chat/completions",
-                         json.dumps({"model": "policy", "messages": rewritten}).encode())
-        seen["rewrite"] = status
+                         json.dumps({"model": "policy", "messages": prefilled}).encode())
+        seen["prefill"] = status
         log()
         return
     if kind == "hang":

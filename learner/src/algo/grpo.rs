@@ -9,6 +9,11 @@
 //! ```
 //! ε = 1e-6. Token advantages are `A_{i,t} = A_i·m_{i,t}`.
 //!
+//! Segments (RB-4): an episode split into several trajectories counts once in its group. Its
+//! score in the group's mean and std is the mean of its segments' scores, and each segment is
+//! normalised by that group: `A_i = (s_i − mean_g) / (std_g + ε)` ([`episode_advantages`]). With
+//! one trajectory per episode this is `group_advantages`.
+//!
 //! Invariants:
 //! - AD-1: a group whose scores are all equal (size ≥ 2) gets advantage 0 for every member.
 //! - GR-1: groups are independent: changing one group's scores never changes another's
@@ -63,6 +68,44 @@ pub fn group_advantages<K: Hash + Eq + Clone>(
         .collect()
 }
 
+/// GRPO over episodes that may be split into segments (module doc, RB-4): `episodes[i]` is the
+/// episode row i belongs to; each episode is one sample of its group (the group of its first
+/// row), scoring the mean of its rows' scores.
+pub fn episode_advantages(
+    scores: &[f64],
+    keys: &[u64],
+    episodes: &[u64],
+    normalize_std: bool,
+    eps: f64,
+) -> Vec<f64> {
+    let mut index: HashMap<u64, usize> = HashMap::new();
+    let (mut sums, mut counts, mut ep_keys) = (Vec::new(), Vec::new(), Vec::new());
+    for ((s, k), e) in scores.iter().zip(keys).zip(episodes) {
+        let j = *index.entry(*e).or_insert_with(|| {
+            sums.push(0.0);
+            counts.push(0.0);
+            ep_keys.push(*k);
+            sums.len() - 1
+        });
+        sums[j] += s;
+        counts[j] += 1.0;
+    }
+    let means: Vec<f64> = sums.iter().zip(&counts).map(|(s, n)| s / n).collect();
+    let stats = group_stats(&means, &ep_keys);
+    scores
+        .iter()
+        .zip(episodes)
+        .map(|(s, e)| {
+            let g = index.get(e).map(|&j| ep_keys[j]);
+            let (mean, std) = g.and_then(|g| stats.get(&g)).copied().unwrap_or((0.0, 1.0));
+            match normalize_std {
+                true => (s - mean) / (std + eps),
+                false => s - mean,
+            }
+        })
+        .collect()
+}
+
 /// GRPO on f32 rewards and u64 group ids (the trajectory-level form the learner uses).
 pub fn grpo_advantages(
     rewards: &[f32],
@@ -107,6 +150,25 @@ mod tests {
             &[1.499997, -0.499999, -0.499999, -0.499999],
             2e-6,
         );
+    }
+
+    #[test]
+    fn segments_count_once_per_episode() {
+        // Episodes 10 (two segments, reward 1), 11 and 12 (reward 0): the group is [1, 0, 0],
+        // not [1, 1, 0, 0].
+        let scores = [1.0, 1.0, 0.0, 0.0];
+        let split = episode_advantages(&scores, &[7; 4], &[10, 10, 11, 12], true, GRPO_EPS);
+        let whole = group_advantages(&[1.0, 0.0, 0.0], &[7; 3], true, GRPO_EPS);
+        assert_eq!(split, vec![whole[0], whole[0], whole[1], whole[2]]);
+        // One trajectory per episode: exactly group_advantages.
+        let (s, k) = ([0.5, 0.0, 1.0, 0.25], [1, 1, 2, 2]);
+        assert_eq!(
+            episode_advantages(&s, &k, &[0, 1, 2, 3], false, GRPO_EPS),
+            group_advantages(&s, &k, false, GRPO_EPS)
+        );
+        // A segment's own penalty stays its own; the group sees the episode's mean.
+        let a = episode_advantages(&[1.0, 0.5, 0.0], &[3; 3], &[5, 5, 6], false, GRPO_EPS);
+        assert_eq!(a, vec![1.0 - 0.375, 0.5 - 0.375, -0.375]);
     }
 
     #[test]

@@ -175,9 +175,19 @@ impl ChatCodec {
     ) -> Result<Vec<u32>, HfError> {
         let mut messages = preamble.to_vec();
         messages.push(ChatMessage::new("user", text));
+        self.conversation(&messages, tools)
+    }
+
+    /// A whole conversation as a prompt, `tools` rendered and the assistant's turn opened
+    /// (CC-1): the first prompt, or a new segment's (an agent that rewrote its history, RB-4).
+    pub fn conversation(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<Vec<u32>, HfError> {
         let rendered = self
             .tok
-            .apply_chat_template_with_tools(&messages, tools, true)?;
+            .apply_chat_template_with_tools(messages, tools, true)?;
         self.tok.encode(&rendered, false)
     }
 

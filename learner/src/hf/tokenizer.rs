@@ -190,6 +190,10 @@ pub struct ChatMessage {
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant message's function calls (`{"type": "function", "function": {"name",
+    /// "arguments"}}`), which the template renders in its own format; absent when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -198,6 +202,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: Vec::new(),
         }
     }
 }
