@@ -11,6 +11,7 @@ use std::path::Path;
 
 use keel_actors::events::TrainEvent;
 use keel_integration::events::train_events;
+use keel_integration::roles::Roles;
 use keel_integration::{
     family_models, free_port, python, run_train, stored_batches, train_command, train_log,
     train_output, Guarded,
@@ -399,6 +400,75 @@ fn an_agent_that_compacts_its_history_trains_in_segments() {
             );
         }
     }
+}
+
+/// The multi-process roles (`keel trainer` + `keel generator --rank 0/1`, coordinated only
+/// through the run root): each generator process runs its own gateway on its own port and
+/// starts the agents of the episodes it samples; the trainer never talks to an agent. The run
+/// trains every episode, and every batch is a generator rank's.
+#[test]
+fn agents_train_under_the_multi_process_roles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let model = family_models().join("qwen2.5");
+    let command = [
+        "python3".to_string(),
+        agent_script("../examples/agents/calculator_agent.py")
+            .display()
+            .to_string(),
+        "--log".to_string(),
+        logs.display().to_string(),
+    ];
+    let cfg = config(dir.path(), &command, "", "");
+    let toml = std::fs::read_to_string(&cfg).expect("config");
+    let toml = toml
+        .replace(
+            "[model]
+",
+            &format!(
+                "[model]
+path = {:?}
+",
+                model.display().to_string()
+            ),
+        )
+        .replace(
+            "[rollout]
+",
+            "[rollout]
+generators = 2
+",
+        )
+        .replace(
+            "[metrics]
+",
+            "[distributed]
+order_timeout_s = 120
+poll_ms = 20
+
+[metrics]
+",
+        );
+    std::fs::write(&cfg, toml).expect("config");
+    let root = dir.path().join("run");
+    let mut roles = Roles::new(dir.path(), cfg, root.to_str().expect("utf-8"));
+    roles.start_all();
+    roles.finish_ok();
+    let (trained, failed) = rollout_counts(&root);
+    assert_eq!((trained, failed), (8, 0), "2 steps of 2 tasks x 2 episodes");
+    // Batches are written by generator ranks (writer tag `l<life>-r<rank>-…`), never the trainer.
+    let batches: Vec<String> = std::fs::read_dir(root.join("batches"))
+        .expect("batches")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(
+        !batches.is_empty() && batches.iter().all(|b| b.contains("-r000")),
+        "batches: {batches:?}"
+    );
+    let agents = std::fs::read_dir(&logs).expect("logs").count();
+    assert!(agents >= 8, "{agents} agent runs logged");
 }
 
 /// An agent written on the OpenAI Agents SDK (examples/agents/agents_sdk_calculator.py: a
