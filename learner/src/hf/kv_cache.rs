@@ -79,6 +79,23 @@ impl KvCache {
         Ok(())
     }
 
+    /// Copies of slots `ids` `[n]` (i64), positions `0..len`: `[n, Hkv, len, D]` keys and
+    /// values (only those positions are copied).
+    pub(crate) fn gather(
+        &self,
+        layer: usize,
+        ids: &Tensor,
+        len: i64,
+    ) -> Result<(Tensor, Tensor), HfError> {
+        let pick = |x: &Tensor| -> Result<Tensor, HfError> {
+            Ok(x.f_view([self.slots, self.max_len, self.hkv, self.d])?
+                .f_narrow(1, 0, len)?
+                .f_index_select(0, ids)?
+                .f_transpose(1, 2)?)
+        };
+        Ok((pick(&self.k[layer])?, pick(&self.v[layer])?))
+    }
+
     /// Views of slots `0..n`, positions `0..len`: `[n, Hkv, len, D]` keys and values.
     pub(crate) fn view(&self, layer: usize, n: i64, len: i64) -> Result<(Tensor, Tensor), HfError> {
         let pick = |x: &Tensor| -> Result<Tensor, HfError> {

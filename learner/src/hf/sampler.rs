@@ -16,7 +16,7 @@
 //! - SA-2 (continuous batching): a finished sequence frees its slot at once; waiting requests
 //!   (including follow-ups submitted between steps) are prefilled into free slots before the
 //!   next decode step. Slots are filled lowest first and decode runs only over slots
-//!   `0..=highest occupied` (all slots under SA-7).
+//!   `0..=highest occupied` (under SA-7: over the occupied slots, in groups).
 //! - SA-3 (stops): a sequence ends after its first token in `stop_token_ids` (included in the
 //!   output), after the token whose decoding first contains a stop string (included), or after
 //!   `max_new_tokens`, whichever comes first.
@@ -27,11 +27,13 @@
 //! - SA-6 (weights): every step runs the model it is given, so weights may change between
 //!   steps; a model of another shape, kind or device than the sampler was built for is refused.
 //!   A failed step drops every queued and decoding sequence.
-//! - SA-7 (batch invariance, opt-in): with [`Sampler::set_batch_invariant`] every forward has a
-//!   shape independent of the batch (prefill in groups of a fixed row count padded to the cache
-//!   length, unused rows writing to a scratch slot; decode over all slots and the full cache
-//!   length), so on CPU a request's output is bit-identical whatever it shares the sampler with
-//!   and wherever it sits in the batch: streaming rollouts stay reproducible.
+//! - SA-7 (batch invariance, opt-in): with [`Sampler::set_batch_invariant`] every forward's
+//!   shape is a function of the sequence's own length alone (`invariant`: a prompt prefilled
+//!   alone, padded to its power-of-two length bucket; decode in forwards of exactly
+//!   [`INVARIANT_ROWS`] rows of slots in one bucket, attending that bucket's length under a
+//!   mask, padding rows writing to a scratch slot), so on CPU a request's output is
+//!   bit-identical whatever it shares the sampler with and wherever it sits in the batch:
+//!   streaming rollouts stay reproducible, at a cost that follows the tokens in flight.
 
 use std::collections::VecDeque;
 
@@ -158,8 +160,7 @@ pub struct Sampler {
     batch_invariant: bool,
 }
 
-/// SA-7: rows of every batch-invariant prefill forward.
-pub const INVARIANT_PREFILL_ROWS: usize = 8;
+pub use invariant::INVARIANT_ROWS;
 
 /// Draws one uniform in `[0, 1)` that stays below 1 after multiplying by a mass in f32.
 fn uniform(rng: &mut ChaCha8Rng) -> f32 {
@@ -218,10 +219,10 @@ impl Sampler {
         self.prefill_budget = tokens.max(1);
     }
 
-    /// SA-7: decode every step over all slots and the whole cache length, and prefill in groups
-    /// of exactly [`INVARIANT_PREFILL_ROWS`] rows padded to the cache length, so that a sequence's tokens and log-probs are bit-identical whatever
-    /// other sequences share the sampler and whenever they arrive (float reductions then always
-    /// see the same shapes). Costs full-width decode steps; off by default.
+    /// SA-7: give every forward a shape that depends only on the sequence it serves (module
+    /// `invariant`), so that a sequence's tokens and log-probs are bit-identical whatever other
+    /// sequences share the sampler and whenever they arrive. Costs padding to length buckets
+    /// and fixed-size row groups; off by default.
     pub fn set_batch_invariant(&mut self, on: bool) {
         self.batch_invariant = on;
         self.params = None;
@@ -333,11 +334,14 @@ impl Sampler {
             self.params = None;
         }
         let mut done = self.retire(slots);
-        let rows = if self.batch_invariant {
-            slots.len()
-        } else {
-            slots.iter().rposition(Option::is_some).map_or(0, |r| r + 1)
-        };
+        if self.batch_invariant {
+            if slots.iter().any(Option::is_some) {
+                self.decode_invariant(model, slots)?;
+                done.extend(self.retire(slots));
+            }
+            return Ok(done);
+        }
+        let rows = slots.iter().rposition(Option::is_some).map_or(0, |r| r + 1);
         if slots.iter().any(Option::is_some) {
             if self.params.is_none() {
                 let p: Vec<(f64, f64, usize)> = slots[..rows]
@@ -443,4 +447,5 @@ impl Sampler {
     }
 }
 
+mod invariant;
 mod steps;

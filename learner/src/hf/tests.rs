@@ -179,6 +179,67 @@ fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
     );
 }
 
+/// SA-7 across length buckets: a probe whose context grows through two buckets, sampled alone
+/// and then among mates in other buckets, in a more crowded sampler, and resubmitted as a
+/// second turn (its context plus an observation), is bit-identical every time; more than
+/// `INVARIANT_ROWS` sequences in one bucket decode in several groups.
+#[test]
+fn sa7_invariance_holds_across_length_buckets_and_row_groups() {
+    let m = model("qwen2");
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 12,
+        ..SamplingParams::default()
+    };
+    let context = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| 1 + (i * 7 + salt) % 38).collect()
+    };
+    // 26 prompt tokens + 12 sampled: buckets 32 then 64.
+    let probe = req(&context(26, 3), params.clone(), 42);
+    let mut alone = Sampler::new(&m, 2, 128).expect("s");
+    alone.set_batch_invariant(true);
+    let solo = alone.generate(&m, vec![probe.clone()]).expect("alone");
+    let mut crowd = Sampler::new(&m, 12, 128).expect("s");
+    crowd.set_batch_invariant(true);
+    for (id, n) in [3usize, 30, 29, 70, 5, 31, 28, 27, 30, 29, 26]
+        .into_iter()
+        .enumerate()
+    {
+        crowd
+            .submit(
+                &m,
+                id,
+                req(&context(n, id as u32), params.clone(), id as u64),
+            )
+            .expect("submit");
+    }
+    let (mut out, mut steps) = (None, 0);
+    while !crowd.is_idle() {
+        if steps == 3 {
+            crowd.submit(&m, 99, probe.clone()).expect("late submit");
+        }
+        for (id, c) in crowd.step(&m).expect("step") {
+            if id == 99 {
+                out = Some(c);
+            }
+        }
+        steps += 1;
+    }
+    assert_eq!(out.as_ref(), solo.first(), "bit-identical among mates");
+    // A second turn: the sampled tokens and an observation appended, submitted again.
+    let mut second = probe.prompt.clone();
+    second.extend(&solo[0].tokens);
+    second.extend([11, 12, 13]);
+    let turn = req(&second, params.clone(), 7);
+    let solo2 = alone.generate(&m, vec![turn.clone()]).expect("alone 2");
+    let mut mates: Vec<GenRequest> = (0..9)
+        .map(|i| req(&context(40 + i, i as u32), params.clone(), i as u64))
+        .collect();
+    mates.insert(4, turn);
+    let shared2 = crowd.generate(&m, mates).expect("shared 2");
+    assert_eq!(shared2[4], solo2[0], "bit-identical on the second turn");
+}
+
 #[test]
 fn lm2_multi_turn_token_in_token_out_has_no_mismatch() {
     let m = model("llama");

@@ -10,7 +10,7 @@ use crate::hf::model::HfModel;
 use crate::hf::sampling::{choose, Choice, RowParams};
 
 /// Copies chosen tokens and both log-probs to the host in one transfer.
-fn to_host(c: &Choice) -> Result<Vec<(u32, f32, f32)>, HfError> {
+pub(super) fn to_host(c: &Choice) -> Result<Vec<(u32, f32, f32)>, HfError> {
     let packed = Tensor::f_stack(
         &[
             c.tokens.f_to_kind(Kind::Double)?,
@@ -37,15 +37,7 @@ impl Sampler {
         slots: &mut [Option<Slot>],
     ) -> Result<(), HfError> {
         if self.batch_invariant {
-            // SA-7: fixed [rows, max_len] forwards; padding rows are the scratch slot's.
-            let scratch = (self.cache.slots() - 1) as usize;
-            let pmax = self.cache.max_len() as usize;
-            for chunk in admitted.chunks(super::INVARIANT_PREFILL_ROWS) {
-                let mut group = chunk.to_vec();
-                group.resize(super::INVARIANT_PREFILL_ROWS, (scratch, vec![0]));
-                self.prefill_group(model, &group, pmax, slots)?;
-            }
-            return Ok(());
+            return self.prefill_invariant(model, admitted, slots);
         }
         let mut start = 0;
         while start < admitted.len() {
@@ -65,7 +57,7 @@ impl Sampler {
         Ok(())
     }
 
-    fn prefill_group(
+    pub(super) fn prefill_group(
         &mut self,
         model: &HfModel,
         group: &[(usize, Vec<u32>)],
@@ -158,15 +150,8 @@ impl Sampler {
             }
         }
         let n = rows as i64;
-        // SA-7: a fixed attention length and an explicit mask under batch invariance.
-        let attn_len = if self.batch_invariant {
-            self.cache.max_len()
-        } else {
-            pos.iter().copied().max().unwrap_or(0) + 1
-        };
-        let uniform_rows = !self.batch_invariant
-            && slots.iter().all(Option::is_some)
-            && pos.iter().all(|&p| p == pos[0]);
+        let attn_len = pos.iter().copied().max().unwrap_or(0) + 1;
+        let uniform_rows = slots.iter().all(Option::is_some) && pos.iter().all(|&p| p == pos[0]);
         let tokens = Tensor::f_from_slice(&toks)?
             .f_to_device(dev)?
             .f_view([n, 1])?;
