@@ -56,6 +56,9 @@ pub enum ActorError {
     /// A generator panicked mid-batch; the batch is retried.
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),
+    /// A stop request (SIGTERM) ended an evaluation between two decode steps (RO-13).
+    #[error("the evaluation was interrupted by a stop request")]
+    Interrupted,
     /// A generator rank did not answer a work order in time; its range is issued again.
     #[error("generator rank {rank} did not answer work order {batch_seq} within {waited_s:.0} s; its tasks are issued again")]
     RankSilent {

@@ -225,7 +225,16 @@ pub fn evaluate_weights(
     let handle = process.io();
     let report = process.run_actors(async move {
         let model = ModelSetup::prepare(cfg, &handle, device).await?;
-        let local = LocalGenerators::start(cfg, &model, store, &handle, None, 0..1, false)?;
+        let local = LocalGenerators::start(
+            cfg,
+            &model,
+            store,
+            &handle,
+            None,
+            0..1,
+            false,
+            &crate::process::StopSignal::default(),
+        )?;
         local.board.publish(weights);
         let generator: Arc<dyn GeneratorHandle> = Arc::new(
             local

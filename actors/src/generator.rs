@@ -99,6 +99,9 @@ pub struct GeneratorSetup {
     pub batch_invariant: bool,
     /// RO-10: training batches take newer weights between decode steps (async mode).
     pub follow_weights: bool,
+    /// The process's stop signal: evaluations end at the next decode step once it is
+    /// requested (RO-13).
+    pub stop: crate::process::StopSignal,
 }
 
 /// Why a batch is sampled.
@@ -428,6 +431,7 @@ impl Generator {
             capture_boundaries: capture,
             keep_anchor_states: setup.keep_anchor_states,
             batch_invariant: setup.batch_invariant,
+            stop: (!train).then(|| setup.stop.clone()),
             // GN-5: re-rolls join the stream (RO-9).
             reroll: dynamic.map(|d| Reroll {
                 max_tries: d.max_tries,

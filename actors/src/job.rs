@@ -315,6 +315,7 @@ impl Generators {
                 job.options.env_factory.clone(),
                 0..n as u32,
                 false,
+                &job.options.stop,
             )?)),
             Role::Trainer => {
                 // SB-3: an admitted order is at most `bound` versions behind (AS-1).
@@ -415,11 +416,12 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     let mut rl = match warm {
         WarmStart::Ready(rl) => *rl,
         WarmStart::Stopped { checkpoint } => {
-            // SF-2, JB-6: stopped during SFT with its progress committed.
+            // SF-2, JB-6, RO-13: stopped during SFT or the evaluation before RL, with what
+            // was committed.
             return Ok(JobOutcome {
                 eval_before: f64::NAN,
                 eval_after: f64::NAN,
-                last_checkpoint: Some(checkpoint),
+                last_checkpoint: checkpoint,
                 stopped: true,
                 ..JobOutcome::default()
             });
@@ -491,14 +493,22 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
         outcome.eval_after = f64::NAN;
         return Ok(outcome);
     }
-    outcome.eval_after = evaluate(
+    let after = evaluate(
         &handles,
         &cfg,
         loop_outcome.version,
         "after_rl",
         &job.events,
     )
-    .await?;
+    .await;
+    outcome.eval_after = match after {
+        // RO-13: the run's last checkpoint is committed; only the evaluation is lost.
+        Err(ActorError::Interrupted) => {
+            outcome.stopped = true;
+            return Ok(outcome);
+        }
+        other => other?,
+    };
     job.metrics.eval_success.set(outcome.eval_after);
     if let Generators::Local(local) = &generators {
         outcome.env_shard_restarts = local.env_budget.used();
@@ -616,15 +626,24 @@ async fn warm_start(
         .await?;
     let sft = run_sft(job, learner, Arc::new(demos), resume).await?;
     if sft.stopped {
-        let checkpoint = sft.parent.unwrap_or_default();
-        return Ok(WarmStart::Stopped { checkpoint });
+        return Ok(WarmStart::Stopped {
+            checkpoint: sft.parent,
+        });
     }
     (job.events)(&TrainEvent::SftDone {
         steps: cfg.sft.steps,
         loss: sft.loss,
     });
     board.publish(ask(learner, CurrentWeights).await??);
-    let eval_before = evaluate(generators, cfg, 0, "before_rl", &job.events).await?;
+    let eval_before = match evaluate(generators, cfg, 0, "before_rl", &job.events).await {
+        // RO-13: a stop during the evaluation before RL ends the job with what is committed.
+        Err(ActorError::Interrupted) => {
+            return Ok(WarmStart::Stopped {
+                checkpoint: sft.parent,
+            })
+        }
+        other => other?,
+    };
     job.metrics.eval_success.set(eval_before);
     let carried = BTreeMap::from([("eval_success_before".to_string(), eval_before)]);
     let files = ask(learner, crate::learner_actor::Snapshot).await??;
@@ -669,10 +688,10 @@ pub const SFT_PARTIAL_TAG: &str = "sft-partial";
 enum WarmStart {
     /// SFT is done and its checkpoint committed: RL starts.
     Ready(Box<RlStart>),
-    /// A stop request ended SFT early; `checkpoint` holds its progress (SF-2).
+    /// A stop request ended SFT (SF-2) or the evaluation before RL (RO-13) early.
     Stopped {
-        /// The SFT checkpoint committed at the stop.
-        checkpoint: String,
+        /// The SFT checkpoint committed by then, if any.
+        checkpoint: Option<String>,
     },
 }
 

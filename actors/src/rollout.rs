@@ -44,6 +44,9 @@
 //!   truncated with reward 0, its turns trained as sampled and an observation past the bound
 //!   cut off (it is mask-0 context after the last sampled token); one whose first prompt
 //!   already leaves no room for a turn fails (RO-4: excluded and counted, with the lengths).
+//! - RO-13 (interruptible evaluation): a rollout given a stop signal checks it before every
+//!   decode step and ends with `ActorError::Interrupted` once a stop is requested, closing its
+//!   episodes on their shards; nothing of it is kept.
 //! - RO-12 (segments): a step whose outcome starts a new segment (`StepOutcome::segment`, an
 //!   agent that rewrote its history, AGT-3) ends the trajectory so far; the episode goes on in
 //!   a fresh one whose prompt is the segment's conversation rendered whole (CC-1), never the
@@ -244,6 +247,9 @@ pub struct RolloutSpec {
     pub reroll: Option<Reroll>,
     /// RO-10: take newer weights between decode steps (async training batches).
     pub follow_weights: bool,
+    /// RO-13: a stop request ends the rollout between decode steps (evaluations; a training
+    /// batch always completes, so its tasks are accounted as today).
+    pub stop: Option<crate::process::StopSignal>,
 }
 
 /// RO-9: how uninformative groups are rolled out again.

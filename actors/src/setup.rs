@@ -18,6 +18,7 @@ use crate::config::TrainConfig;
 use crate::env_shard::{EnvFactory, EnvShard, ShardOptions, ShardPool};
 use crate::error::ActorError;
 use crate::generator::{Generator, GeneratorSetup};
+use crate::process::StopSignal;
 use crate::supervision::RestartBudget;
 use crate::weights::WeightBoard;
 
@@ -86,11 +87,14 @@ pub struct LocalGenerators {
     pub gen_budget: RestartBudget,
     /// The shards; dropping it stops their arbiters.
     pub shards: ShardPool,
+    /// The process's stop signal, given to every generator (RO-13).
+    pub stop: StopSignal,
 }
 
 impl LocalGenerators {
     /// Starts `cfg.rollout.env_shards` shards and generators `first_id..first_id + count`,
     /// writing batches to `store` and reading weights from a fresh board.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         cfg: &TrainConfig,
         model: &ModelSetup,
@@ -99,6 +103,7 @@ impl LocalGenerators {
         env_factory: Option<EnvFactory>,
         ids: std::ops::Range<u32>,
         remote: bool,
+        stop: &StopSignal,
     ) -> Result<LocalGenerators, ActorError> {
         let factory: EnvFactory = match env_factory {
             Some(f) => f,
@@ -129,6 +134,7 @@ impl LocalGenerators {
                     &gen_budget,
                     id,
                     remote,
+                    stop,
                 );
                 SyncArbiter::start(1, move || Generator::new(setup.clone()))
             })
@@ -139,6 +145,7 @@ impl LocalGenerators {
             env_budget,
             gen_budget,
             shards,
+            stop: stop.clone(),
         })
     }
 
@@ -162,6 +169,7 @@ impl LocalGenerators {
             &self.gen_budget,
             id,
             true,
+            &self.stop,
         );
         SyncArbiter::start(1, move || Generator::new(setup.clone()))
     }
@@ -178,6 +186,7 @@ fn generator_setup(
     budget: &RestartBudget,
     id: u32,
     remote: bool,
+    stop: &StopSignal,
 ) -> GeneratorSetup {
     // What the method asks of every generator (anchors, re-rolls, agent models, scaffold).
     let sampling = crate::method::select(cfg).sampling(cfg);
@@ -208,6 +217,7 @@ fn generator_setup(
         follow_weights: !remote
             && cfg.run.mode == crate::config::Mode::Async
             && cfg.rollout.inflight_updates,
+        stop: stop.clone(),
     }
 }
 

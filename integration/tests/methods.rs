@@ -768,6 +768,7 @@ fn eval_has_no_scaffold(
             scaffold_words: 24,
             batch_invariant: true,
             follow_weights: false,
+            stop: Default::default(),
         };
         let generator = actix::SyncArbiter::start(1, move || Generator::new(setup.clone()));
         let tasks: Vec<TaskRef> = (0..8)

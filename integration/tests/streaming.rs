@@ -55,6 +55,7 @@ fn spec(
         batch_invariant: true,
         reroll,
         follow_weights: false,
+        stop: None,
     }
 }
 

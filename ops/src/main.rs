@@ -411,12 +411,15 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
         outcome.reused_batches,
         outcome.dropped_batches
     );
-    if outcome.stopped {
-        println!(
-            "stopped on request: checkpoint {} committed on branch {}",
-            outcome.last_checkpoint.as_deref().unwrap_or("-"),
+    match (outcome.stopped, outcome.last_checkpoint.as_deref()) {
+        (true, Some(id)) => println!(
+            "stopped on request: checkpoint {id} committed on branch {}",
             outcome.branch
-        );
+        ),
+        (true, None) => println!(
+            "stopped on request before the first checkpoint: the same command starts the run again"
+        ),
+        (false, _) => {}
     }
     if let Some(path) = args.summary_json {
         std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)

@@ -67,7 +67,8 @@ pub fn run_generator(
     let result = process.run_actors(async {
         let model = ModelSetup::prepare(&cfg, &io, device).await?;
         // GW-1: the shards; a generator actor of this rank is started per trainer life.
-        let local = LocalGenerators::start(&cfg, &model, &store, &io, env_factory, 0..0, true)?;
+        let local =
+            LocalGenerators::start(&cfg, &model, &store, &io, env_factory, 0..0, true, &stop)?;
         let mut worker = Worker {
             rank,
             cfg,

@@ -245,6 +245,14 @@ impl<'a> Engine<'a> {
             self.launch(plan, 0);
         }
         loop {
+            if self.spec.stop.as_ref().is_some_and(|s| s.requested()) {
+                // RO-13: close what runs on the shards (agents included), keep nothing.
+                let open: Vec<u64> = self.episodes.iter().map(|e| e.id).collect();
+                for shard in self.shards {
+                    shard.do_send(CloseEpisodes(open.clone()));
+                }
+                return Err(ActorError::Interrupted);
+            }
             while let Ok(answer) = self.answers.1.try_recv() {
                 self.on_answer(answer)?;
             }
