@@ -937,7 +937,7 @@ fn make_demos(
         .collect();
     // As many instances as the rollout runs env calls at once: an env whose episodes wait on
     // something (an agent program, a server) is demonstrated as concurrently as it is sampled.
-    let workers = (cfg.env.concurrency * cfg.rollout.env_shards).clamp(1, seeds.len().max(1));
+    let workers = (cfg.env_concurrency(1) * cfg.rollout.env_shards).clamp(1, seeds.len().max(1));
     let builder = keel_envs::EnvBuilder::new(&cfg.env_config())?;
     let mut envs: Vec<Box<dyn Env>> = (0..workers)
         .map(|_| builder.build())

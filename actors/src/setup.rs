@@ -114,7 +114,12 @@ impl LocalGenerators {
             }
         };
         let options = ShardOptions {
-            concurrency: cfg.env.concurrency,
+            // Batches sampled at once by these generators: in async mode each in-process
+            // generator samples one; a generator process (remote) or a sync run, one.
+            concurrency: cfg.env_concurrency(match (remote, cfg.run.mode) {
+                (false, crate::config::Mode::Async) => cfg.rollout.generators,
+                _ => 1,
+            }),
             latency: cfg.env.latency_model()?,
         };
         let env_budget = RestartBudget::new("env_shard", RESTART_BUDGET);

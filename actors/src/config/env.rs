@@ -24,7 +24,8 @@ pub struct EnvSection {
     /// The difficulty knob (sets the horizon); `n_ops` is accepted as an alias (calc).
     #[serde(alias = "n_ops")]
     pub difficulty: usize,
-    /// Env calls each env shard serves at once (ES-3); 1 serves them one after another.
+    /// Env calls each env shard serves at once (ES-3); 1 serves them one after another; 0 sizes
+    /// it from the episodes in flight ([`super::TrainConfig::env_concurrency`]).
     pub concurrency: usize,
     /// Simulated step latency: `none`, `lognormal` or `pareto`.
     pub latency: String,
@@ -48,7 +49,7 @@ impl Default for EnvSection {
         Self {
             name: "calc".into(),
             difficulty: 2,
-            concurrency: 32,
+            concurrency: 0,
             latency: "none".into(),
             latency_ms: 20.0,
             latency_shape: 1.0,
@@ -84,7 +85,7 @@ const DIFFICULTY: Key = Key::with_also(
     "The difficulty knob; sets the horizon. `n_ops` is an alias (calc: operations per task).",
 );
 /// `env.concurrency` (also capped by VB-1).
-pub const CONCURRENCY: Key = Key::new("env.concurrency", ints(1, 1 << 16), "Env calls (reset/step, simulated latency included) each env shard serves at once; each shard runs on its own thread and its env calls on a blocking pool, so one slow call holds only its own episode.");
+pub const CONCURRENCY: Key = Key::new("env.concurrency", ints(0, 1 << 16), "Env calls (reset/step, simulated latency included) each env shard serves at once; each shard runs on its own thread and its env calls on a blocking pool, so one slow call holds only its own episode. 0 (the default) = every episode in flight: rollout.tasks_per_batch x (rollout.group_size + anchor episodes) x the batches sampled at once (rollout.generators in async mode in one process, else 1), divided among rollout.env_shards. Set a number to bound what an env server or agent pool is asked to run at once.");
 const LATENCY: Key = Key::new(
     "env.latency",
     Range::Words(&["none", "lognormal", "pareto"]),

@@ -121,6 +121,22 @@ pub fn keys() -> impl Iterator<Item = &'static key::Key> {
 }
 
 impl TrainConfig {
+    /// Env calls each shard serves at once: `env.concurrency`, or with 0 every episode in
+    /// flight (`batches_in_flight` batches of `tasks_per_batch × (group_size + anchors)`)
+    /// spread over `rollout.env_shards`, within the key's range.
+    pub fn env_concurrency(&self, batches_in_flight: usize) -> usize {
+        if self.env.concurrency > 0 {
+            return self.env.concurrency;
+        }
+        let anchors = crate::method::select(self).sampling(self).anchor_episodes;
+        let episodes = self.rollout.tasks_per_batch
+            * (self.rollout.group_size + anchors)
+            * batches_in_flight.max(1);
+        episodes
+            .div_ceil(self.rollout.env_shards.max(1))
+            .clamp(1, 1 << 16)
+    }
+
     /// Parses TOML text (CF-2) and validates it (CF-3). Old spellings of renamed keys are read
     /// under their new names, each with a warning.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {

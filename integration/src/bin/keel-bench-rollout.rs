@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! cargo build --release -p keel-ops -p keel-integration --bin keel --bin keel-bench-rollout
-//! target/release/keel-bench-rollout [--steps 8] [--concurrency 32] [--baseline-bin /path/to/old/keel]
+//! target/release/keel-bench-rollout [--steps 8] [--concurrency 0 (= the default, sized from the episodes in flight)] [--baseline-bin /path/to/old/keel]
 //! ```
 
 use std::path::PathBuf;
@@ -61,7 +61,8 @@ struct Seen {
 
 struct Args {
     steps: u64,
-    /// `env.concurrency` of the sync and async cells.
+    /// `env.concurrency` of the sync and async cells (0: the key's default, sized from the
+    /// episodes in flight).
     concurrency: usize,
     eval_tasks: usize,
     baseline_bin: Option<PathBuf>,
@@ -71,7 +72,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         steps: 8,
-        concurrency: 32,
+        concurrency: 0,
         eval_tasks: 128,
         baseline_bin: None,
         skip_scaling: false,
@@ -94,8 +95,8 @@ fn parse_args() -> Result<Args> {
             ),
         }
     }
-    if args.steps == 0 || args.concurrency == 0 {
-        bail!("--steps and --concurrency must be at least 1");
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
     }
     Ok(args)
 }
