@@ -252,6 +252,30 @@ mod tests {
     }
 
     #[test]
+    fn env_concurrency_defaults_to_every_episode_in_flight() {
+        let cfg = TrainConfig::default();
+        let per_batch = cfg.rollout.tasks_per_batch * cfg.rollout.group_size;
+        assert_eq!(cfg.env_concurrency(1), per_batch);
+        assert_eq!(cfg.env_concurrency(4), 4 * per_batch);
+        let sharded = TrainConfig::from_toml(
+            "[rollout]
+env_shards = 3
+tasks_per_batch = 5
+group_size = 2
+",
+        )
+        .expect("config");
+        assert_eq!(sharded.env_concurrency(1), 4, "10 episodes over 3 shards");
+        let fixed = TrainConfig::from_toml(
+            "[env]
+concurrency = 7
+",
+        )
+        .expect("config");
+        assert_eq!(fixed.env_concurrency(4), 7, "a set value is kept");
+    }
+
+    #[test]
     fn lora_section_is_checked_and_seeded_by_the_run() {
         assert!(
             TrainConfig::default().lora_config().is_none(),
