@@ -109,11 +109,7 @@ fn sigterm_during_the_evaluation_before_rl_stops_it_and_exits_zero() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(kill.success());
+    keel_integration::roles::signal(&child.id().to_string(), "-TERM");
     let status = child.wait().expect("wait");
     assert!(status.success(), "SIGTERM must end in exit 0, got {status}");
     let outcome: serde_json::Value =
