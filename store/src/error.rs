@@ -324,7 +324,8 @@ mod tests {
         );
         let e = StoreError::UnsupportedVersion { found: 7 };
         assert!(e.to_string().contains("version 7"), "{e}");
-        assert!(e.to_string().contains("reads version 3"), "{e}");
+        let reads = format!("reads version {}", crate::frame::BATCH_FORMAT_VERSION);
+        assert!(e.to_string().contains(&reads), "{e}");
         let e = StoreError::ChecksumMismatch {
             expected: 1,
             found: 0xdead_beef,
