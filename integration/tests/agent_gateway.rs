@@ -121,24 +121,40 @@ struct AgentRun {
 /// Trains 2 steps with `python3 SCRIPT ARGS... LOGS` as the agent (`extra`: more
 /// `[env.agent]` keys).
 fn train_agent(script: &str, args: &[&str], extra: &str, sft: &str) -> AgentRun {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("logs");
-    let model = family_models().join("qwen2.5");
-    let mut command = vec![
-        "python3".to_string(),
-        agent_script(script).display().to_string(),
-    ];
-    command.extend(args.iter().map(|a| a.to_string()));
-    command.push(logs.display().to_string());
-    let config = config(dir.path(), &command, extra, sft);
-    let root = dir.path().join("run");
-    run_train(&config, &root, &["--model", &model.to_string_lossy()]);
-    AgentRun {
-        dir,
-        logs,
-        root,
-        model,
+    let run = AgentRun::prepare();
+    let config = config(run.dir.path(), &run.command(script, args), extra, sft);
+    run_train(
+        &config,
+        &run.root,
+        &["--model", &run.model.to_string_lossy()],
+    );
+    run
+}
+
+impl AgentRun {
+    /// A fresh temp dir with an empty agents' log folder, the tiny Qwen2.5 and a run root.
+    fn prepare() -> AgentRun {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&logs).expect("logs");
+        let root = dir.path().join("run");
+        AgentRun {
+            dir,
+            logs,
+            root,
+            model: family_models().join("qwen2.5"),
+        }
+    }
+
+    /// `python3 SCRIPT ARGS... LOGS`.
+    fn command(&self, script: &str, args: &[&str]) -> Vec<String> {
+        let mut command = vec![
+            "python3".to_string(),
+            agent_script(script).display().to_string(),
+        ];
+        command.extend(args.iter().map(|a| a.to_string()));
+        command.push(self.logs.display().to_string());
+        command
     }
 }
 
@@ -408,54 +424,26 @@ fn an_agent_that_compacts_its_history_trains_in_segments() {
 /// trains every episode, and every batch is a generator rank's.
 #[test]
 fn agents_train_under_the_multi_process_roles() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("logs");
-    let model = family_models().join("qwen2.5");
-    let command = [
-        "python3".to_string(),
-        agent_script("../examples/agents/calculator_agent.py")
-            .display()
-            .to_string(),
-        "--log".to_string(),
-        logs.display().to_string(),
-    ];
-    let cfg = config(dir.path(), &command, "", "");
-    let toml = std::fs::read_to_string(&cfg).expect("config");
-    let toml = toml
+    let run = AgentRun::prepare();
+    let command = run.command("../examples/agents/calculator_agent.py", &["--log"]);
+    let cfg = config(run.dir.path(), &command, "", "");
+    let toml = std::fs::read_to_string(&cfg)
+        .expect("config")
         .replace(
-            "[model]
-",
-            &format!(
-                "[model]
-path = {:?}
-",
-                model.display().to_string()
-            ),
+            "[model]\n",
+            &format!("[model]\npath = {:?}\n", run.model.display().to_string()),
         )
+        .replace("[rollout]\n", "[rollout]\ngenerators = 2\n")
         .replace(
-            "[rollout]
-",
-            "[rollout]
-generators = 2
-",
-        )
-        .replace(
-            "[metrics]
-",
-            "[distributed]
-order_timeout_s = 120
-poll_ms = 20
-
-[metrics]
-",
+            "[metrics]\n",
+            "[distributed]\norder_timeout_s = 120\npoll_ms = 20\n\n[metrics]\n",
         );
     std::fs::write(&cfg, toml).expect("config");
-    let root = dir.path().join("run");
-    let mut roles = Roles::new(dir.path(), cfg, root.to_str().expect("utf-8"));
+    let (dir, root, logs) = (run.dir.path(), &run.root, &run.logs);
+    let mut roles = Roles::new(dir, cfg, root.to_str().expect("utf-8"));
     roles.start_all();
     roles.finish_ok();
-    let (trained, failed) = rollout_counts(&root);
+    let (trained, failed) = rollout_counts(root);
     assert_eq!((trained, failed), (8, 0), "2 steps of 2 tasks x 2 episodes");
     // Batches are written by generator ranks (writer tag `l<life>-r<rank>-…`), never the trainer.
     let batches: Vec<String> = std::fs::read_dir(root.join("batches"))
@@ -467,7 +455,7 @@ poll_ms = 20
         !batches.is_empty() && batches.iter().all(|b| b.contains("-r000")),
         "batches: {batches:?}"
     );
-    let agents = std::fs::read_dir(&logs).expect("logs").count();
+    let agents = std::fs::read_dir(logs).expect("logs").count();
     assert!(agents >= 8, "{agents} agent runs logged");
 }
 
@@ -542,10 +530,12 @@ fn the_sft_warm_start_demonstrates_through_concurrent_agents() {
 /// calculator agent on each and reports their ends. The run trains and no episode fails.
 #[test]
 fn agents_elsewhere_pull_their_episodes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("logs");
-    let model = family_models().join("qwen2.5");
+    let AgentRun {
+        dir,
+        logs,
+        root,
+        model,
+    } = AgentRun::prepare();
     let port = free_port();
     let pool_key = "keel-test-pool-key-0123456789";
     let config = config(
@@ -556,7 +546,6 @@ fn agents_elsewhere_pull_their_episodes() {
         ),
         "",
     );
-    let root = dir.path().join("run");
     let log = std::fs::File::create(train_log(&root)).expect("log file");
     let mut train = Guarded::spawn(
         train_command(&config, &root, &["--model", &model.to_string_lossy()])

@@ -258,20 +258,11 @@ mod tests {
         assert_eq!(cfg.env_concurrency(1), per_batch);
         assert_eq!(cfg.env_concurrency(4), 4 * per_batch);
         let sharded = TrainConfig::from_toml(
-            "[rollout]
-env_shards = 3
-tasks_per_batch = 5
-group_size = 2
-",
+            "[rollout]\nenv_shards = 3\ntasks_per_batch = 5\ngroup_size = 2\n",
         )
         .expect("config");
         assert_eq!(sharded.env_concurrency(1), 4, "10 episodes over 3 shards");
-        let fixed = TrainConfig::from_toml(
-            "[env]
-concurrency = 7
-",
-        )
-        .expect("config");
+        let fixed = TrainConfig::from_toml("[env]\nconcurrency = 7\n").expect("config");
         assert_eq!(fixed.env_concurrency(4), 7, "a set value is kept");
     }
 

@@ -83,6 +83,16 @@ fn shard_of(episode: u64, n: usize) -> usize {
     (episode % n as u64) as usize
 }
 
+/// Ends episodes `ids` on every shard that may still run them (their envs, agents included).
+fn close_on_shards(shards: &[Addr<EnvShard>], ids: Vec<u64>) {
+    if ids.is_empty() {
+        return;
+    }
+    for shard in shards {
+        shard.do_send(CloseEpisodes(ids.clone()));
+    }
+}
+
 fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.loss_mask.extend(std::iter::repeat_n(0u8, ids.len()));
     traj.behaviour_logprobs
@@ -247,10 +257,7 @@ impl<'a> Engine<'a> {
         loop {
             if self.spec.stop.as_ref().is_some_and(|s| s.requested()) {
                 // RO-13: close what runs on the shards (agents included), keep nothing.
-                let open: Vec<u64> = self.episodes.iter().map(|e| e.id).collect();
-                for shard in self.shards {
-                    shard.do_send(CloseEpisodes(open.clone()));
-                }
+                close_on_shards(self.shards, self.episodes.iter().map(|e| e.id).collect());
                 return Err(ActorError::Interrupted);
             }
             while let Ok(answer) = self.answers.1.try_recv() {
@@ -593,11 +600,7 @@ impl<'a> Engine<'a> {
             .filter(|e| !e.env_ended)
             .map(|e| e.id)
             .collect();
-        if !open.is_empty() {
-            for shard in self.shards {
-                shard.do_send(CloseEpisodes(open.clone()));
-            }
-        }
+        close_on_shards(self.shards, open);
         let mut stats = self.stats;
         for sampler in self.samplers.iter().flatten() {
             stats.decode_steps += sampler.stats().decode_steps;

@@ -57,15 +57,17 @@ pub fn group_advantages<K: Hash + Eq + Clone>(
     scores
         .iter()
         .zip(keys)
-        .map(|(s, k)| {
-            let (mean, std) = stats.get(k).copied().unwrap_or((0.0, 1.0));
-            if normalize_std {
-                (s - mean) / (std + eps)
-            } else {
-                s - mean
-            }
-        })
+        .map(|(s, k)| relative(*s, stats.get(k), normalize_std, eps))
         .collect()
+}
+
+/// A score relative to its group's `(mean, std)` (module doc); no stats = a singleton's.
+fn relative(s: f64, stats: Option<&(f64, f64)>, normalize_std: bool, eps: f64) -> f64 {
+    let (mean, std) = stats.copied().unwrap_or((0.0, 1.0));
+    match normalize_std {
+        true => (s - mean) / (std + eps),
+        false => s - mean,
+    }
 }
 
 /// GRPO over episodes that may be split into segments (module doc, RB-4): `episodes[i]` is the
@@ -96,12 +98,8 @@ pub fn episode_advantages(
         .iter()
         .zip(episodes)
         .map(|(s, e)| {
-            let g = index.get(e).map(|&j| ep_keys[j]);
-            let (mean, std) = g.and_then(|g| stats.get(&g)).copied().unwrap_or((0.0, 1.0));
-            match normalize_std {
-                true => (s - mean) / (std + eps),
-                false => s - mean,
-            }
+            let group = index.get(e).and_then(|&j| stats.get(&ep_keys[j]));
+            relative(*s, group, normalize_std, eps)
         })
         .collect()
 }

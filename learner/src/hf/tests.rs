@@ -136,6 +136,30 @@ fn sa4_continuous_batching_does_not_change_samples() {
     assert_eq!(wide, again, "same seeds, same samples");
 }
 
+/// Runs `sampler` until idle, submitting `late` (under an id no other request uses) after
+/// `at` steps; answers its completion.
+fn late_arrival(
+    sampler: &mut Sampler,
+    m: &HfModel,
+    at: usize,
+    late: GenRequest,
+) -> Option<Completion> {
+    const LATE: usize = usize::MAX;
+    let (mut out, mut steps) = (None, 0);
+    while !sampler.is_idle() {
+        if steps == at {
+            sampler.submit(m, LATE, late.clone()).expect("late submit");
+        }
+        for (id, c) in sampler.step(m).expect("step") {
+            if id == LATE {
+                out = Some(c);
+            }
+        }
+        steps += 1;
+    }
+    out
+}
+
 #[test]
 fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
     let m = model("llama");
@@ -159,19 +183,7 @@ fn sa7_batch_invariant_samples_do_not_depend_on_batch_mates_or_arrival() {
             .submit(&m, id, req(p, params.clone(), id as u64))
             .expect("submit");
     }
-    let mut out = None;
-    let mut steps = 0;
-    while !shared.is_idle() {
-        if steps == 2 {
-            shared.submit(&m, 9, probe.clone()).expect("late submit");
-        }
-        for (id, c) in shared.step(&m).expect("step") {
-            if id == 9 {
-                out = Some(c);
-            }
-        }
-        steps += 1;
-    }
+    let out = late_arrival(&mut shared, &m, 2, probe.clone());
     assert_eq!(
         out.as_ref(),
         solo.first(),
@@ -213,18 +225,7 @@ fn sa7_invariance_holds_across_length_buckets_and_row_groups() {
             )
             .expect("submit");
     }
-    let (mut out, mut steps) = (None, 0);
-    while !crowd.is_idle() {
-        if steps == 3 {
-            crowd.submit(&m, 99, probe.clone()).expect("late submit");
-        }
-        for (id, c) in crowd.step(&m).expect("step") {
-            if id == 99 {
-                out = Some(c);
-            }
-        }
-        steps += 1;
-    }
+    let out = late_arrival(&mut crowd, &m, 3, probe.clone());
     assert_eq!(out.as_ref(), solo.first(), "bit-identical among mates");
     // A second turn: the sampled tokens and an observation appended, submitted again.
     let mut second = probe.prompt.clone();
