@@ -547,6 +547,11 @@ impl Learner {
         (sum.adv_mean, sum.adv_std, sum.adv_min, sum.adv_max) = (mean, std, min, max);
         sum.groups_total = groups_total as f64;
         sum.groups_kept = groups_kept as f64;
+        if let Some(c) = tg.correction {
+            sum.rollout_logp_mismatch = c.mismatch;
+            sum.rollout_is_truncated_frac = c.truncated;
+            sum.rollout_rs_rejected_frac = c.rejected;
+        }
         if let (Some(ctl), Some(kl)) = (self.kl_ctl.as_mut(), tg.kl_reward_mean) {
             sum.kl_reward_beta = ctl.beta();
             sum.kl_reward = kl;
@@ -743,7 +748,10 @@ impl Learner {
             r.mask = m;
             out.seq_mask_frac = frac;
         }
-        let (token_loss, agg, stats) = actor_loss::policy_token_loss(&p, tg, &r, &logp)?;
+        let (mut token_loss, agg, stats) = actor_loss::policy_token_loss(&p, tg, &r, &logp)?;
+        if let Some(w) = &r.is_weights {
+            token_loss = token_loss.f_mul(&w.f_to_kind(token_loss.kind())?)?;
+        }
         out.absorb(&stats);
         let records = actor_loss::Records::new(&p, tg, &r, agg, global)?;
         let pg = records.agg(&token_loss);

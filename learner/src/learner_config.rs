@@ -21,6 +21,7 @@ use crate::algo::presets::{
     AdvantageKind, DynamicSampling, KlLoss, KlReward, PolicyLossKind, Preset, PresetConfig,
     RatioBase,
 };
+use crate::algo::rollout_correction::{IsLevel, RejectLevel, RolloutCorrection};
 use crate::algo::value::CriticModel;
 use crate::error::LearnerError;
 use crate::lr_schedule::LrSchedule;
@@ -92,6 +93,19 @@ pub struct LearnerConfig {
     /// > 0, or 0 for untruncated weights; only with `policy_loss = "reinforce"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rollout_is_threshold: Option<f64>,
+    /// Override: truncated importance weights against the rollout log-probs (verl
+    /// `rollout_is`): `token` (the peers' TIS) or `sequence`, truncated at
+    /// `rollout_is_threshold` (2.0); needs `ratio_base = "recompute"` (RC-*).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_is: Option<IsLevel>,
+    /// Override: reject whole sequences whose ratio to the rollout policy (`sequence`) or its
+    /// geometric mean per token (`geometric`) is outside [1/ρ, ρ] (verl `rollout_rs`); needs
+    /// `ratio_base = "recompute"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_rs: Option<RejectLevel>,
+    /// Override: ρ of `rollout_rs`, > 1 (default 2.0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_rs_threshold: Option<f64>,
     /// Override: loss aggregation (`token-mean`, `seq-mean-token-mean`, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_agg: Option<AggMode>,
@@ -196,6 +210,9 @@ impl Default for LearnerConfig {
             dual_clip: None,
             policy_loss: None,
             rollout_is_threshold: None,
+            rollout_is: None,
+            rollout_rs: None,
+            rollout_rs_threshold: None,
             loss_agg: None,
             loss_scale_factor: None,
             ratio_base: None,
@@ -308,6 +325,14 @@ impl LearnerConfig {
         {
             *is_threshold = if t == 0.0 { None } else { Some(t) };
         }
+        if self.rollout_is.is_some() || self.rollout_rs.is_some() {
+            p.rollout_correction = Some(RolloutCorrection {
+                is: self.rollout_is,
+                is_threshold: self.rollout_is_threshold.unwrap_or(ROLLOUT_IS_THRESHOLD),
+                reject: self.rollout_rs,
+                reject_threshold: self.rollout_rs_threshold.unwrap_or(ROLLOUT_IS_THRESHOLD),
+            });
+        }
         if let Some(v) = self.loss_agg {
             p.agg = v;
         }
@@ -412,6 +437,69 @@ impl LearnerConfig {
         p
     }
 
+    /// The IS threshold and the rollout correction (RC-*) apply where a loss uses them.
+    fn validate_rollout_correction(&self, p: &PresetConfig) -> Result<(), LearnerError> {
+        let reinforce = matches!(p.policy_loss, PolicyLossKind::Reinforce { .. });
+        if let Some(t) = self.rollout_is_threshold {
+            if !reinforce && self.rollout_is.is_none() {
+                return Err(LearnerError::config(
+                    "learner.rollout_is_threshold",
+                    "applies only to learner.policy_loss = \"reinforce\" or with learner.rollout_is",
+                ));
+            }
+            if t != 0.0 || !reinforce {
+                in_range(
+                    "learner.rollout_is_threshold",
+                    t,
+                    0.0,
+                    true,
+                    f64::INFINITY,
+                    true,
+                )?;
+            }
+        }
+        if let Some(r) = self.rollout_rs_threshold {
+            if self.rollout_rs.is_none() {
+                return Err(LearnerError::config(
+                    "learner.rollout_rs_threshold",
+                    "applies only with learner.rollout_rs",
+                ));
+            }
+            in_range(
+                "learner.rollout_rs_threshold",
+                r,
+                1.0,
+                true,
+                f64::INFINITY,
+                true,
+            )?;
+        }
+        if p.rollout_correction.is_none() {
+            return Ok(());
+        }
+        let key = if self.rollout_is.is_some() {
+            "learner.rollout_is"
+        } else {
+            "learner.rollout_rs"
+        };
+        if p.ratio_base != RatioBase::Recompute {
+            return Err(LearnerError::config(
+                key,
+                "needs learner.ratio_base = \"recompute\": against the behaviour log-probs the ratio already is the rollout correction (verl's bypass mode)",
+            ));
+        }
+        if matches!(
+            p.policy_loss,
+            PolicyLossKind::Reinforce { .. } | PolicyLossKind::Dis
+        ) {
+            return Err(LearnerError::config(
+                key,
+                "does not apply to the REINFORCE and DIS losses, which weight against the behaviour log-probs themselves",
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks every field against its documented range, on the resolved values (LC-1).
     pub fn validate(&self) -> Result<(), LearnerError> {
         let inf = f64::INFINITY;
@@ -467,17 +555,7 @@ impl LearnerConfig {
         if let Some(h) = p.loss_scale_factor {
             in_range("learner.loss_scale_factor", h, 0.0, true, inf, true)?;
         }
-        if let Some(t) = self.rollout_is_threshold {
-            if !matches!(p.policy_loss, PolicyLossKind::Reinforce { .. }) {
-                return Err(LearnerError::config(
-                    "learner.rollout_is_threshold",
-                    "applies only to learner.policy_loss = \"reinforce\"",
-                ));
-            }
-            if t != 0.0 {
-                in_range("learner.rollout_is_threshold", t, 0.0, true, inf, true)?;
-            }
-        }
+        self.validate_rollout_correction(&p)?;
         if let Some(d) = p.seq_mask_delta {
             in_range("learner.seq_mask_delta", d, 0.0, true, inf, true)?;
         }

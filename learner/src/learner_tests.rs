@@ -798,6 +798,92 @@ fn lr1_recompute_ratio_base_ignores_stale_behaviour_logprobs() {
     );
 }
 
+/// A learner with `ratio_base = recompute` and the given rollout correction.
+fn corrected_learner(
+    is: Option<crate::algo::rollout_correction::IsLevel>,
+    rs: Option<crate::algo::rollout_correction::RejectLevel>,
+) -> Learner {
+    let c = LearnerConfig {
+        lr: 3e-3,
+        minibatches: 1,
+        ratio_base: Some(crate::algo::RatioBase::Recompute),
+        rollout_is: is,
+        rollout_rs: rs,
+        ..LearnerConfig::default()
+    };
+    c.validate().expect("valid");
+    Learner::new(tiny(false, 31), c, 31).expect("learner")
+}
+
+/// RC-* on a whole update: the mismatch is measured whenever π_old is recomputed; token TIS
+/// truncates exactly the shifted row's tokens (ratio e^3 > 2) and doubles its weight in the
+/// loss (its advantage is positive, so the loss falls); on-policy it changes nothing (RC-2).
+#[test]
+fn rc_truncated_is_weights_the_loss_by_the_rollout_ratio() {
+    use crate::algo::rollout_correction::{IsLevel, RejectLevel};
+    tch::set_num_threads(1);
+    let share = |batch: &TrainBatch| {
+        batch.loss_mask.get(0).sum(Kind::Double).double_value(&[])
+            / batch.loss_mask.sum(Kind::Double).double_value(&[])
+    };
+    let mut plain = corrected_learner(None, None);
+    let batch = off_policy_first_row(plain.model(), 3.0);
+    let p = plain.train_step(&batch).expect("plain");
+    assert!((p.rollout_logp_mismatch - 3.0 * share(&batch)).abs() < 1e-5);
+    assert_eq!(p.rollout_is_truncated_frac, 0.0);
+
+    let mut tis = corrected_learner(Some(IsLevel::Token), None);
+    let t = tis.train_step(&batch).expect("tis");
+    assert!((t.rollout_is_truncated_frac - share(&batch)).abs() < 1e-12);
+    assert!(
+        t.pg_loss < p.pg_loss - 1e-4,
+        "row 0 (advantage > 0) weighs 2: {} vs {}",
+        t.pg_loss,
+        p.pg_loss
+    );
+
+    let mut rs = corrected_learner(None, Some(RejectLevel::Sequence));
+    let r = rs.train_step(&batch).expect("rs");
+    assert!((r.rollout_rs_rejected_frac - 1.0 / batch.len() as f64).abs() < 1e-12);
+
+    let mut a = corrected_learner(None, None);
+    let mut b = corrected_learner(Some(IsLevel::Token), Some(RejectLevel::Geometric));
+    let on_policy = rl_batch(a.model());
+    let mb = b.train_step(&on_policy).expect("b");
+    a.train_step(&on_policy).expect("a");
+    assert!(mb.rollout_logp_mismatch < 1e-5 && mb.rollout_is_truncated_frac == 0.0);
+    assert_eq!(mb.rollout_rs_rejected_frac, 0.0);
+    for ((_, wa), (_, wb)) in a
+        .model()
+        .named_parameters()
+        .iter()
+        .zip(b.model().named_parameters().iter())
+    {
+        let diff = (wa - wb).abs().max().double_value(&[]);
+        assert!(diff < 1e-6, "on-policy the correction is a no-op: {diff}");
+    }
+}
+
+#[test]
+fn rc_the_rollout_correction_needs_a_recomputed_pi_old() {
+    use crate::algo::rollout_correction::IsLevel;
+    let c = LearnerConfig {
+        rollout_is: Some(IsLevel::Token),
+        ..LearnerConfig::default()
+    };
+    let e = c.validate().expect_err("behaviour base").to_string();
+    assert!(
+        e.contains("learner.rollout_is") && e.contains("recompute"),
+        "{e}"
+    );
+    let c = LearnerConfig {
+        rollout_rs_threshold: Some(0.5),
+        ..LearnerConfig::default()
+    };
+    let e = c.validate().expect_err("no rs").to_string();
+    assert!(e.contains("learner.rollout_rs_threshold"), "{e}");
+}
+
 #[test]
 fn kl_in_reward_uses_the_adaptive_controller_and_survives_restore() {
     tch::set_num_threads(1);

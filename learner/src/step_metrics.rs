@@ -192,6 +192,20 @@ step_stats! {
     /// Token-mean KL(old ‖ ref) subtracted in the reward (0 when off).
     kl_reward: f64, KlReward, Batch
         => "keel_actor_kl_reward", "Token-mean KL(old || ref) subtracted in the reward (0 when off)";
+    /// Mean |π_old − π_rollout| over model tokens: the engine/trainer (and staleness) log-prob
+    /// gap; measured with `ratio_base = recompute`, 0 otherwise.
+    rollout_logp_mismatch: f64, RolloutLogpMismatch, Batch
+        => "keel_actor_rollout_logp_mismatch",
+           "Mean absolute log-prob gap between the learner's pi_old and the rollout policy (ratio_base = recompute)";
+    /// Rollout correction: share of model tokens (sequence level: of sequences) whose IS weight
+    /// was truncated at `rollout_is_threshold`.
+    rollout_is_truncated_frac: f64, RolloutIsTruncatedFrac, Batch
+        => "keel_actor_rollout_is_truncated_frac",
+           "Share of model tokens (or sequences) whose rollout IS weight was truncated";
+    /// Rollout correction: share of sequences rejected by `rollout_rs`.
+    rollout_rs_rejected_frac: f64, RolloutRsRejectedFrac, Batch
+        => "keel_actor_rollout_rs_rejected_frac",
+           "Share of sequences rejected by the rollout correction";
     /// Token-mean entropy of the current policy on model tokens.
     entropy: f64, Entropy, Mean => "keel_actor_entropy", "Mean token entropy of the policy";
     /// Pre-clip global gradient norm of the actor step (of the critic step during warm-up).
@@ -414,7 +428,7 @@ mod tests {
         }
         assert!(text.starts_with("{\"loss\":1.5,"), "{text}");
         assert!(text.contains("\"tokens\":7,"), "{text}");
-        assert_eq!(keys.len(), 42);
+        assert_eq!(keys.len(), 45);
     }
 
     #[test]

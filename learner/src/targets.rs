@@ -19,8 +19,9 @@
 //!
 //! Invariants:
 //! - TG-1: advantages are 0 wherever the (possibly reduced) mask is 0.
-//! - TG-2: only RTPO (to each trajectory's trained turn, BT-8) and an agent filter (Dr. MAS
-//!   per-agent models: to the turns of the model's agents) reduce the mask.
+//! - TG-2: only RTPO (to each trajectory's trained turn, BT-8), an agent filter (Dr. MAS
+//!   per-agent models: to the turns of the model's agents) and the rollout correction's
+//!   sequence rejection (RC-*) reduce the mask.
 //! - TG-3: reference and old log-probs are computed without gradient.
 
 use tch::{Device, Kind, Tensor};
@@ -32,6 +33,7 @@ use crate::algo::gigpo::{gigpo_advantages, similarity_groups, StepRecord};
 use crate::algo::grpo::{episode_advantages, GRPO_EPS};
 use crate::algo::kl::kl_in_reward;
 use crate::algo::presets::{AdvantageKind, PresetConfig, RatioBase};
+use crate::algo::rollout_correction::{correct, mismatch, CorrectionStats};
 use crate::algo::rtpo::{branch_turn_mask, sibling_advantages};
 use crate::algo::sao::{length_adaptive_lambda, response_spans};
 use crate::batch_tensors::TrainBatch;
@@ -48,6 +50,10 @@ pub(crate) struct Targets {
     pub old_logp: Tensor,
     pub advantages: Tensor,
     pub ref_logp: Option<Tensor>,
+    /// Rollout correction: the policy loss's importance weights (RC-1), when on.
+    pub is_weights: Option<Tensor>,
+    /// Rollout correction statistics; None with `ratio_base = behaviour` (nothing recomputed).
+    pub correction: Option<CorrectionStats>,
     pub turn_ids: Tensor,
     pub max_turns: i64,
     /// `[B]` f32: 1 for trajectories sampled by the anchor (reference) policy.
@@ -220,6 +226,21 @@ pub(crate) fn compute(
         Some(r) => Some(frozen_logp(r, &tokens, temperature)?.f_mul(&mask)?),
         None => None,
     };
+    let (is_weights, correction) = match (p.ratio_base, &p.rollout_correction) {
+        (RatioBase::Behaviour, _) => (None, None),
+        (RatioBase::Recompute, None) => {
+            let stats = CorrectionStats {
+                mismatch: mismatch(&old_logp, &behaviour_logp, &mask),
+                ..CorrectionStats::default()
+            };
+            (None, Some(stats))
+        }
+        (RatioBase::Recompute, Some(cfg)) => {
+            let c = correct(&old_logp, &behaviour_logp, &mask, cfg);
+            mask = c.mask;
+            (c.weights, Some(c.stats))
+        }
+    };
     if let Some(agents) = agent_filter {
         mask = agent_turn_mask(batch, agents, &mask)?;
     }
@@ -323,6 +344,8 @@ pub(crate) fn compute(
         old_logp,
         advantages,
         ref_logp,
+        is_weights,
+        correction,
         turn_ids: batch.turn_ids.f_to_device(dev)?,
         max_turns: batch.max_turns,
         anchor_rows: Tensor::f_from_slice(

@@ -13,6 +13,7 @@
 //! | [`armor`] | mixed policy/reference ratio and the public code's options (partner, replace_old, renorm_adv) | §4 |
 //! | [`seq_mask`] | ARLArena's sequence mask | §2.2 |
 //! | [`reinforce`] | REINFORCE with truncated IS (bypass mode) | §1.10 |
+//! | [`rollout_correction`] | truncated IS and sequence rejection against the rollout log-probs (verl `rollout_corr`) | §1.10 |
 //! | [`kl`] | k1/abs/k2/k3 and "+" forms, KL loss, KL in reward, controllers | §1.8 |
 //! | [`gae`] | skip-observation GAE, whitening | §1.3 |
 //! | [`grpo`] | GRPO / Dr. GRPO over any grouping key | §1.4–1.5 |
@@ -38,6 +39,7 @@ pub mod presets;
 #[cfg(test)]
 mod properties;
 pub mod reinforce;
+pub mod rollout_correction;
 pub mod rtpo;
 pub mod sao;
 pub mod seq_mask;

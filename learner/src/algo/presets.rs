@@ -35,6 +35,7 @@ use crate::algo::armor::{ArmorLoss, ARMOR_CLIP};
 use crate::algo::gigpo::GigpoNorm;
 use crate::algo::kl::{KlController, KlEstimator};
 use crate::algo::ppo::ClipBounds;
+use crate::algo::rollout_correction::RolloutCorrection;
 use crate::algo::value::{CriticModel, CriticSchedule};
 
 /// A named algorithm.
@@ -225,6 +226,10 @@ pub struct PresetConfig {
     /// Layout P (spec §0.1): every turn is a record, so "seq" aggregation averages over turns.
     #[serde(default)]
     pub turn_records: bool,
+    /// Truncated IS / sequence rejection against the rollout log-probs (`ratio_base =
+    /// recompute` only), or None.
+    #[serde(default)]
+    pub rollout_correction: Option<RolloutCorrection>,
     /// What the learner does not do for this algorithm (runtime parts), for `keel algo show`.
     pub runtime_notes: String,
 }
@@ -305,6 +310,7 @@ fn base() -> PresetConfig {
         weight_decay: 0.01,
         lr_warmup_steps: 0,
         turn_records: false,
+        rollout_correction: None,
         runtime_notes: String::new(),
     }
 }

@@ -38,6 +38,8 @@ pub(super) struct MicroRows {
     pub(super) old_logp: Tensor,
     pub(super) adv: Tensor,
     pub(super) ref_logp: Option<Tensor>,
+    /// Rollout correction weights (RC-1), when on.
+    pub(super) is_weights: Option<Tensor>,
 }
 
 impl MicroRows {
@@ -55,6 +57,7 @@ impl MicroRows {
             old_logp: pick(&tg.old_logp)?,
             adv: pick(&tg.advantages)?,
             ref_logp: tg.ref_logp.as_ref().map(pick).transpose()?,
+            is_weights: tg.is_weights.as_ref().map(pick).transpose()?,
             idx,
         })
     }
