@@ -59,6 +59,22 @@ pub enum ActorError {
     /// A stop request (SIGTERM) ended an evaluation between two decode steps (RO-13).
     #[error("the evaluation was interrupted by a stop request")]
     Interrupted,
+    /// Loaded weights failed their provenance probe (WB-5): the generator refuses to sample.
+    #[error("policy version {version} (weights digest {digest:016x}) failed its provenance probe on the {backend} backend: model {model}'s log-probs differ from the learner's by {diff:.3e} nats (tolerance {tolerance:e}); the loaded weights are not the published ones (stale, partly applied, or a cache kept across the reload)")]
+    Provenance {
+        /// The policy version loaded.
+        version: u64,
+        /// Its digest.
+        digest: u64,
+        /// The generation backend (`keel`).
+        backend: &'static str,
+        /// Which model (0 = the main one).
+        model: usize,
+        /// Largest absolute difference of the probe's log-probs.
+        diff: f64,
+        /// The allowed difference.
+        tolerance: f64,
+    },
     /// A generator rank did not answer a work order in time; its range is issued again.
     #[error("generator rank {rank} did not answer work order {batch_seq} within {waited_s:.0} s; its tasks are issued again")]
     RankSilent {

@@ -49,7 +49,7 @@ use crate::rollout::{
 };
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
-use crate::weights::WeightBoard;
+use crate::weights::{PublishedWeights, WeightBoard};
 
 /// Everything a generator needs; cloned into each instance the factory builds.
 #[derive(Clone)]
@@ -102,6 +102,8 @@ pub struct GeneratorSetup {
     /// The process's stop signal: evaluations end at the next decode step once it is
     /// requested (RO-13).
     pub stop: crate::process::StopSignal,
+    /// `faults.skip_weight_reload` (PV-2): keep the old tensors when a newer version is due.
+    pub skip_weight_reload: bool,
 }
 
 /// Why a batch is sampled.
@@ -208,11 +210,39 @@ pub struct Generated {
 
 pub use crate::method::rtpo::{sibling_group, Trunk, TrunkRecord};
 
+/// Policy weights a generator holds, checked against their provenance probe (PV-1).
+struct Loaded {
+    /// Their policy version.
+    version: u64,
+    /// Their digest (WB-5), recorded by every turn sampled with them.
+    digest: u64,
+    /// Model 0 and the agent models.
+    models: Vec<HfModel>,
+}
+
+/// Loads `weights` into `models` (model order) and checks the probe (PV-1); with `skip`
+/// (`faults.skip_weight_reload`, PV-2) the tensors stay as they are.
+fn load_checked(
+    models: &mut [HfModel],
+    weights: &PublishedWeights,
+    skip: bool,
+) -> Result<(), ActorError> {
+    if !skip {
+        for (k, m) in models.iter_mut().enumerate() {
+            let bytes = weights
+                .model(k)
+                .ok_or_else(|| ActorError::Internal(format!("agent model {k} missing")))?;
+            m.load_safetensors(bytes)?;
+        }
+    }
+    crate::provenance::verify(models, weights, "keel")
+}
+
 /// The generator actor.
 pub struct Generator {
     setup: GeneratorSetup,
-    /// (version, models) of the loaded policy weights: model 0 and the agent models.
-    models: Option<(u64, Vec<HfModel>)>,
+    /// The loaded policy weights: model 0 and the agent models.
+    models: Option<Loaded>,
     /// Board epoch of the loaded weights (WB-3).
     epoch: u64,
     /// (serial, model) of the loaded reference policy (WB-4).
@@ -262,21 +292,23 @@ impl Generator {
             || self
                 .models
                 .as_ref()
-                .is_none_or(|(v, m)| *v != published.version || m.len() != n);
+                .is_none_or(|l| l.version != published.version || l.models.len() != n);
         if stale {
-            let mut models = match self.models.take() {
-                Some((_, m)) if m.len() == n => m,
-                _ => (0..n)
-                    .map(|_| self.fresh_model())
-                    .collect::<Result<Vec<_>, _>>()?,
+            let (mut models, skip) = match self.models.take() {
+                Some(l) if l.models.len() == n => (l.models, self.setup.skip_weight_reload),
+                _ => (
+                    (0..n)
+                        .map(|_| self.fresh_model())
+                        .collect::<Result<Vec<_>, _>>()?,
+                    false,
+                ),
             };
-            for (k, m) in models.iter_mut().enumerate() {
-                let bytes = published
-                    .model(k)
-                    .ok_or_else(|| ActorError::Internal(format!("agent model {k} missing")))?;
-                m.load_safetensors(bytes)?;
-            }
-            self.models = Some((published.version, models));
+            load_checked(&mut models, &published, skip)?;
+            self.models = Some(Loaded {
+                version: published.version,
+                digest: published.digest,
+                models,
+            });
             self.epoch = published.epoch;
         }
         if want_reference {
@@ -447,12 +479,12 @@ impl Generator {
         &mut self,
         spec: &RolloutSpec,
     ) -> Result<(RolloutBatch, RolloutStats, RolloutExtras), ActorError> {
-        let Some((loaded, models)) = self.models.as_mut() else {
+        let Some(loaded) = self.models.as_mut() else {
             return Err(ActorError::Internal("no weights loaded".into()));
         };
         let mut source = LiveModels {
-            models,
-            version: loaded,
+            loaded,
+            skip_reload: self.setup.skip_weight_reload,
             epoch: self.epoch,
             board: &self.setup.board,
             agent_model: &self.setup.agent_model,
@@ -495,9 +527,10 @@ impl Generator {
 /// The generator's loaded models during a rollout; with `follow_weights` they take newer
 /// versions of the same board epoch between decode steps (RO-10).
 struct LiveModels<'a> {
-    models: &'a mut Vec<HfModel>,
-    /// The version loaded (kept up to date for the generator's next batch).
-    version: &'a mut u64,
+    /// The weights loaded (kept up to date for the generator's next batch).
+    loaded: &'a mut Loaded,
+    /// `faults.skip_weight_reload` (PV-2).
+    skip_reload: bool,
     epoch: u64,
     board: &'a WeightBoard,
     agent_model: &'a [usize],
@@ -506,7 +539,7 @@ struct LiveModels<'a> {
 
 impl ModelSource for LiveModels<'_> {
     fn policy_models(&self) -> usize {
-        self.models.len()
+        self.loaded.models.len()
     }
 
     fn agent_model(&self) -> &[usize] {
@@ -514,10 +547,14 @@ impl ModelSource for LiveModels<'_> {
     }
 
     fn model(&self, slot: usize) -> Result<&HfModel, ActorError> {
-        match self.models.get(slot) {
+        match self.loaded.models.get(slot) {
             Some(m) => Ok(m),
             None => reference_or_error(self.reference),
         }
+    }
+
+    fn weights_digest(&self) -> u64 {
+        self.loaded.digest
     }
 
     fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
@@ -526,18 +563,14 @@ impl ModelSource for LiveModels<'_> {
         };
         // A rewind's weights (new epoch) or another model layout wait for the next batch.
         if p.epoch != self.epoch
-            || p.version <= *self.version
-            || p.extra_models.len() + 1 != self.models.len()
+            || p.version <= self.loaded.version
+            || p.extra_models.len() + 1 != self.loaded.models.len()
         {
             return Ok(None);
         }
-        for (k, m) in self.models.iter_mut().enumerate() {
-            let bytes = p
-                .model(k)
-                .ok_or_else(|| ActorError::Internal(format!("agent model {k} missing")))?;
-            m.load_safetensors(bytes)?;
-        }
-        *self.version = p.version;
+        load_checked(&mut self.loaded.models, &p, self.skip_reload)?;
+        self.loaded.version = p.version;
+        self.loaded.digest = p.digest;
         Ok(Some(p.version))
     }
 }

@@ -40,7 +40,8 @@ use keel_store::{BatchKey, RunStore};
 use crate::error::ActorError;
 use crate::faults::{FaultPlan, FaultsSection};
 use crate::seeds::mix_seed;
-use crate::weights::PublishedWeights;
+use crate::weights::{PublishedWeights, WeightsProbe};
+use keel_learner::probe::{device_name, dtype_name, probe_logprobs};
 
 /// Dr. MAS: one more model, serving some agents, with its own optimizer and settings.
 #[derive(Debug, Clone)]
@@ -290,12 +291,22 @@ impl LearnerActor {
             .iter()
             .map(|l| l.weights_safetensors())
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(PublishedWeights {
-            version: main.policy_version(),
-            safetensors: Arc::new(main.weights_safetensors()?),
-            epoch: 0,
-            extra_models: Arc::new(extra),
-        })
+        let model = main.model();
+        let probe = WeightsProbe {
+            logp: self
+                .learners
+                .iter()
+                .map(|l| probe_logprobs(l.model()))
+                .collect::<Result<Vec<_>, _>>()?,
+            device: device_name(model.device()),
+            dtype: dtype_name(model.options().kind),
+        };
+        Ok(PublishedWeights::new(
+            main.policy_version(),
+            main.weights_safetensors()?,
+            extra,
+            Some(probe),
+        ))
     }
 }
 

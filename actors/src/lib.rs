@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod parts;
 pub mod pats_seed;
 pub mod process;
+pub mod provenance;
 pub mod remote;
 pub mod rollout;
 pub mod seeds;

@@ -164,6 +164,11 @@ pub trait ModelSource {
     fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
         Ok(None)
     }
+    /// WB-5: the digest of the policy weights in force, recorded by every turn; 0 = unknown
+    /// (weights not taken from a board).
+    fn weights_digest(&self) -> u64 {
+        0
+    }
 }
 
 /// Index of the model that samples a turn of `agent` in an episode of `source`

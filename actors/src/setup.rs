@@ -223,6 +223,7 @@ fn generator_setup(
             && cfg.run.mode == crate::config::Mode::Async
             && cfg.rollout.inflight_updates,
         stop: stop.clone(),
+        skip_weight_reload: cfg.faults.skip_weight_reload,
     }
 }
 

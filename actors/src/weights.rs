@@ -10,12 +10,18 @@
 //!
 //! - WB-4: the reference policy (ARMOR anchor rollouts) is published separately, with the
 //!   policy version it was copied at; it changes only on a reference reset.
+//! - WB-5 (provenance): published policy weights carry their digest and, from a learner, its
+//!   log-probs on the provenance probe; a generator that loads them checks the probe before it
+//!   samples (`provenance`), and every turn it samples records the digest.
 //!
 //! The controller publishes through the [`Board`] trait: in one process that is the shared
 //! [`WeightBoard`] itself; with generators in other processes it is `remote::StoreBoard`, which
 //! also writes every version under the run root's `weights/` prefix (WT-1..4) for them.
 
+use std::hash::Hasher;
 use std::sync::{Arc, RwLock, RwLockWriteGuard};
+
+pub use keel_store::WeightsProbe;
 
 /// The write guard, also after a writer panicked (the board holds plain values, always whole).
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
@@ -41,17 +47,47 @@ pub struct PublishedWeights {
     pub epoch: u64,
     /// Dr. MAS: the weights of agent models 1.. (model 0 is `safetensors`); empty = one model.
     pub extra_models: Arc<Vec<Vec<u8>>>,
+    /// WB-5: [`weights_digest`] of the models, recorded by every turn sampled with them.
+    pub digest: u64,
+    /// WB-5: the publisher's provenance probe (WT-6), when it has one.
+    pub probe: Option<Arc<WeightsProbe>>,
+}
+
+/// xxh3-64 over every model's bytes in model order, each preceded by its length.
+pub fn weights_digest<'a>(models: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    let mut h = twox_hash::XxHash3_64::new();
+    for m in models {
+        h.write(&(m.len() as u64).to_le_bytes());
+        h.write(m);
+    }
+    h.finish()
 }
 
 impl PublishedWeights {
-    /// One model's weights.
-    pub fn single(version: u64, safetensors: Vec<u8>) -> Self {
+    /// Version `version` of model 0 `safetensors` and agent models `extra_models`, with their
+    /// digest and, from a learner, its provenance probe.
+    pub fn new(
+        version: u64,
+        safetensors: Vec<u8>,
+        extra_models: Vec<Vec<u8>>,
+        probe: Option<WeightsProbe>,
+    ) -> Self {
+        let digest = weights_digest(
+            std::iter::once(safetensors.as_slice()).chain(extra_models.iter().map(Vec::as_slice)),
+        );
         PublishedWeights {
             version,
             safetensors: Arc::new(safetensors),
             epoch: 0,
-            extra_models: Arc::new(Vec::new()),
+            extra_models: Arc::new(extra_models),
+            digest,
+            probe: probe.map(Arc::new),
         }
+    }
+
+    /// One model's weights, without a probe.
+    pub fn single(version: u64, safetensors: Vec<u8>) -> Self {
+        Self::new(version, safetensors, Vec::new(), None)
     }
 
     /// The weights of model `k` (0 = the main one).
@@ -165,44 +201,19 @@ mod tests {
     #[test]
     fn versions_only_increase() {
         let b = WeightBoard::default();
-        b.publish(PublishedWeights {
-            version: 2,
-            safetensors: Arc::new(vec![2]),
-            epoch: 0,
-            extra_models: Arc::default(),
-        });
-        b.publish(PublishedWeights {
-            version: 1,
-            safetensors: Arc::new(vec![1]),
-            epoch: 0,
-            extra_models: Arc::default(),
-        });
+        b.publish(PublishedWeights::single(2, vec![2]));
+        b.publish(PublishedWeights::single(1, vec![1]));
         assert_eq!(b.latest().map(|w| w.version), Some(2));
     }
 
     #[test]
     fn wb3_rewind_moves_back_under_a_new_epoch() {
         let b = WeightBoard::default();
-        b.publish(PublishedWeights {
-            version: 5,
-            safetensors: Arc::new(vec![5]),
-            epoch: 0,
-            extra_models: Arc::default(),
-        });
-        b.rewind(PublishedWeights {
-            version: 2,
-            safetensors: Arc::new(vec![2]),
-            epoch: 0,
-            extra_models: Arc::default(),
-        });
+        b.publish(PublishedWeights::single(5, vec![5]));
+        b.rewind(PublishedWeights::single(2, vec![2]));
         let w = b.latest().expect("weights");
         assert_eq!((w.version, w.epoch), (2, 1));
-        b.publish(PublishedWeights {
-            version: 3,
-            safetensors: Arc::new(vec![3]),
-            epoch: 0,
-            extra_models: Arc::default(),
-        });
+        b.publish(PublishedWeights::single(3, vec![3]));
         let w = b.latest().expect("weights");
         assert_eq!(
             (w.version, w.epoch),

@@ -769,6 +769,7 @@ fn eval_has_no_scaffold(
             batch_invariant: true,
             follow_weights: false,
             stop: Default::default(),
+            skip_weight_reload: false,
         };
         let generator = actix::SyncArbiter::start(1, move || Generator::new(setup.clone()));
         let tasks: Vec<TaskRef> = (0..8)

@@ -526,6 +526,7 @@ mod tests {
                 start,
                 end: tokens.len() as u32,
                 policy_version: 1,
+                weights_digest: 0,
                 reward: 0.0,
                 invalid_action: false,
                 agent_id: 0,

@@ -95,7 +95,7 @@ pub struct LearnerConfig {
     pub rollout_is_threshold: Option<f64>,
     /// Override: truncated importance weights against the rollout log-probs (verl
     /// `rollout_is`): `token` (the peers' TIS) or `sequence`, truncated at
-    /// `rollout_is_threshold` (2.0); needs `ratio_base = "recompute"` (RC-*).
+    /// `rollout_is_threshold` (2.0); needs `ratio_base = "recompute"` (RCO-*).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rollout_is: Option<IsLevel>,
     /// Override: reject whole sequences whose ratio to the rollout policy (`sequence`) or its
@@ -437,7 +437,7 @@ impl LearnerConfig {
         p
     }
 
-    /// The IS threshold and the rollout correction (RC-*) apply where a loss uses them.
+    /// The IS threshold and the rollout correction (RCO-*) apply where a loss uses them.
     fn validate_rollout_correction(&self, p: &PresetConfig) -> Result<(), LearnerError> {
         let reinforce = matches!(p.policy_loss, PolicyLossKind::Reinforce { .. });
         if let Some(t) = self.rollout_is_threshold {

@@ -815,9 +815,9 @@ fn corrected_learner(
     Learner::new(tiny(false, 31), c, 31).expect("learner")
 }
 
-/// RC-* on a whole update: the mismatch is measured whenever π_old is recomputed; token TIS
+/// RCO-* on a whole update: the mismatch is measured whenever π_old is recomputed; token TIS
 /// truncates exactly the shifted row's tokens (ratio e^3 > 2) and doubles its weight in the
-/// loss (its advantage is positive, so the loss falls); on-policy it changes nothing (RC-2).
+/// loss (its advantage is positive, so the loss falls); on-policy it changes nothing (RCO-2).
 #[test]
 fn rc_truncated_is_weights_the_loss_by_the_rollout_ratio() {
     use crate::algo::rollout_correction::{IsLevel, RejectLevel};

@@ -22,6 +22,7 @@ pub mod logprobs;
 pub mod lr_schedule;
 pub mod model;
 pub mod optimizer;
+pub mod probe;
 pub mod step_metrics;
 mod targets;
 mod tensor_io;

@@ -21,7 +21,7 @@
 //! - TG-1: advantages are 0 wherever the (possibly reduced) mask is 0.
 //! - TG-2: only RTPO (to each trajectory's trained turn, BT-8), an agent filter (Dr. MAS
 //!   per-agent models: to the turns of the model's agents) and the rollout correction's
-//!   sequence rejection (RC-*) reduce the mask.
+//!   sequence rejection (RCO-*) reduce the mask.
 //! - TG-3: reference and old log-probs are computed without gradient.
 
 use tch::{Device, Kind, Tensor};
@@ -50,7 +50,7 @@ pub(crate) struct Targets {
     pub old_logp: Tensor,
     pub advantages: Tensor,
     pub ref_logp: Option<Tensor>,
-    /// Rollout correction: the policy loss's importance weights (RC-1), when on.
+    /// Rollout correction: the policy loss's importance weights (RCO-1), when on.
     pub is_weights: Option<Tensor>,
     /// Rollout correction statistics; None with `ratio_base = behaviour` (nothing recomputed).
     pub correction: Option<CorrectionStats>,

@@ -207,6 +207,7 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                     start: k * 64 + 16,
                     end: k * 64 + 48,
                     policy_version: 9,
+                    weights_digest: 0,
                     reward: 0.0,
                     invalid_action: false,
                     agent_id: 0,

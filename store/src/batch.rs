@@ -91,6 +91,9 @@ pub struct Turn {
     pub end: u32,
     /// Policy version that sampled this turn.
     pub policy_version: u64,
+    /// xxh3-64 digest of the weights that sampled this turn (every model's safetensors bytes,
+    /// in model order, as published); 0 = unknown (weights not taken from a board).
+    pub weights_digest: u64,
     /// Per-turn reward (0.0 when the environment gives only a final reward).
     pub reward: f32,
     /// The environment rejected the action produced in this turn.
@@ -345,6 +348,7 @@ pub(crate) mod tests {
                         start: 3,
                         end: 5,
                         policy_version: 4,
+                        weights_digest: 0x5eed,
                         reward: 0.0,
                         invalid_action: false,
                         agent_id: 0,
@@ -355,6 +359,7 @@ pub(crate) mod tests {
                         start: 7,
                         end: 10,
                         policy_version: 5,
+                        weights_digest: 0x5eed,
                         reward: 0.5,
                         invalid_action: true,
                         agent_id: 1,

@@ -65,4 +65,4 @@ pub use lives::{LifeEnd, LifeRecord};
 pub use model_sync::{sync_model_folder, SyncReport};
 pub use root::{BatchKey, RunStore, DEFAULT_BRANCH};
 pub use survey::{HeadState, Survey};
-pub use weights::{WeightsId, WeightsPointer};
+pub use weights::{WeightsId, WeightsPointer, WeightsProbe};

@@ -23,6 +23,9 @@
 //!   of the decoded weights, and a reader checks both. A delta's base is always a full set, so
 //!   decoding reads at most two sets. Between RL steps most low-precision weights do not change,
 //!   so the XOR is mostly zero bytes and compresses to a small fraction of the full size.
+//! - WT-6: a policy pointer carries its publisher's provenance probe ([`WeightsProbe`]) when
+//!   the publisher has one; a reader that loads the weights scores the probe and refuses them
+//!   when the log-probs differ (stale, half-applied or cached weights).
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -100,6 +103,22 @@ pub struct WeightsPointer {
     pub decoded: Vec<FileEntry>,
     /// When (Unix ms).
     pub published_unix_ms: u64,
+    /// WT-6: the publisher's log-probs on the provenance probe, per model (policy weights
+    /// published by a learner; `None` for references and older pointers).
+    #[serde(default)]
+    pub probe: Option<WeightsProbe>,
+}
+
+/// WT-6: what a reader checks loaded weights against: the learner's per-token log-probs on the
+/// fixed probe sequence (`keel_learner::probe`), for each model, and where they were computed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightsProbe {
+    /// Per model (model order): the log-probs of probe tokens 1.. given their prefix.
+    pub logp: Vec<Vec<f32>>,
+    /// The device they were computed on (`cpu`, `cuda:0`).
+    pub device: String,
+    /// The dtype of the weights they were computed with (`float32`, `bfloat16`).
+    pub dtype: String,
 }
 
 impl WeightsPointer {
@@ -163,6 +182,7 @@ impl RunStore {
         copied_at: u64,
         models: &[Bytes],
         base: Option<(WeightsId, &[Bytes])>,
+        probe: Option<&WeightsProbe>,
     ) -> Result<WeightsPointer, StoreError> {
         let dir = format!("{}/{}", self.weights_dir(life), id.name());
         let decoded: Vec<FileEntry> = models
@@ -219,6 +239,7 @@ impl RunStore {
             base,
             decoded,
             published_unix_ms: u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0),
+            probe: probe.cloned(),
         };
         let body = Bytes::from(serde_json::to_vec_pretty(&pointer)?);
         match self
@@ -443,6 +464,38 @@ mod tests {
         assert_eq!(WeightsId::parse("e1-vx"), None);
     }
 
+    /// WT-6: a pointer's probe reads back bit for bit (f32 through JSON); an older pointer
+    /// without one reads as `None`.
+    #[tokio::test]
+    async fn wt6_the_probe_survives_the_pointer() {
+        each_backend("wt6", |store| async move {
+            let id = WeightsId::Policy {
+                epoch: 0,
+                version: 1,
+            };
+            let probe = WeightsProbe {
+                logp: vec![
+                    vec![-1.0e-7, -2.718_281_7e-3, f32::MIN_POSITIVE - 9.0],
+                    vec![-0.1],
+                ],
+                device: "cpu".into(),
+                dtype: "float32".into(),
+            };
+            let models = [Bytes::from_static(b"a"), Bytes::from_static(b"b")];
+            store
+                .publish_weights(2, id, 0, &models, None, Some(&probe))
+                .await
+                .expect("publish");
+            let p = store.weights_pointer(2, id).await.expect("pointer");
+            assert_eq!(p.probe.as_ref(), Some(&probe));
+            let mut old = serde_json::to_value(&p).expect("json");
+            old.as_object_mut().expect("object").remove("probe");
+            let old: WeightsPointer = serde_json::from_value(old).expect("older pointer");
+            assert_eq!(old.probe, None);
+        })
+        .await;
+    }
+
     #[tokio::test]
     async fn wt1_wt2_wt4_weights_round_trip_are_checked_and_pruned() {
         each_backend("wt", |store| async move {
@@ -453,7 +506,7 @@ mod tests {
                     Bytes::from_static(b"agent"),
                 ];
                 store
-                    .publish_weights(5, v(version), 0, &models, None)
+                    .publish_weights(5, v(version), 0, &models, None, None)
                     .await
                     .expect("publish");
             }
@@ -484,7 +537,7 @@ mod tests {
                 .expect("list")
                 .is_empty());
             store
-                .publish_weights(6, v(0), 0, &[Bytes::from_static(b"x")], None)
+                .publish_weights(6, v(0), 0, &[Bytes::from_static(b"x")], None, None)
                 .await
                 .expect("life 6");
             assert!(store.prune_older_lives_weights(6).await.expect("older") > 0);
@@ -507,7 +560,7 @@ mod tests {
             }
             let base = [Bytes::from(full.clone())];
             let p0 = store
-                .publish_weights(1, v(0), 0, &base, None)
+                .publish_weights(1, v(0), 0, &base, None, None)
                 .await
                 .expect("full");
             assert_eq!(p0.base, None);
@@ -518,6 +571,7 @@ mod tests {
                     0,
                     &[Bytes::from(next.clone())],
                     Some((v(0), &base)),
+                    None,
                 )
                 .await
                 .expect("delta");
@@ -549,7 +603,7 @@ mod tests {
             // Incompressible changes are stored in full.
             let noise: Vec<u8> = (0..full.len()).map(|i| (i * 7919 % 251) as u8).collect();
             let p2 = store
-                .publish_weights(1, v(2), 0, &[Bytes::from(noise)], Some((v(0), &base)))
+                .publish_weights(1, v(2), 0, &[Bytes::from(noise)], Some((v(0), &base)), None)
                 .await
                 .expect("full again");
             assert_eq!(p2.base, None);

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::key::{at_least, Key, UNIT_OPEN_LOW};
+use super::key::{at_least, Key, Range, UNIT_OPEN_LOW};
 use super::ConfigError;
 
 /// `[faults]`: testing aid; all off by default.
@@ -26,6 +26,9 @@ pub struct FaultsSection {
     /// Panic in the learner before the update that would produce this policy version
     /// (0 = off): stands for a bug in the loss code (LA-6).
     pub learner_panic_at_step: u64,
+    /// Generators keep their old tensors when they should load a newer policy version (a
+    /// reload that did not happen): the provenance probe must refuse them (PV-2).
+    pub skip_weight_reload: bool,
 }
 
 impl Default for FaultsSection {
@@ -37,6 +40,7 @@ impl Default for FaultsSection {
             lr_blowup_at_step: 0,
             lr_blowup_to: 1.0,
             learner_panic_at_step: 0,
+            skip_weight_reload: false,
         }
     }
 }
@@ -61,6 +65,7 @@ pub const KEYS: &[Key] = &[
     Key::new("faults.lr_blowup_at_step", at_least(0), "TESTING AID (0 = off): before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     LR_BLOWUP_TO,
     Key::new("faults.learner_panic_at_step", at_least(0), "TESTING AID (0 = off): panic in the learner before the update producing this policy version (the run must end naming it)."),
+    Key::new("faults.skip_weight_reload", Range::Bool, "TESTING AID: generators keep their old tensors instead of loading a newer policy version; the weights provenance probe must refuse to sample (the run ends naming the version)."),
 ];
 
 impl FaultsSection {

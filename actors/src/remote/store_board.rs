@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use keel_store::{RunStore, WeightsId};
+use keel_store::{RunStore, StoreError, WeightsId, WeightsPointer};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::ActorError;
@@ -226,17 +226,8 @@ async fn upload_loop(
         if let Some(r) = reference {
             let id = WeightsId::Reference { serial: r.serial };
             let models = [Bytes::from(r.safetensors.as_ref().clone())];
-            match timed(
-                &store,
-                pruning.life,
-                id,
-                r.copied_at,
-                &models,
-                None,
-                &metrics,
-            )
-            .await
-            {
+            let publish = store.publish_weights(pruning.life, id, r.copied_at, &models, None, None);
+            match timed(publish, &metrics).await {
                 Ok(_) => tx.send_modify(|u| u.reference = Some(id)),
                 Err(e) => return tx.send_modify(|u| u.error = Some(e)),
             }
@@ -248,7 +239,9 @@ async fn upload_loop(
                 .collect();
             let base = last_full.as_ref().filter(|(b, _)| delta_base_ok(*b, id));
             let base = base.map(|(b, m)| (*b, m.as_slice()));
-            match timed(&store, pruning.life, id, 0, &models, base, &metrics).await {
+            let probe = w.probe.as_deref();
+            let publish = store.publish_weights(pruning.life, id, 0, &models, base, probe);
+            match timed(publish, &metrics).await {
                 Ok(full) => {
                     if full {
                         last_full = Some((id, models));
@@ -276,27 +269,20 @@ fn delta_base_ok(base: WeightsId, id: WeightsId) -> bool {
     }
 }
 
-/// Stores one set and records its cost; answers whether it was stored in full.
+/// Stores one set (`publish`, a `RunStore::publish_weights`) and records its cost; answers
+/// whether it was stored in full.
 async fn timed(
-    store: &RunStore,
-    life: u64,
-    id: WeightsId,
-    copied_at: u64,
-    models: &[Bytes],
-    base: Option<(WeightsId, &[Bytes])>,
+    publish: impl std::future::Future<Output = Result<WeightsPointer, StoreError>>,
     metrics: &TrainMetrics,
 ) -> Result<bool, String> {
     let started = Instant::now();
-    let pointer = store
-        .publish_weights(life, id, copied_at, models, base)
-        .await
-        .map_err(|e| e.to_string())?;
+    let pointer = publish.await.map_err(|e| e.to_string())?;
     metrics
         .weights_publish_seconds
         .observe(started.elapsed().as_secs_f64());
     metrics.weights_bytes.inc_for("publish", pointer.bytes());
     tracing::debug!(
-        ?id,
+        id = ?pointer.id,
         bytes = pointer.bytes(),
         delta = pointer.base.is_some(),
         "weights published to the run root"

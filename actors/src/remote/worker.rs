@@ -547,12 +547,15 @@ impl Worker {
                     order.weights
                 )));
             };
-            self.local.board.install(PublishedWeights {
+            let weights = PublishedWeights::new(
                 version,
-                safetensors: std::sync::Arc::new(first.to_vec()),
-                epoch,
-                extra_models: std::sync::Arc::new(blobs.map(|b| b.to_vec()).collect()),
-            });
+                first.to_vec(),
+                blobs.map(|b| b.to_vec()).collect(),
+                pointer.probe.clone(),
+            );
+            self.local
+                .board
+                .install(PublishedWeights { epoch, ..weights });
             self.loaded = Some(order.weights);
         }
         if let Some(id @ WeightsId::Reference { serial }) = order.reference {

@@ -55,6 +55,8 @@ struct Episode {
     turn_start: usize,
     /// The policy version in force when that turn was queued (RO-10).
     turn_version: u64,
+    /// The digest of those weights (WB-5).
+    turn_digest: u64,
     /// When the episode ended (RO-8).
     finished: Option<Instant>,
     /// The env ended the episode (so its shard already dropped it).
@@ -217,6 +219,7 @@ impl<'a> Engine<'a> {
             boundaries: Vec::new(),
             turn_start: 0,
             turn_version: self.spec.policy_version,
+            turn_digest: self.policies.weights_digest(),
             finished: None,
             env_ended: false,
             token_logprobs: false,
@@ -391,13 +394,14 @@ impl<'a> Engine<'a> {
     /// Records a stepped turn; false when the episode ended.
     fn stepped(&mut self, i: usize, mut outcome: StepOutcome) -> Result<bool, ActorError> {
         let ep = &mut self.episodes[i];
-        let version = ep.turn_version;
+        let (version, digest) = (ep.turn_version, ep.turn_digest);
         self.stats.turns += 1;
         self.stats.invalid_turns += usize::from(outcome.invalid_action);
         ep.traj.turns.push(Turn {
             start: ep.turn_start as u32,
             end: ep.traj.tokens.len() as u32,
             policy_version: version,
+            weights_digest: digest,
             reward: outcome.reward,
             invalid_action: outcome.invalid_action,
             agent_id: ep.agent,
@@ -490,6 +494,7 @@ impl<'a> Engine<'a> {
         }
         ep.turn_start = ep.traj.tokens.len();
         ep.turn_version = self.version;
+        ep.turn_digest = self.policies.weights_digest();
         let slot = model_slot(&*self.policies, ep.traj.source, ep.agent);
         // RO-3: the draw depends on (seed, plan, attempt, turn), never on timing.
         let turn =

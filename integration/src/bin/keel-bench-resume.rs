@@ -87,6 +87,7 @@ fn turn(start: u32, end: u32, policy_version: u64) -> Turn {
         start,
         end,
         policy_version,
+        weights_digest: 0,
         reward: 0.0,
         invalid_action: false,
         agent_id: 0,

@@ -119,8 +119,12 @@ async fn bench_weights_on(store: &RunStore, name: &str, v0: &Bytes, v1: &Bytes) 
     .await?;
     let (raw_get, _) = time(async { Ok(store.get_object("bench/raw.safetensors").await?) }).await?;
     let full = [v0.clone()];
-    let (pub_full, p0) =
-        time(async { Ok(store.publish_weights(1, id(0), 0, &full, None).await?) }).await?;
+    let (pub_full, p0) = time(async {
+        Ok(store
+            .publish_weights(1, id(0), 0, &full, None, None)
+            .await?)
+    })
+    .await?;
     let (load_full, got) = time(async {
         let p = store.weights_pointer(1, id(0)).await?;
         Ok(store.load_weights(&p, None).await?)
@@ -132,7 +136,7 @@ async fn bench_weights_on(store: &RunStore, name: &str, v0: &Bytes, v1: &Bytes) 
     let next = [v1.clone()];
     let (pub_delta, p1) = time(async {
         Ok(store
-            .publish_weights(1, id(1), 0, &next, Some((id(0), &full)))
+            .publish_weights(1, id(1), 0, &next, Some((id(0), &full)), None)
             .await?)
     })
     .await?;

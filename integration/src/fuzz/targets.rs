@@ -270,6 +270,7 @@ pub fn seed_batches() -> Vec<RolloutBatch> {
                     start,
                     end,
                     policy_version: 3,
+                    weights_digest: 0,
                     reward: 0.0,
                     invalid_action: k == 1,
                     agent_id: (k % 2) as u32,

@@ -13,10 +13,10 @@
 //! ```
 //!
 //! Invariants:
-//! - RC-1: weights are constants (no gradient flows through them) and are 0 off the mask.
-//! - RC-2: on-policy (δ = 0) every weight is 1 and nothing is rejected: the correction is a
+//! - RCO-1: weights are constants (no gradient flows through them) and are 0 off the mask.
+//! - RCO-2: on-policy (δ = 0) every weight is 1 and nothing is rejected: the correction is a
 //!   no-op for the built-in sampler in a synchronous run.
-//! - RC-3: the statistics are over the mask *before* rejection: `mismatch` = mean |δ| over
+//! - RCO-3: the statistics are over the mask *before* rejection: `mismatch` = mean |δ| over
 //!   model tokens, `truncated` = share of model tokens (sequence level: of sequences) whose
 //!   weight hit τ, `rejected` = share of sequences with model tokens that were rejected.
 
@@ -60,15 +60,15 @@ pub struct RolloutCorrection {
 
 /// What the correction gives one batch.
 pub struct Correction {
-    /// `[B, T]` weights for the policy loss (RC-1), when importance weighting is on.
+    /// `[B, T]` weights for the policy loss (RCO-1), when importance weighting is on.
     pub weights: Option<Tensor>,
     /// The mask after rejection.
     pub mask: Tensor,
-    /// Statistics (RC-3).
+    /// Statistics (RCO-3).
     pub stats: CorrectionStats,
 }
 
-/// The correction's statistics (RC-3).
+/// The correction's statistics (RCO-3).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CorrectionStats {
     /// Mean |π_old − π_rollout| over model tokens.
@@ -79,7 +79,7 @@ pub struct CorrectionStats {
     pub rejected: f64,
 }
 
-/// Mean |δ| over `mask` (RC-3): the engine/trainer mismatch, also without any correction.
+/// Mean |δ| over `mask` (RCO-3): the engine/trainer mismatch, also without any correction.
 pub fn mismatch(old_logp: &Tensor, rollout_logp: &Tensor, mask: &Tensor) -> f64 {
     let delta = (old_logp - rollout_logp) * mask;
     ratio_of(&delta.abs().sum(Kind::Double), &mask.sum(Kind::Double))

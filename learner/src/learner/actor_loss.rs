@@ -38,7 +38,7 @@ pub(super) struct MicroRows {
     pub(super) old_logp: Tensor,
     pub(super) adv: Tensor,
     pub(super) ref_logp: Option<Tensor>,
-    /// Rollout correction weights (RC-1), when on.
+    /// Rollout correction weights (RCO-1), when on.
     pub(super) is_weights: Option<Tensor>,
 }
 

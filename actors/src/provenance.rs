@@ -1,0 +1,64 @@
+//! Weight provenance on load (WB-5, WT-6): after a generator loads a published policy version
+//! it scores the learner's probe (`keel_learner::probe`) with every loaded model and refuses to
+//! sample when the log-probs differ beyond the tolerance (exact for the built-in sampler on
+//! the learner's device type and dtype).
+//!
+//! Invariants:
+//! - PV-1: a version with a probe is never sampled from unless every model passed [`verify`];
+//!   a version without one (weights read from a checkpoint) is not checked.
+//! - PV-2: `KEEL_FAULT_INJECT=skip_weight_reload` makes a generator keep its old tensors when
+//!   it should load a newer version (a reload that did not happen): a fault injection for
+//!   tests, which PV-1 must catch. Nothing else reads it.
+
+use keel_learner::hf::HfModel;
+use keel_learner::probe::{device_name, dtype_name, probe_logprobs, probe_tolerance};
+
+use crate::error::ActorError;
+use crate::weights::PublishedWeights;
+
+/// The environment variable of fault injections (PV-2).
+pub const FAULT_INJECT_ENV: &str = "KEEL_FAULT_INJECT";
+
+/// PV-2: whether reloads of newer weights are to be skipped.
+pub fn skip_reload_injected() -> bool {
+    std::env::var(FAULT_INJECT_ENV)
+        .is_ok_and(|v| v.split(',').any(|f| f.trim() == "skip_weight_reload"))
+}
+
+/// PV-1: checks `models` (model order) against `weights`' probe.
+pub fn verify(
+    models: &[HfModel],
+    weights: &PublishedWeights,
+    backend: &'static str,
+) -> Result<(), ActorError> {
+    let Some(probe) = &weights.probe else {
+        return Ok(());
+    };
+    for (k, (model, want)) in models.iter().zip(&probe.logp).enumerate() {
+        let got = probe_logprobs(model)?;
+        let loaded = (
+            device_name(model.device()),
+            dtype_name(model.options().kind),
+        );
+        let tolerance = probe_tolerance((&probe.device, &probe.dtype), (&loaded.0, &loaded.1));
+        let diff = if got.len() == want.len() {
+            got.iter()
+                .zip(want)
+                .map(|(a, b)| f64::from((a - b).abs()))
+                .fold(0.0, f64::max)
+        } else {
+            f64::INFINITY
+        };
+        if diff > tolerance || diff.is_nan() {
+            return Err(ActorError::Provenance {
+                version: weights.version,
+                digest: weights.digest,
+                backend,
+                model: k,
+                diff,
+                tolerance,
+            });
+        }
+    }
+    Ok(())
+}
