@@ -6,24 +6,15 @@
 //! Invariants:
 //! - PV-1: a version with a probe is never sampled from unless every model passed [`verify`];
 //!   a version without one (weights read from a checkpoint) is not checked.
-//! - PV-2: `KEEL_FAULT_INJECT=skip_weight_reload` makes a generator keep its old tensors when
-//!   it should load a newer version (a reload that did not happen): a fault injection for
-//!   tests, which PV-1 must catch. Nothing else reads it.
+//! - PV-2: `faults.skip_weight_reload` makes a generator keep its old tensors when it should
+//!   load a newer version (a reload that did not happen): a fault injection for tests, which
+//!   PV-1 must catch.
 
 use keel_learner::hf::HfModel;
 use keel_learner::probe::{device_name, dtype_name, probe_logprobs, probe_tolerance};
 
 use crate::error::ActorError;
 use crate::weights::PublishedWeights;
-
-/// The environment variable of fault injections (PV-2).
-pub const FAULT_INJECT_ENV: &str = "KEEL_FAULT_INJECT";
-
-/// PV-2: whether reloads of newer weights are to be skipped.
-pub fn skip_reload_injected() -> bool {
-    std::env::var(FAULT_INJECT_ENV)
-        .is_ok_and(|v| v.split(',').any(|f| f.trim() == "skip_weight_reload"))
-}
 
 /// PV-1: checks `models` (model order) against `weights`' probe.
 pub fn verify(
