@@ -41,7 +41,8 @@ use crate::error::ActorError;
 use crate::faults::{FaultPlan, FaultsSection};
 use crate::seeds::mix_seed;
 use crate::weights::{PublishedWeights, WeightsProbe};
-use keel_learner::probe::{device_name, dtype_name, probe_logprobs};
+use keel_learner::hf::model::dtype_name;
+use keel_learner::probe::{device_name, probe_logprobs};
 
 /// Dr. MAS: one more model, serving some agents, with its own optimizer and settings.
 #[derive(Debug, Clone)]
@@ -299,7 +300,7 @@ impl LearnerActor {
                 .map(|l| probe_logprobs(l.model()))
                 .collect::<Result<Vec<_>, _>>()?,
             device: device_name(model.device()),
-            dtype: dtype_name(model.options().kind),
+            dtype: dtype_name(model.options().kind).into(),
         };
         Ok(PublishedWeights::new(
             main.policy_version(),

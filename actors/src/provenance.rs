@@ -10,8 +10,9 @@
 //!   load a newer version (a reload that did not happen): a fault injection for tests, which
 //!   PV-1 must catch.
 
+use keel_learner::hf::model::dtype_name;
 use keel_learner::hf::HfModel;
-use keel_learner::probe::{device_name, dtype_name, probe_logprobs, probe_tolerance};
+use keel_learner::probe::{device_name, probe_logprobs, probe_tolerance};
 
 use crate::error::ActorError;
 use crate::weights::PublishedWeights;
@@ -27,11 +28,9 @@ pub fn verify(
     };
     for (k, (model, want)) in models.iter().zip(&probe.logp).enumerate() {
         let got = probe_logprobs(model)?;
-        let loaded = (
-            device_name(model.device()),
-            dtype_name(model.options().kind),
-        );
-        let tolerance = probe_tolerance((&probe.device, &probe.dtype), (&loaded.0, &loaded.1));
+        let device = device_name(model.device());
+        let dtype = dtype_name(model.options().kind);
+        let tolerance = probe_tolerance((&probe.device, &probe.dtype), (&device, dtype));
         let diff = if got.len() == want.len() {
             got.iter()
                 .zip(want)

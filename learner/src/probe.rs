@@ -54,16 +54,6 @@ pub fn probe_logprobs(model: &HfModel) -> Result<Vec<f32>, LearnerError> {
     Ok(Vec::<f32>::try_from(&logp)?)
 }
 
-/// The dtype name of `kind`, as configs write it (`model.dtype`).
-pub fn dtype_name(kind: Kind) -> String {
-    match kind {
-        Kind::Float => "float32".into(),
-        Kind::BFloat16 => "bfloat16".into(),
-        Kind::Half => "float16".into(),
-        other => format!("{other:?}"),
-    }
-}
-
 /// The device type of a device name (`cuda:1` → `cuda`).
 fn device_type(device: &str) -> &str {
     device.split(':').next().unwrap_or(device)

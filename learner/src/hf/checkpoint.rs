@@ -13,11 +13,10 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
-use tch::Kind;
 
 use super::config::Arch;
 use super::error::HfError;
-use super::model::HfModel;
+use super::model::{dtype_name, HfModel};
 
 /// Files copied verbatim from the source folder when present.
 pub const TOKENIZER_FILES: &[&str] = &[
@@ -40,14 +39,6 @@ pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
 
 /// Default shard size: transformers' `max_shard_size` default is 5 GB.
 pub const DEFAULT_MAX_SHARD_BYTES: usize = 5_000_000_000;
-
-fn dtype_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::BFloat16 => "bfloat16",
-        Kind::Half => "float16",
-        _ => "float32",
-    }
-}
 
 impl HfModel {
     /// The config.json to save (HS-1).

@@ -48,6 +48,15 @@ pub struct LoadOptions {
     pub value_head: bool,
 }
 
+/// The name configs and Hugging Face folders give `kind` (`float32`, `bfloat16`, `float16`):
+/// the inverse of [`LoadOptions::placement`]'s dtype names. Models hold no other kinds.
+pub fn dtype_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    }
+}
 impl LoadOptions {
     /// A policy (LM head only) on `device` in `kind`.
     pub fn policy(device: Device, kind: Kind) -> Self {
