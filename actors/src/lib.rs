@@ -35,6 +35,7 @@ pub mod setup;
 pub mod stored_batches;
 pub mod supervision;
 pub mod tracking;
+pub mod vllm;
 pub mod weights;
 
 pub use config::{ConfigError, Mode, TrainConfig};

@@ -206,6 +206,14 @@ impl TrainConfig {
         &self,
     ) -> Result<Option<keel_learner::hf::HfConfig>, keel_learner::LearnerError> {
         use keel_learner::hf::{HfModel, LoadOptions};
+        if self.rollout.backend == crate::config::rollout::Backend::Vllm
+            && self.model.path.is_empty()
+        {
+            return Err(keel_learner::LearnerError::InvalidConfig {
+                key: "rollout.backend".into(),
+                reason: "\"vllm\" needs a model folder (model.path or --model): the server loads its architecture and tokenizer from it".into(),
+            });
+        }
         let value_head = self.learner.resolve().policy_value_head();
         let local =
             |d: Option<std::path::PathBuf>| d.filter(|_| !self.model.path.starts_with("s3://"));

@@ -31,24 +31,38 @@ pub fn verify(
         let device = device_name(model.device());
         let dtype = dtype_name(model.options().kind);
         let tolerance = probe_tolerance((&probe.device, &probe.dtype), (&device, dtype));
-        let diff = if got.len() == want.len() {
-            got.iter()
-                .zip(want)
-                .map(|(a, b)| f64::from((a - b).abs()))
-                .fold(0.0, f64::max)
-        } else {
-            f64::INFINITY
-        };
-        if diff > tolerance || diff.is_nan() {
-            return Err(ActorError::Provenance {
-                version: weights.version,
-                digest: weights.digest,
-                backend,
-                model: k,
-                diff,
-                tolerance,
-            });
-        }
+        compare(weights, backend, k, &got, want, tolerance)?;
+    }
+    Ok(())
+}
+
+/// PV-1: `got` against `want`, element by element: more than `tolerance` apart anywhere (or of
+/// another length) is the provenance error of `weights`' model `model` on `backend`.
+pub fn compare(
+    weights: &PublishedWeights,
+    backend: &'static str,
+    model: usize,
+    got: &[f32],
+    want: &[f32],
+    tolerance: f64,
+) -> Result<(), ActorError> {
+    let diff = if got.len() == want.len() {
+        got.iter()
+            .zip(want)
+            .map(|(a, b)| f64::from((a - b).abs()))
+            .fold(0.0, f64::max)
+    } else {
+        f64::INFINITY
+    };
+    if diff > tolerance || diff.is_nan() {
+        return Err(ActorError::Provenance {
+            version: weights.version,
+            digest: weights.digest,
+            backend,
+            model,
+            diff,
+            tolerance,
+        });
     }
     Ok(())
 }

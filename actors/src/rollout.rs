@@ -64,6 +64,7 @@ use crate::env_shard::EnvShard;
 use crate::error::ActorError;
 
 mod engine;
+mod turn_sampler;
 
 /// Most sequences one sampler decodes at once (its KV-cache slots); more requests queue
 /// (continuous batching, SA-2).
@@ -163,6 +164,11 @@ pub trait ModelSource {
     /// between decode steps; the default never changes the weights.
     fn refresh(&mut self) -> Result<Option<u64>, ActorError> {
         Ok(None)
+    }
+    /// `rollout.backend = "vllm"`: the server every turn is sampled on (None: the built-in
+    /// sampler).
+    fn engine(&self) -> Option<crate::vllm::VllmClient> {
+        None
     }
     /// WB-5: the digest of the policy weights in force, recorded by every turn; 0 = unknown
     /// (weights not taken from a board).
@@ -296,6 +302,9 @@ pub struct RolloutStats {
     /// RO-10: newer weight versions taken while the rollout ran.
     #[serde(default)]
     pub weight_updates: u64,
+    /// vLLM: turns aborted by a weight swap and resubmitted with their partial tokens (VM-2).
+    #[serde(default)]
+    pub resubmitted_requests: u64,
 }
 
 impl RolloutStats {
@@ -322,6 +331,7 @@ impl RolloutStats {
         self.decode_steps += other.decode_steps;
         self.busy_decode_steps += other.busy_decode_steps;
         self.weight_updates += other.weight_updates;
+        self.resubmitted_requests += other.resubmitted_requests;
     }
 
     /// Fraction of decode steps with at least 90% of the slots busy (None before any step).

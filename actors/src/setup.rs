@@ -20,6 +20,7 @@ use crate::error::ActorError;
 use crate::generator::{Generator, GeneratorSetup};
 use crate::process::StopSignal;
 use crate::supervision::RestartBudget;
+use crate::vllm::EngineSettings;
 use crate::weights::WeightBoard;
 
 /// Restarts allowed per actor kind before the run fails.
@@ -195,6 +196,7 @@ fn generator_setup(
 ) -> GeneratorSetup {
     // What the method asks of every generator (anchors, re-rolls, agent models, scaffold).
     let sampling = crate::method::select(cfg).sampling(cfg);
+    let engine = engine_settings(cfg, model, id);
     GeneratorSetup {
         id,
         run_id: cfg.run.name.clone(),
@@ -223,8 +225,33 @@ fn generator_setup(
             && cfg.run.mode == crate::config::Mode::Async
             && cfg.rollout.inflight_updates,
         stop: stop.clone(),
-        skip_weight_reload: cfg.faults.skip_weight_reload,
+        // With an engine, the fault is the engine's (its settings); the keel model loads.
+        skip_weight_reload: cfg.faults.skip_weight_reload && engine.is_none(),
+        engine,
     }
+}
+
+/// `rollout.backend = "vllm"`: how generator `id` reaches its server (None: the built-in
+/// sampler).
+fn engine_settings(cfg: &TrainConfig, model: &ModelSetup, id: u32) -> Option<EngineSettings> {
+    if cfg.rollout.backend != crate::config::rollout::Backend::Vllm {
+        return None;
+    }
+    let v = &cfg.rollout.vllm;
+    Some(EngineSettings {
+        python: v.python.clone().into(),
+        url: v.url.clone(),
+        startup_timeout: std::time::Duration::from_secs(v.startup_timeout_s),
+        workdir: std::env::temp_dir().join(format!(
+            "keel-vllm-{}-g{id}-{}",
+            cfg.run.name,
+            std::process::id()
+        )),
+        max_model_len: cfg.model.context_len,
+        skip_reload: cfg.faults.skip_weight_reload,
+        skip_cache_reset: cfg.faults.skip_prefix_cache_reset,
+        tokenizer_files: Arc::new(model.tokenizer_files.clone()),
+    })
 }
 
 /// Syncs the `s3://` model folders (policy, critic) and dataset folders into their local caches

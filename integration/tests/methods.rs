@@ -770,6 +770,7 @@ fn eval_has_no_scaffold(
             follow_weights: false,
             stop: Default::default(),
             skip_weight_reload: false,
+            engine: None,
         };
         let generator = actix::SyncArbiter::start(1, move || Generator::new(setup.clone()));
         let tasks: Vec<TaskRef> = (0..8)

@@ -29,6 +29,9 @@ pub struct FaultsSection {
     /// Generators keep their old tensors when they should load a newer policy version (a
     /// reload that did not happen): the provenance probe must refuse them (PV-2).
     pub skip_weight_reload: bool,
+    /// vLLM: the engine keeps its prefix cache across a weight swap: the engine provenance
+    /// check must refuse it (VE-2).
+    pub skip_prefix_cache_reset: bool,
 }
 
 impl Default for FaultsSection {
@@ -41,6 +44,7 @@ impl Default for FaultsSection {
             lr_blowup_to: 1.0,
             learner_panic_at_step: 0,
             skip_weight_reload: false,
+            skip_prefix_cache_reset: false,
         }
     }
 }
@@ -65,7 +69,8 @@ pub const KEYS: &[Key] = &[
     Key::new("faults.lr_blowup_at_step", at_least(0), "TESTING AID (0 = off): before the update producing this version, set the learning rate to faults.lr_blowup_to."),
     LR_BLOWUP_TO,
     Key::new("faults.learner_panic_at_step", at_least(0), "TESTING AID (0 = off): panic in the learner before the update producing this policy version (the run must end naming it)."),
-    Key::new("faults.skip_weight_reload", Range::Bool, "TESTING AID: generators keep their old tensors instead of loading a newer policy version; the weights provenance probe must refuse to sample (the run ends naming the version)."),
+    Key::new("faults.skip_weight_reload", Range::Bool, "TESTING AID: generators keep their old tensors (with rollout.backend = vllm: the engine keeps its old weights) instead of loading a newer policy version; the weights provenance probe must refuse to sample (the run ends naming the version)."),
+    Key::new("faults.skip_prefix_cache_reset", Range::Bool, "TESTING AID: with rollout.backend = vllm, the engine keeps its prefix cache across weight swaps; the engine's provenance check must refuse to sample (the run ends naming the version)."),
 ];
 
 impl FaultsSection {

@@ -182,6 +182,7 @@ impl TrainConfig {
         self.model.validate()?;
         self.sft.validate()?;
         self.rollout.validate()?;
+        rollout::validate_backend(self)?;
         crate::footprint::check(self)?;
         let env_cfg = self.env_config();
         self.env.validate(&env_cfg)?;

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use actix::Addr;
 use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome, TurnLimits};
 use keel_learner::hf::{ChatCodec, Completion, FinishReason, GenRequest, Sampler, SamplingParams};
+
+use super::turn_sampler::TurnSampler;
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
 use super::{
@@ -27,6 +29,7 @@ use crate::env_shard::{
 };
 use crate::error::ActorError;
 use crate::seeds::mix_seed;
+use crate::vllm::EngineSampler;
 
 /// How long the engine waits for an env answer before looking again (nothing else is to do
 /// while it waits: every sampler is idle).
@@ -135,7 +138,7 @@ pub(super) struct Engine<'a> {
     episodes: Vec<Episode>,
     by_id: HashMap<u64, usize>,
     groups: BTreeMap<u64, Group>,
-    samplers: Vec<Option<Sampler>>,
+    samplers: Vec<Option<TurnSampler>>,
     stats: RolloutStats,
     params: SamplingParams,
     answers: (mpsc::Sender<EnvAnswer>, mpsc::Receiver<EnvAnswer>),
@@ -514,16 +517,19 @@ impl<'a> Engine<'a> {
         }
         let sampler = match &mut self.samplers[slot] {
             Some(s) => s,
-            empty => {
-                let mut s = Sampler::new(
-                    model,
-                    spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
-                    spec.context_len,
-                )?;
-                s.set_batch_invariant(spec.batch_invariant);
-                s.set_detokenizer(self.codec.detokenizer());
-                empty.insert(s)
-            }
+            empty => empty.insert(match self.policies.engine() {
+                Some(client) => TurnSampler::Vllm(EngineSampler::new(client)),
+                None => {
+                    let mut s = Sampler::new(
+                        model,
+                        spec.plans.len().clamp(1, MAX_SAMPLER_SLOTS),
+                        spec.context_len,
+                    )?;
+                    s.set_batch_invariant(spec.batch_invariant);
+                    s.set_detokenizer(self.codec.detokenizer());
+                    TurnSampler::Keel(s)
+                }
+            }),
         };
         sampler.submit(model, i, request)?;
         Ok(())
@@ -608,8 +614,10 @@ impl<'a> Engine<'a> {
         close_on_shards(self.shards, open);
         let mut stats = self.stats;
         for sampler in self.samplers.iter().flatten() {
-            stats.decode_steps += sampler.stats().decode_steps;
-            stats.busy_decode_steps += sampler.stats().busy_decode_steps;
+            let (steps, busy, resubmitted) = sampler.counters();
+            stats.decode_steps += steps;
+            stats.busy_decode_steps += busy;
+            stats.resubmitted_requests += resubmitted;
         }
         let mut extras = RolloutExtras {
             last_failure: self.last_failure,
