@@ -143,7 +143,7 @@ pub enum TrainEvent {
         /// Newer weight versions taken while it was sampled (RO-10, async).
         #[serde(default)]
         weight_updates: u64,
-        /// vLLM: requests a weight swap aborted, resubmitted with their partial tokens (VM-2).
+        /// vLLM: requests a weight swap aborted, resubmitted with their partial tokens (VQ-2).
         #[serde(default)]
         resubmitted_requests: u64,
     },

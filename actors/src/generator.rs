@@ -363,7 +363,9 @@ impl Generator {
     /// restart budget and is started again with the next batch, which the controller reissues;
     /// past the budget the run ends with the engine's error.
     fn engine_failed(&mut self, e: ActorError) -> ActorError {
-        if !self.engine.as_mut().is_some_and(VllmEngine::server_exited) {
+        if !matches!(e, ActorError::Engine(_))
+            || !self.engine.as_mut().is_some_and(VllmEngine::server_exited)
+        {
             return e;
         }
         self.engine = None;
@@ -397,7 +399,10 @@ impl Generator {
         } else {
             0
         };
-        let version = self.load_weights(anchors > 0)?;
+        let version = match self.load_weights(anchors > 0) {
+            Ok(v) => v,
+            Err(e) => return Err(self.engine_failed(e)),
+        };
         let dynamic = self
             .setup
             .dynamic_sampling

@@ -302,7 +302,7 @@ pub struct RolloutStats {
     /// RO-10: newer weight versions taken while the rollout ran.
     #[serde(default)]
     pub weight_updates: u64,
-    /// vLLM: turns aborted by a weight swap and resubmitted with their partial tokens (VM-2).
+    /// vLLM: turns aborted by a weight swap and resubmitted with their partial tokens (VQ-2).
     #[serde(default)]
     pub resubmitted_requests: u64,
 }

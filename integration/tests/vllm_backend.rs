@@ -287,3 +287,66 @@ fn vllm_refuses_a_skipped_reload_and_a_kept_prefix_cache() {
         );
     }
 }
+
+/// A server that dies mid-run (SIGKILL of its process group, once a step is checkpointed) is
+/// started again under the generators' restart budget and the run finishes; a missing
+/// interpreter fails the run naming `rollout.vllm.python`.
+#[test]
+fn vllm_server_death_restarts_under_the_budget_and_a_missing_interpreter_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_model(dir.path());
+    let name = format!("vllm-death-{}", std::process::id());
+    let cfg = config(dir.path(), &name, 4, "sync", "");
+    let root = dir.path().join("run");
+    let mut run = spawn_train(&cfg, &root, &["--model", arg(&model)]);
+    let mut killed = None;
+    while killed.is_none() {
+        if let Some(status) = run.try_wait().expect("poll keel") {
+            panic!(
+                "the run ended ({status}) before its server could be killed:\n{}",
+                log_tail(&root)
+            );
+        }
+        if keel_integration::head_step(&root).is_some_and(|s| s >= 1) {
+            killed = live_servers(&name).first().copied();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let group = nix::unistd::Pid::from_raw(killed.expect("a server"));
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).expect("kill the server");
+    let status = run.wait().expect("wait keel");
+    assert!(
+        status.success(),
+        "the run did not survive its server's death:\n{}",
+        log_tail(&root)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.with_extension("json")).expect("summary"))
+            .expect("summary JSON");
+    assert_eq!(summary["final_step"], 4, "{summary}");
+    assert!(
+        summary["generator_restarts"].as_u64() >= Some(1),
+        "the server's death was not counted: {summary}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(
+        &bad,
+        text.replace(&vllm_python(), "/nonexistent/bin/python"),
+    )
+    .expect("write");
+    let bad_root = dir.path().join("bad");
+    let status = spawn_train(&bad, &bad_root, &["--model", arg(&model)])
+        .wait()
+        .expect("wait");
+    let log = log_tail(&bad_root);
+    assert!(
+        !status.success(),
+        "a missing interpreter was accepted:\n{log}"
+    );
+    assert!(
+        log.contains("rollout.vllm.python") && log.contains("/nonexistent/bin/python"),
+        "the error does not name the key and the path:\n{log}"
+    );
+}

@@ -358,4 +358,22 @@ mod tests {
         b.run.seed += 1;
         assert_ne!(a.config_hash(), b.config_hash());
     }
+
+    #[test]
+    fn the_vllm_backend_needs_an_interpreter_or_a_server_and_one_policy() {
+        let err = |toml: &str| TrainConfig::from_toml(toml).unwrap_err().to_string();
+        let e = err("[rollout]\nbackend = \"vllm\"\n");
+        assert!(e.contains("rollout.vllm.python"), "{e}");
+        let e = err("[rollout]\nbackend = \"vllm\"\n[rollout.vllm]\nurl = \"localhost:8000\"\n");
+        assert!(e.contains("rollout.vllm.url"), "{e}");
+        let e = err("[rollout]\nbackend = \"sglang\"\n");
+        assert!(e.contains("backend"), "{e}");
+        let vllm = "[rollout]\nbackend = \"vllm\"\n[rollout.vllm]\npython = \"/venv/bin/python\"\n";
+        let e = err(&format!("{vllm}[learner]\nalgo = \"armor\"\n"));
+        assert!(e.contains("rollout.backend") && e.contains("ARMOR"), "{e}");
+        let cfg = TrainConfig::from_toml(vllm).expect("an interpreter is enough");
+        assert_eq!(cfg.rollout.backend, rollout::Backend::Vllm);
+        let e = cfg.preflight().expect_err("no model folder").to_string();
+        assert!(e.contains("model.path"), "{e}");
+    }
 }

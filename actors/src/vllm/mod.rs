@@ -49,6 +49,10 @@ use crate::weights::PublishedWeights;
 /// (VE-2); vLLM's CPU attention needs a multiple of 32.
 pub const CACHE_BLOCK: usize = 32;
 
+/// How long a failed request waits for its server's exit before the failure is taken as the
+/// server's own.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
 /// Tokens sampled by VE-2's prefix-cache check.
 const CACHE_CHECK_TOKENS: usize = 4;
 
@@ -153,9 +157,20 @@ impl VllmEngine {
         self.client.clone()
     }
 
-    /// Whether the server keel started has exited (None: not started by keel, or running).
+    /// Whether the server keel started has exited, or exits within [`EXIT_GRACE`] (a request
+    /// can fail while its server is still dying); false for a server keel did not start.
     pub fn server_exited(&mut self) -> bool {
-        self.server.as_mut().is_some_and(VllmServer::exited)
+        let Some(server) = self.server.as_mut() else {
+            return false;
+        };
+        let deadline = std::time::Instant::now() + EXIT_GRACE;
+        while std::time::Instant::now() < deadline {
+            if server.exited() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server.exited()
     }
 
     /// Swaps `weights` (loaded into `model`) into the server (VC-2) and verifies them (VE-2);

@@ -2,16 +2,16 @@
 //! the built-in KV-cache sampler (SA-2), with the server doing the continuous batching.
 //!
 //! Invariants:
-//! - VM-1: every submitted request is one completion request in flight on its own thread; its
+//! - VQ-1: every submitted request is one completion request in flight on its own thread; its
 //!   answer comes back on a channel and [`EngineSampler::step`] hands it over. `step` blocks at
 //!   most [`STEP_WAIT`] when nothing has arrived, so the engine's loop still drains env answers
 //!   and picks up new weights.
-//! - VM-2 (abort and resubmit): an answer aborted by a weight swap (`finish_reason = "abort"`,
+//! - VQ-2 (abort and resubmit): an answer aborted by a weight swap (`finish_reason = "abort"`,
 //!   VC-2) keeps its partial tokens and log-probs; the request is resubmitted with them appended
 //!   to its context and its token budget reduced, so no sampled token is lost or sampled twice.
 //!   A request is resubmitted only from `step`, on the engine's thread, so never while a swap
 //!   is under way.
-//! - VM-3: a transport or server error fails the step (the server died or refused): the caller's
+//! - VQ-3: a transport or server error fails the step (the server died or refused): the caller's
 //!   error, with nothing half-recorded.
 
 use std::collections::HashMap;
@@ -23,24 +23,24 @@ use keel_learner::hf::{Completion, FinishReason, GenRequest};
 use super::client::{EngineOutput, VllmClient};
 use crate::error::ActorError;
 
-/// Longest wait of one step for an answer (VM-1).
+/// Longest wait of one step for an answer (VQ-1).
 pub const STEP_WAIT: Duration = Duration::from_millis(20);
 
 /// A request's id and what its server answered.
 type Answer = (usize, Result<EngineOutput, ActorError>);
 
-/// A request in flight and what it sampled so far (VM-2).
+/// A request in flight and what it sampled so far (VQ-2).
 struct Pending {
     request: GenRequest,
     sampled: Completion,
 }
 
-/// Completion requests in flight on one vLLM server (VM-1..3).
+/// Completion requests in flight on one vLLM server (VQ-1..3).
 pub struct EngineSampler {
     client: VllmClient,
     pending: HashMap<usize, Pending>,
     answers: (mpsc::Sender<Answer>, mpsc::Receiver<Answer>),
-    /// Requests resubmitted after an abort (VM-2).
+    /// Requests resubmitted after an abort (VQ-2).
     resubmitted: u64,
 }
 
@@ -88,12 +88,12 @@ impl EngineSampler {
         self.pending.is_empty()
     }
 
-    /// Requests resubmitted after a weight swap aborted them (VM-2).
+    /// Requests resubmitted after a weight swap aborted them (VQ-2).
     pub fn resubmitted(&self) -> u64 {
         self.resubmitted
     }
 
-    /// The requests that finished since the last step, as `(id, completion)` (VM-1..3).
+    /// The requests that finished since the last step, as `(id, completion)` (VQ-1..3).
     pub fn step(&mut self) -> Result<Vec<(usize, Completion)>, ActorError> {
         let mut arrived = Vec::new();
         if let Ok(first) = self.answers.1.recv_timeout(STEP_WAIT) {
