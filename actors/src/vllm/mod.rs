@@ -312,7 +312,8 @@ fn materialise(
     if folder.exists() {
         std::fs::remove_dir_all(&folder).map_err(|e| io_error(&folder, e))?;
     }
-    model.save_pretrained(&folder)?;
+    // HS-4: vLLM on CPU applies only part of a reload of a tied model.
+    model.save_untied(&folder)?;
     for (name, bytes) in settings.tokenizer_files.iter() {
         let path = folder.join(name);
         std::fs::write(&path, bytes).map_err(|e| io_error(&path, e))?;

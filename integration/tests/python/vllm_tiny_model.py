@@ -4,7 +4,7 @@ model's reload) and weights drawn with std 0.25, so that its log-probs are far f
 (a near-uniform model makes every log-prob comparison pass vacuously). The tokenizer is the
 byte-level BPE with a ChatML template of learner/tests/python/make_tiny_models.py.
 
-usage: vllm_tiny_model.py OUT_DIR [SEED]
+usage: vllm_tiny_model.py OUT_DIR [SEED] [tied]   (tied: tie the embeddings, as SmolLM2 does)
 """
 
 import json
@@ -19,6 +19,7 @@ from make_tiny_models import tokenizer  # noqa: E402
 
 out = sys.argv[1]
 seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+tied = len(sys.argv) > 3 and sys.argv[3] == "tied"
 torch.manual_seed(seed)
 tok = tokenizer()
 config = Qwen2Config(
@@ -29,7 +30,7 @@ config = Qwen2Config(
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=1024,
-    tie_word_embeddings=False,
+    tie_word_embeddings=tied,
     initializer_range=0.25,
     bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
     eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),

@@ -9,6 +9,8 @@
 //! - HS-3: a model with LoRA adapters saves as the plain model with the adapters merged
 //!   (`HfModel::merged`); [`HfModel::save_peft`] writes the unmerged adapters in PEFT's format
 //!   (`adapter_config.json` + `adapter_model.safetensors`) instead.
+//! - HS-4: [`HfModel::save_untied`] writes a tied model with its head as its own tensor and
+//!   `tie_word_embeddings = false`; loaded back it gives the same logits.
 
 use std::path::Path;
 
@@ -82,18 +84,42 @@ impl HfModel {
         dir: &Path,
         max_shard_bytes: usize,
     ) -> Result<(), HfError> {
+        self.write_folder(dir, max_shard_bytes, false)
+    }
+
+    /// HS-4: like [`HfModel::save_pretrained`], with a tied LM head written as a tensor of its
+    /// own (`lm_head.weight`, a copy of the embedding) and `tie_word_embeddings = false`: the
+    /// folder an inference engine reloads (vLLM on CPU applies only part of a reload of a tied
+    /// model). The logits are the same.
+    pub fn save_untied(&self, dir: &Path) -> Result<(), HfError> {
+        self.write_folder(dir, DEFAULT_MAX_SHARD_BYTES, true)
+    }
+
+    fn write_folder(&self, dir: &Path, max_shard_bytes: usize, untie: bool) -> Result<(), HfError> {
         if self.lora.is_some() {
             // HS-3: a LoRA model is saved merged, as a plain folder.
-            return self.merged()?.save_pretrained_sharded(dir, max_shard_bytes);
+            return self.merged()?.write_folder(dir, max_shard_bytes, untie);
         }
         std::fs::create_dir_all(dir).map_err(|e| HfError::io(dir, e))?;
-        super::weights::write_folder(dir, &self.named_parameters(), max_shard_bytes)?;
+        let mut tensors = self.named_parameters();
+        let mut config = self.saved_config();
+        if untie && self.cfg.tie_word_embeddings && self.opts.lm_head {
+            let embed = tensors
+                .iter()
+                .find(|(n, _)| n == "model.embed_tokens.weight")
+                .map(|(_, t)| t.shallow_clone())
+                .ok_or_else(|| HfError::input("a tied model without model.embed_tokens.weight"))?;
+            tensors.push(("lm_head.weight".into(), embed));
+            if let Value::Object(map) = &mut config {
+                map.insert("tie_word_embeddings".into(), json!(false));
+            }
+        }
+        super::weights::write_folder(dir, &tensors, max_shard_bytes)?;
         let path = dir.join("config.json");
-        let text =
-            serde_json::to_string_pretty(&self.saved_config()).map_err(|source| HfError::Json {
-                path: path.clone(),
-                source,
-            })?;
+        let text = serde_json::to_string_pretty(&config).map_err(|source| HfError::Json {
+            path: path.clone(),
+            source,
+        })?;
         std::fs::write(&path, text).map_err(|e| HfError::io(&path, e))?;
         self.copy_tokenizer_files(dir)
     }
