@@ -576,6 +576,7 @@ impl Controller {
                 busy_decode_steps: g.stats.busy_decode_steps,
                 weight_updates: g.stats.weight_updates,
                 resubmitted_requests: g.stats.resubmitted_requests,
+                sampled_tokens: g.stats.sampled_tokens as u64,
             });
         }
         let mut detail = MethodDetail::default();

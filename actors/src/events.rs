@@ -146,6 +146,9 @@ pub enum TrainEvent {
         /// vLLM: requests a weight swap aborted, resubmitted with their partial tokens (VQ-2).
         #[serde(default)]
         resubmitted_requests: u64,
+        /// Tokens sampled (re-rolled episodes included).
+        #[serde(default)]
+        sampled_tokens: u64,
     },
     /// The learner refused a non-finite update; the step was skipped (GD-1).
     Skipped {

@@ -176,6 +176,7 @@ impl VllmEngine {
     /// Swaps `weights` (loaded into `model`) into the server (VC-2) and verifies them (VE-2);
     /// the folder of the version before is deleted (VE-1).
     pub fn load(&mut self, model: &HfModel, weights: &PublishedWeights) -> Result<(), ActorError> {
+        let started = std::time::Instant::now();
         let folder = materialise(&self.settings, model, self.loads)?;
         self.loads += 1;
         let s = &self.settings;
@@ -185,7 +186,13 @@ impl VllmEngine {
         if Some(&before) != self.base.as_ref() && before != self.loaded {
             let _ = std::fs::remove_dir_all(&before);
         }
-        self.verify(model, weights)
+        self.verify(model, weights)?;
+        tracing::info!(
+            version = weights.version,
+            swap_seconds = started.elapsed().as_secs_f64(),
+            "vLLM weights swapped and verified"
+        );
+        Ok(())
     }
 
     /// VE-2: the learner's probe through the engine's prompt path, and a continuation of a
