@@ -8,7 +8,8 @@
 //!   and picks up new weights.
 //! - VQ-2 (abort and resubmit): an answer aborted by a weight swap (`finish_reason = "abort"`,
 //!   VC-2) keeps its partial tokens and log-probs; the request is resubmitted with them appended
-//!   to its context and its token budget reduced, so no sampled token is lost or sampled twice.
+//!   to its context, its token budget reduced and a seed of its own (from the request's seed and
+//!   the tokens already sampled), so no sampled token is lost or sampled twice.
 //!   A request is resubmitted only from `step`, on the engine's thread, so never while a swap
 //!   is under way.
 //! - VQ-3: a transport or server error fails the step (the server died or refused): the caller's
@@ -22,6 +23,7 @@ use keel_learner::hf::{Completion, FinishReason, GenRequest};
 
 use super::client::{EngineOutput, VllmClient};
 use crate::error::ActorError;
+use crate::seeds::mix_seed;
 
 /// Longest wait of one step for an answer (VQ-1).
 pub const STEP_WAIT: Duration = Duration::from_millis(20);
@@ -76,7 +78,12 @@ impl EngineSampler {
         prompt.extend_from_slice(&p.sampled.tokens);
         let mut params = p.request.params.clone();
         params.max_new_tokens = params.max_new_tokens.saturating_sub(p.sampled.tokens.len());
-        let seed = p.request.seed;
+        // A resubmission draws from a stream of its own: reusing the request's seed would
+        // replay the draws of its first tokens.
+        let seed = match p.sampled.tokens.len() {
+            0 => p.request.seed,
+            n => mix_seed(&[p.request.seed, n as u64]),
+        };
         let (client, tx) = (self.client.clone(), self.answers.0.clone());
         std::thread::spawn(move || {
             let _ = tx.send((id, client.complete(&prompt, &params, seed)));
