@@ -364,3 +364,40 @@ fn vllm_server_death_restarts_under_the_budget_and_a_missing_interpreter_is_name
         "the error does not name the key and the path:\n{log}"
     );
 }
+
+/// `keel trainer` + `keel generator --rank 0`: the generator process starts its own server, and
+/// both roles exit 0 with the run finished and no server left behind.
+#[test]
+fn vllm_serves_a_generator_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_model(dir.path());
+    let name = format!("vllm-roles-{}", std::process::id());
+    let cfg = config(
+        dir.path(),
+        &name,
+        2,
+        "sync",
+        "\n[distributed]\npoll_ms = 20\n",
+    );
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    let text = text.replace(
+        "[model]\n",
+        &format!("[model]\npath = \"{}\"\n", arg(&model)),
+    );
+    std::fs::write(&cfg, text).expect("write config");
+    let root = dir.path().join("root");
+    let mut roles = keel_integration::roles::Roles::new(dir.path(), cfg, arg(&root));
+    roles.start_trainer();
+    roles.start_generator(0);
+    roles.finish_ok();
+    assert_eq!(
+        keel_integration::head_step(&root),
+        Some(2),
+        "{}",
+        roles.logs()
+    );
+    assert!(
+        live_servers(&name).is_empty(),
+        "the generator process's server outlived it"
+    );
+}
