@@ -5,7 +5,8 @@
 //! (multi-turn continuations through the prefix cache included), resumes after a SIGKILL with
 //! no server left behind, takes weights in flight in async mode (aborted requests resubmitted
 //! with their partial tokens, one digest per version; a tied-embedding model), restarts a
-//! server killed mid-run, and refuses to sample when a reload or a
+//! server killed mid-run, serves a `keel generator --rank 0` process on the `dataset` env (verl
+//! rows), and refuses to sample when a reload or a
 //! prefix-cache reset is skipped (VE-2).
 
 use std::collections::BTreeMap;
@@ -365,8 +366,32 @@ fn vllm_server_death_restarts_under_the_budget_and_a_missing_interpreter_is_name
     );
 }
 
-/// `keel trainer` + `keel generator --rank 0`: the generator process starts its own server, and
-/// both roles exit 0 with the run finished and no server left behind.
+/// verl-layout rows (`prompt` as chat messages, `reward_model.ground_truth`), a third of them
+/// offering the calculator tool, written to `path`.
+fn write_rows(path: &Path, n: usize) {
+    let mut text = String::new();
+    for i in 0..n {
+        let (a, b) = (i % 7 + 1, i % 5 + 2);
+        let mut row = serde_json::json!({
+            "data_source": "mini-gsm8k",
+            "prompt": [
+                {"role": "system", "content": "answer with one number"},
+                {"role": "user", "content": format!("what is {a} plus {b} ?")},
+            ],
+            "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
+            "extra_info": {"index": i},
+        });
+        if i % 3 == 0 {
+            row["extra_info"]["tools"] = serde_json::json!(["calculator"]);
+        }
+        text.push_str(&row.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("write rows");
+}
+
+/// `keel trainer` + `keel generator --rank 0` on the `dataset` env: the generator process starts
+/// its own server, and both roles exit 0 with the run finished and no server left behind.
 #[test]
 fn vllm_serves_a_generator_process() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -380,9 +405,24 @@ fn vllm_serves_a_generator_process() {
         "\n[distributed]\npoll_ms = 20\n",
     );
     let text = std::fs::read_to_string(&cfg).expect("config");
-    let text = text.replace(
-        "[model]\n",
-        &format!("[model]\npath = \"{}\"\n", arg(&model)),
+    let (train, eval) = (
+        dir.path().join("train.jsonl"),
+        dir.path().join("test.jsonl"),
+    );
+    write_rows(&train, 24);
+    write_rows(&eval, 4);
+    let dataset = format!(
+        "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\n"
+    );
+    let text = text
+        .replace("[env]\nname = \"calc\"\ndifficulty = 1\n", &dataset)
+        .replace(
+            "[model]\n",
+            &format!("[model]\npath = \"{}\"\n", arg(&model)),
+        );
+    assert!(
+        text.contains("name = \"dataset\""),
+        "the env was not replaced"
     );
     std::fs::write(&cfg, text).expect("write config");
     let root = dir.path().join("root");
