@@ -6,8 +6,8 @@
 //! no server left behind, takes weights in flight in async mode (aborted requests resubmitted
 //! with their partial tokens, one digest per version; a tied-embedding model), restarts a
 //! server killed mid-run, serves a `keel generator --rank 0` process on the `dataset` env (verl
-//! rows), and refuses to sample when a reload or a
-//! prefix-cache reset is skipped (VE-2).
+//! rows), samples on a server it was pointed at (`rollout.vllm.url`), and refuses to sample when
+//! a reload or a prefix-cache reset is skipped (VE-2).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -486,5 +486,62 @@ fn vllm_evaluates_the_trained_policy_as_keel_does() {
     assert_eq!(
         solved[0], solved[1],
         "the engine evaluates another policy than keel's sampler (keel, vllm)"
+    );
+}
+
+/// `rollout.vllm.url`: keel samples on a server it did not start (dev mode, the flags the key
+/// documents): it swaps its own weights in, verifies them, trains, and leaves the server running
+/// (VE-3).
+#[test]
+fn vllm_samples_on_a_server_it_was_pointed_at() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_model(dir.path());
+    let port = keel_integration::free_port();
+    let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+    let mut server = keel_integration::Guarded::spawn(
+        std::process::Command::new(vllm_python())
+            .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+            .arg(&model)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--dtype", "float32", "--max-model-len", "256"])
+            .args(["--block-size", "32", "--enforce-eager"])
+            .args(["--logprobs-mode", "processed_logprobs"])
+            .env("VLLM_TARGET_DEVICE", "cpu")
+            .env("VLLM_SERVER_DEV_MODE", "1")
+            .env("VLLM_CPU_KVCACHE_SPACE", "1")
+            .env("HF_HUB_OFFLINE", "1")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log),
+    )
+    .expect("start the vLLM server");
+    let url = format!("http://127.0.0.1:{port}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(2)))
+        .build()
+        .into();
+    while agent.get(format!("{url}/health")).call().is_err() {
+        if let Some(status) = server.try_wait().expect("poll the server") {
+            let text = std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default();
+            panic!("the vLLM server exited ({status}):\n{text}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let name = format!("vllm-url-{}", std::process::id());
+    let cfg = config(dir.path(), &name, 2, "sync", "");
+    let text = std::fs::read_to_string(&cfg).expect("config").replace(
+        "[rollout.vllm]\n",
+        &format!("[rollout.vllm]\nurl = \"{url}\"\n"),
+    );
+    std::fs::write(&cfg, text).expect("write config");
+    let root = dir.path().join("run");
+    let summary = run_train(&cfg, &root, &["--model", arg(&model)]);
+    assert_eq!(summary["final_step"], 2, "{summary}");
+    assert!(
+        server.try_wait().expect("poll the server").is_none(),
+        "keel stopped a server it did not start"
+    );
+    assert!(
+        agent.get(format!("{url}/health")).call().is_ok(),
+        "the server no longer answers"
     );
 }

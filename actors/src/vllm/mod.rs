@@ -10,7 +10,7 @@
 //! - VE-1 (materialise): version `v` is written whole (config, safetensors, tokenizer files)
 //!   into a folder of its own (`load-<n>/`) under the engine's work folder before the server is told to
 //!   read it; a folder is never rewritten while a server may read it, and the folder of the
-//!   version before is deleted once the next one is verified.
+//!   version before is deleted once the next one is swapped in.
 //! - VE-2 (engine provenance): after every load the engine's prompt log-probs of the learner's
 //!   probe must equal the learner's within PB-3's bound for the engine's dtype, and a short
 //!   continuation of a prompt whose blocks the engine cached under the previous version (the
