@@ -114,6 +114,23 @@ fn arg(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
+/// The rollout temperature of the parity run: the engine's log-probs are after temperature
+/// (`processed_logprobs`), as keel's are.
+const TEMPERATURE: f64 = 0.7;
+
+/// `log_softmax(logits / temperature)` of `tokens[t]` given `tokens[..t]`, for t = 1.. (what the
+/// learner recomputes, RO-2).
+fn logprobs_at(model: &HfModel, tokens: &[u32], temperature: f64) -> Vec<f32> {
+    let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+    let input = tch::Tensor::from_slice(&ids).reshape([1, ids.len() as i64]);
+    let (logits, _) = tch::no_grad(|| model.forward(&input)).expect("forward");
+    let scaled = logits.to_kind(tch::Kind::Float) / temperature;
+    let logp = keel_learner::logprobs::token_logprobs(&scaled, &input)
+        .narrow(1, 1, ids.len() as i64 - 1)
+        .reshape([-1]);
+    Vec::<f32>::try_from(&logp).expect("log-probs")
+}
+
 /// The largest |engine log-prob − keel log-prob| over every sampled token of every stored
 /// batch, each recomputed with the checkpointed weights of the version that sampled its turn;
 /// and the most sampled turns of one trajectory.
@@ -142,8 +159,7 @@ fn engine_vs_keel(root: &Path, model_dir: &Path) -> (f32, usize, usize) {
                     .expect("load the checkpoint's weights");
                 m
             });
-            let ids: Vec<i64> = traj.tokens.iter().map(|&t| i64::from(t)).collect();
-            let keel = keel_learner::probe::sequence_logprobs(model, &ids).expect("recompute");
+            let keel = logprobs_at(model, &traj.tokens, TEMPERATURE);
             for (t, (&mask, &engine)) in traj
                 .loss_mask
                 .iter()
@@ -177,15 +193,20 @@ fn live_servers(name: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Sync SFT + RL on calc through the engine, SIGKILLed after its step-1 checkpoint and resumed:
-/// the engine's behaviour log-probs are keel's within 1e-4 nats (f32) for every sampled token,
-/// multi-turn episodes included, and no server outlives the run.
+/// Sync SFT + RL on calc through the engine at temperature 0.7, SIGKILLed after its step-1
+/// checkpoint and resumed: the engine's behaviour log-probs are keel's within 1e-4 nats (f32)
+/// for every sampled token, multi-turn episodes included, and no server outlives the run.
 #[test]
 fn vllm_trains_resumes_and_its_logprobs_are_keels() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = tiny_model(dir.path());
     let name = format!("vllm-sync-{}", std::process::id());
     let cfg = config(dir.path(), &name, 3, "sync", "");
+    let text = std::fs::read_to_string(&cfg).expect("config").replace(
+        "backend = \"vllm\"\n",
+        &format!("backend = \"vllm\"\ntemperature = {TEMPERATURE}\n"),
+    );
+    std::fs::write(&cfg, text).expect("write config");
     let root = dir.path().join("run");
     let with_model = ["--model", arg(&model)];
     let mut first = spawn_train(&cfg, &root, &with_model);
