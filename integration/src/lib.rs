@@ -755,3 +755,28 @@ pub fn family_models() -> &'static std::path::Path {
         dir
     })
 }
+
+/// `n` verl-layout rows "what is A plus B ?" (numeric answers, A and B from `i + offset`) at
+/// `path`; every third row names the calculator tool.
+pub fn write_sum_rows(path: &std::path::Path, n: usize, offset: usize) {
+    let mut text = String::new();
+    for i in 0..n {
+        let (a, b) = ((i + offset) % 7 + 1, (i + offset) % 5 + 2);
+        let mut row = serde_json::json!({
+            "data_source": "mini-gsm8k",
+            "prompt": [
+                {"role": "system", "content": "answer with one number"},
+                {"role": "user", "content": format!("what is {a} plus {b} ?")},
+            ],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
+            "extra_info": {"index": i},
+        });
+        if i % 3 == 0 {
+            row["extra_info"]["tools"] = serde_json::json!(["calculator"]);
+        }
+        text.push_str(&row.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text).expect("write rows");
+}

@@ -17,38 +17,14 @@ use keel_envs::dataset::{DatasetConfig, RewardConfig};
 use keel_envs::{task_seed, Env, EnvConfig, EnvError, Split};
 use keel_integration::{
     head_weights, keel_bin, kill_at_checkpoint, run_train, spawn_train, test_rt, train_output,
-    PythonServer,
+    write_sum_rows, PythonServer,
 };
 use keel_store::RunStore;
 
-/// `n` rows "what is A plus B ?" (numeric answers); every third row names the calculator.
-fn write_rows(path: &Path, n: usize, offset: usize) {
-    let mut text = String::new();
-    for i in 0..n {
-        let (a, b) = ((i + offset) % 7 + 1, (i + offset) % 5 + 2);
-        let mut row = serde_json::json!({
-            "data_source": "mini-gsm8k",
-            "prompt": [
-                {"role": "system", "content": "answer with one number"},
-                {"role": "user", "content": format!("what is {a} plus {b} ?")},
-            ],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
-            "extra_info": {"index": i},
-        });
-        if i % 3 == 0 {
-            row["extra_info"]["tools"] = serde_json::json!(["calculator"]);
-        }
-        text.push_str(&row.to_string());
-        text.push('\n');
-    }
-    std::fs::write(path, text).expect("write rows");
-}
-
 fn config(dir: &Path, steps: u64, reward: &str) -> std::path::PathBuf {
     let (train, eval) = (dir.join("train.jsonl"), dir.join("test.jsonl"));
-    write_rows(&train, 40, 0);
-    write_rows(&eval, 8, 100);
+    write_sum_rows(&train, 40, 0);
+    write_sum_rows(&eval, 8, 100);
     let text = format!(
         r#"
 [run]
@@ -135,7 +111,7 @@ fn dataset_run_trains_and_resumes_bit_identically_after_sigkill() {
 fn data_check_shows_a_good_file_and_names_bad_rows() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = dir.path().join("good.jsonl");
-    write_rows(&good, 5, 0);
+    write_sum_rows(&good, 5, 0);
     let out = Command::new(keel_bin())
         .args(["data", "check"])
         .arg(&good)
@@ -437,7 +413,7 @@ fn a_reward_file_with_verls_per_source_signature_scores_with_its_reward_kwargs()
 fn sft_demonstrations_never_reach_the_reward_service() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rows = dir.path().join("rows.jsonl");
-    write_rows(&rows, 12, 0);
+    write_sum_rows(&rows, 12, 0);
     let server = PythonServer::start("reward_server.py", &[]);
     let mut env = served_env(&rows, &server.url).expect("env");
     // What the SFT warm start runs (actors::job make_demos): noised oracle demonstrations.

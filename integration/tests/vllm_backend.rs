@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use keel_integration::{
     checkpoint_file, checkpoints, kill_at_checkpoint, log_tail, python, run_train, spawn_train,
-    stored_batches,
+    stored_batches, write_sum_rows,
 };
 use keel_learner::hf::{HfModel, LoadOptions};
 
@@ -387,30 +387,6 @@ fn vllm_server_death_restarts_under_the_budget_and_a_missing_interpreter_is_name
     );
 }
 
-/// verl-layout rows (`prompt` as chat messages, `reward_model.ground_truth`), a third of them
-/// offering the calculator tool, written to `path`.
-fn write_rows(path: &Path, n: usize) {
-    let mut text = String::new();
-    for i in 0..n {
-        let (a, b) = (i % 7 + 1, i % 5 + 2);
-        let mut row = serde_json::json!({
-            "data_source": "mini-gsm8k",
-            "prompt": [
-                {"role": "system", "content": "answer with one number"},
-                {"role": "user", "content": format!("what is {a} plus {b} ?")},
-            ],
-            "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
-            "extra_info": {"index": i},
-        });
-        if i % 3 == 0 {
-            row["extra_info"]["tools"] = serde_json::json!(["calculator"]);
-        }
-        text.push_str(&row.to_string());
-        text.push('\n');
-    }
-    std::fs::write(path, text).expect("write rows");
-}
-
 /// `keel trainer` + `keel generator --rank 0` on the `dataset` env: the generator process starts
 /// its own server, and both roles exit 0 with the run finished and no server left behind.
 #[test]
@@ -430,8 +406,8 @@ fn vllm_serves_a_generator_process() {
         dir.path().join("train.jsonl"),
         dir.path().join("test.jsonl"),
     );
-    write_rows(&train, 24);
-    write_rows(&eval, 4);
+    write_sum_rows(&train, 24, 0);
+    write_sum_rows(&eval, 4, 0);
     let dataset = format!(
         "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\n"
     );
@@ -475,8 +451,8 @@ fn vllm_evaluates_the_trained_policy_as_keel_does() {
         dir.path().join("train.jsonl"),
         dir.path().join("test.jsonl"),
     );
-    write_rows(&train, 40);
-    write_rows(&eval, 8);
+    write_sum_rows(&train, 40, 0);
+    write_sum_rows(&eval, 8, 0);
     let dataset = format!(
         "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\n"
     );
