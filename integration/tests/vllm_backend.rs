@@ -118,19 +118,6 @@ fn arg(path: &Path) -> &str {
 /// (`processed_logprobs`), as keel's are.
 const TEMPERATURE: f64 = 0.7;
 
-/// `log_softmax(logits / temperature)` of `tokens[t]` given `tokens[..t]`, for t = 1.. (what the
-/// learner recomputes, RO-2).
-fn logprobs_at(model: &HfModel, tokens: &[u32], temperature: f64) -> Vec<f32> {
-    let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-    let input = tch::Tensor::from_slice(&ids).reshape([1, ids.len() as i64]);
-    let (logits, _) = tch::no_grad(|| model.forward(&input)).expect("forward");
-    let scaled = logits.to_kind(tch::Kind::Float) / temperature;
-    let logp = keel_learner::logprobs::token_logprobs(&scaled, &input)
-        .narrow(1, 1, ids.len() as i64 - 1)
-        .reshape([-1]);
-    Vec::<f32>::try_from(&logp).expect("log-probs")
-}
-
 /// The largest |engine log-prob − keel log-prob| over every sampled token of every stored
 /// batch, each recomputed with the checkpointed weights of the version that sampled its turn;
 /// and the most sampled turns of one trajectory.
@@ -159,7 +146,9 @@ fn engine_vs_keel(root: &Path, model_dir: &Path) -> (f32, usize, usize) {
                     .expect("load the checkpoint's weights");
                 m
             });
-            let keel = logprobs_at(model, &traj.tokens, TEMPERATURE);
+            let ids: Vec<i64> = traj.tokens.iter().map(|&t| i64::from(t)).collect();
+            let keel = keel_learner::probe::sequence_logprobs(model, &ids, TEMPERATURE)
+                .expect("recompute");
             for (t, (&mask, &engine)) in traj
                 .loss_mask
                 .iter()

@@ -42,18 +42,27 @@ pub fn probe_tokens(vocab: usize) -> Vec<i64> {
 
 /// `model`'s log-probs of probe tokens 1.. given their prefix (PB-2).
 pub fn probe_logprobs(model: &HfModel) -> Result<Vec<f32>, LearnerError> {
-    sequence_logprobs(model, &probe_tokens(model.config().vocab_size))
+    sequence_logprobs(model, &probe_tokens(model.config().vocab_size), 1.0)
 }
 
-/// `log p(ids_t | ids_<t)` for t = 1.. at temperature 1: one forward without gradient of the
-/// unpadded `[1, len]` sequence (PB-2).
-pub fn sequence_logprobs(model: &HfModel, ids: &[i64]) -> Result<Vec<f32>, LearnerError> {
+/// `log_softmax(logits / temperature)` of `ids_t` given `ids_<t`, for t = 1..: one forward
+/// without gradient of the unpadded `[1, len]` sequence (PB-2; what the learner recomputes for
+/// sampled tokens, RO-2).
+pub fn sequence_logprobs(
+    model: &HfModel,
+    ids: &[i64],
+    temperature: f64,
+) -> Result<Vec<f32>, LearnerError> {
     let len = ids.len() as i64;
     let tokens = Tensor::f_from_slice(ids)?
         .f_reshape([1, len])?
         .f_to_device(model.device())?;
     let (logits, _) = tch::no_grad(|| model.forward(&tokens))?;
-    let logp = token_logprobs(&logits.f_to_kind(Kind::Float)?, &tokens)
+    let mut logits = logits.f_to_kind(Kind::Float)?;
+    if temperature != 1.0 {
+        logits = logits.f_div_scalar(temperature)?;
+    }
+    let logp = token_logprobs(&logits, &tokens)
         .f_narrow(1, 1, len - 1)?
         .f_reshape([-1])?
         .f_to_device(tch::Device::Cpu)?;

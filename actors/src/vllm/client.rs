@@ -197,36 +197,29 @@ impl VllmClient {
         skip_cache_reset: bool,
     ) -> Result<(), ActorError> {
         self.call("POST", "/pause?mode=abort&clear_cache=false", None)?;
-        let swapped = self.swap_paused(folder, version, skip_reload, skip_cache_reset);
+        let swap = || -> Result<(), ActorError> {
+            if !skip_reload {
+                let body = json!({
+                    "method": "reload_weights",
+                    "kwargs": {"weights_path": folder.to_string_lossy()},
+                });
+                self.call("POST", "/collective_rpc", Some(&body))?;
+            }
+            if !skip_cache_reset {
+                let reset = self.call("POST", "/reset_prefix_cache", None)?;
+                if reset.get("success").and_then(Value::as_bool) == Some(false) {
+                    return Err(ActorError::Engine(
+                        "vLLM refused to reset its prefix cache (blocks still held)".into(),
+                    ));
+                }
+            }
+            let body = json!({"new_version": version.to_string()});
+            self.call("POST", "/update_weight_version", Some(&body))?;
+            Ok(())
+        };
+        let swapped = swap();
         // Resume even after a failed step: the caller's error must not leave a paused server.
         let resumed = self.call("POST", "/resume", None);
         swapped.and(resumed.map(|_| ()))
-    }
-
-    fn swap_paused(
-        &self,
-        folder: &Path,
-        version: u64,
-        skip_reload: bool,
-        skip_cache_reset: bool,
-    ) -> Result<(), ActorError> {
-        if !skip_reload {
-            let body = json!({
-                "method": "reload_weights",
-                "kwargs": {"weights_path": folder.to_string_lossy()},
-            });
-            self.call("POST", "/collective_rpc", Some(&body))?;
-        }
-        if !skip_cache_reset {
-            let reset = self.call("POST", "/reset_prefix_cache", None)?;
-            if reset.get("success").and_then(Value::as_bool) == Some(false) {
-                return Err(ActorError::Engine(
-                    "vLLM refused to reset its prefix cache (blocks still held)".into(),
-                ));
-            }
-        }
-        let body = json!({"new_version": version.to_string()});
-        self.call("POST", "/update_weight_version", Some(&body))?;
-        Ok(())
     }
 }

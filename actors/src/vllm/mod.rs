@@ -92,16 +92,6 @@ pub struct VllmEngine {
     loads: u64,
 }
 
-/// A free loopback port.
-fn free_port() -> Result<u16, ActorError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| ActorError::Engine(format!("no free loopback port: {e}")))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| ActorError::Engine(format!("no free loopback port: {e}")))
-}
-
 fn io_error(what: &Path, e: std::io::Error) -> ActorError {
     ActorError::Engine(format!("rollout.vllm: {}: {e}", what.display()))
 }
@@ -121,7 +111,6 @@ impl VllmEngine {
             let spec = ServerSpec {
                 python: settings.python.clone(),
                 model_dir: folder.clone(),
-                port: free_port()?,
                 max_model_len: settings.max_model_len,
                 dtype: dtype_name(model.options().kind).to_string(),
                 block_size: CACHE_BLOCK,
@@ -232,7 +221,7 @@ impl VllmEngine {
             .chain(&out.tokens)
             .map(|&t| t as i64)
             .collect();
-        let keel = sequence_logprobs(model, &full)?;
+        let keel = sequence_logprobs(model, &full, params.temperature)?;
         let want = &keel[prompt.len() - 1..];
         let tolerance = probe_tolerance((&device_name(model.device()), engine.1), engine);
         compare(

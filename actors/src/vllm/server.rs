@@ -30,8 +30,6 @@ pub struct ServerSpec {
     pub python: PathBuf,
     /// The Hugging Face folder it serves.
     pub model_dir: PathBuf,
-    /// The loopback port.
-    pub port: u16,
     /// `--max-model-len`.
     pub max_model_len: usize,
     /// `--dtype` (`float32`, `bfloat16`).
@@ -54,6 +52,14 @@ pub struct VllmServer {
 /// Grace between SIGTERM and SIGKILL when a server stops (VS-3).
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
+/// A free loopback port.
+fn free_port() -> Result<u16, ActorError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| ActorError::Engine(format!("no free loopback port: {e}")))
+}
+
 /// The last `lines` lines of the file at `path` (empty when it cannot be read).
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -62,8 +68,10 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 }
 
 impl VllmServer {
-    /// Starts the server of `spec` and waits until it is healthy (VS-2).
+    /// Starts the server of `spec` on a free loopback port and waits until it is healthy
+    /// (VS-2).
     pub fn start(spec: &ServerSpec) -> Result<VllmServer, ActorError> {
+        let port = free_port()?;
         let log = std::fs::File::create(&spec.log).map_err(|e| {
             ActorError::Engine(format!(
                 "cannot create the vLLM log {}: {e}",
@@ -76,7 +84,7 @@ impl VllmServer {
         let mut cmd = Command::new(&spec.python);
         cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
             .arg(&spec.model_dir)
-            .args(["--host", "127.0.0.1", "--port", &spec.port.to_string()])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--dtype", &spec.dtype])
             .args(["--max-model-len", &spec.max_model_len.to_string()])
             .args(["--block-size", &spec.block_size.to_string()])
@@ -107,7 +115,7 @@ impl VllmServer {
         })?;
         let mut server = VllmServer {
             child,
-            url: format!("http://127.0.0.1:{}", spec.port),
+            url: format!("http://127.0.0.1:{port}"),
             log: spec.log.clone(),
         };
         server.wait_healthy(spec.health_timeout)?;
