@@ -20,7 +20,8 @@ def free(p):
 picked = []
 while len(picked) < 4:
     p = random.randint(20000, 45000)
-    if p not in picked and p + 10000 not in picked and free(p) and free(p + 10000):
+    # Neither p nor its gRPC port p + 10000 may be a port (or gRPC port) already picked.
+    if all(p not in (q, q + 10000, q - 10000) for q in picked) and free(p) and free(p + 10000):
         picked.append(p)
 print(*picked)
 PY
