@@ -182,6 +182,19 @@ fn live_servers(name: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Whether every server of run `name` has exited. A server is sent SIGTERM when its keel exits
+/// (parent-death signal) and shuts down on its own: this waits for that, up to a minute.
+fn servers_gone(name: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !live_servers(name).is_empty() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    true
+}
+
 /// Sync SFT + RL on calc through the engine at temperature 0.7, SIGKILLed after its step-1
 /// checkpoint and resumed: the engine's behaviour log-probs are keel's within 1e-4 nats (f32)
 /// for every sampled token, multi-turn episodes included, and no server outlives the run.
@@ -205,7 +218,7 @@ fn vllm_trains_resumes_and_its_logprobs_are_keels() {
     let summary = run_train(&cfg, &root, &with_model);
     assert_eq!(summary["final_step"], 3, "{summary}");
     assert!(
-        live_servers(&name).is_empty(),
+        servers_gone(&name),
         "a vLLM server outlived its run:\n{}",
         log_tail(&root)
     );
@@ -423,7 +436,7 @@ fn vllm_serves_a_generator_process() {
         roles.logs()
     );
     assert!(
-        live_servers(&name).is_empty(),
+        servers_gone(&name),
         "the generator process's server outlived it"
     );
 }
