@@ -35,8 +35,9 @@
 //!   attempt if none became informative; the stats count every episode sampled.
 //! - RO-10 (weights in flight, async): with `follow_weights`, newer published weights reach the
 //!   samplers between decode steps and episodes in flight continue under them; each turn
-//!   records the version in force when it was queued, which is never newer than its oldest token
-//!   (so the learner's staleness check, LA-2, is conservative). The batch records the version it
+//!   records the version of its first token and, per token, the versions that took over while
+//!   it was sampled (RB-5 `version_changes`, from the samplers' marks: SA-8, VQ-4), so the
+//!   learner's staleness check on a turn's oldest token (LA-2) is per token. The batch records the version it
 //!   started with. The admission bound (AS-1) is taken on that start version, so no token of the
 //!   batch can ever be older than the bound allows and no episode has to be restarted.
 //! - RO-11 (context bound): no trajectory holds more than `model.context_len` tokens. An episode

@@ -37,6 +37,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         agent_id: 0,
                         anchor_key: 5,
                         anchor_state: String::new(),
+                        version_changes: Vec::new(),
                     },
                     Turn {
                         start: 15,
@@ -48,6 +49,7 @@ fn sample_batch(seq: u64) -> RolloutBatch {
                         agent_id: 1,
                         anchor_key: 6 + i,
                         anchor_state: String::new(),
+                        version_changes: Vec::new(),
                     },
                 ],
                 final_reward: if i % 2 == 0 { 1.0 } else { 0.0 },

@@ -118,52 +118,79 @@ fn arg(path: &Path) -> &str {
 /// (`processed_logprobs`), as keel's are.
 const TEMPERATURE: f64 = 0.7;
 
-/// The largest |engine log-prob − keel log-prob| over every sampled token of every stored
-/// batch, each recomputed with the checkpointed weights of the version that sampled its turn;
-/// and the most sampled turns of one trajectory.
-fn engine_vs_keel(root: &Path, model_dir: &Path) -> (f32, usize, usize) {
+/// The engine's behaviour log-probs against keel's recomputation of every sampled token of
+/// every stored batch, each with the checkpointed weights of the version that sampled that
+/// token (RB-5: a turn's version changes included).
+#[derive(Debug, Default)]
+struct Parity {
+    /// The largest |engine log-prob − keel log-prob|.
+    worst: f32,
+    /// Sampled tokens compared.
+    tokens: usize,
+    /// The most sampled turns of one trajectory.
+    most_turns: usize,
+    /// Tokens sampled by a newer version than their turn's first token.
+    after_change: usize,
+    /// The largest difference on those tokens had they been recomputed with their turn's
+    /// first version instead: what a per-turn version would have claimed.
+    worst_if_per_turn: f32,
+}
+
+fn engine_vs_keel(root: &Path, model_dir: &Path) -> Parity {
     let by_step: BTreeMap<u64, _> = checkpoints(root).into_iter().map(|m| (m.step, m)).collect();
     let mut models: BTreeMap<u64, HfModel> = BTreeMap::new();
-    let (mut worst, mut tokens, mut most_turns) = (0f32, 0usize, 0usize);
+    let mut keel_logprobs = |version: u64, ids: &[i64]| {
+        let model = models.entry(version).or_insert_with(|| {
+            let manifest = by_step
+                .get(&version)
+                .unwrap_or_else(|| panic!("no checkpoint of version {version}"));
+            let mut m = HfModel::load(
+                model_dir,
+                LoadOptions::policy(tch::Device::Cpu, tch::Kind::Float),
+            )
+            .expect("load the folder");
+            m.load_safetensors(&checkpoint_file(root, manifest, "model.safetensors"))
+                .expect("load the checkpoint's weights");
+            m
+        });
+        keel_learner::probe::sequence_logprobs(model, ids, TEMPERATURE).expect("recompute")
+    };
+    let mut p = Parity::default();
     for batch in stored_batches(root) {
         for traj in &batch.trajectories {
-            most_turns = most_turns.max(traj.turns.len());
-            let version = traj.turns.first().map_or(0, |t| t.policy_version);
-            assert!(
-                traj.turns.iter().all(|t| t.policy_version == version),
-                "sync mode: one version per trajectory"
-            );
-            let model = models.entry(version).or_insert_with(|| {
-                let manifest = by_step
-                    .get(&version)
-                    .unwrap_or_else(|| panic!("no checkpoint of version {version}"));
-                let mut m = HfModel::load(
-                    model_dir,
-                    LoadOptions::policy(tch::Device::Cpu, tch::Kind::Float),
-                )
-                .expect("load the folder");
-                m.load_safetensors(&checkpoint_file(root, manifest, "model.safetensors"))
-                    .expect("load the checkpoint's weights");
-                m
-            });
+            p.most_turns = p.most_turns.max(traj.turns.len());
             let ids: Vec<i64> = traj.tokens.iter().map(|&t| i64::from(t)).collect();
-            let keel = keel_learner::probe::sequence_logprobs(model, &ids, TEMPERATURE)
-                .expect("recompute");
-            for (t, (&mask, &engine)) in traj
-                .loss_mask
-                .iter()
-                .zip(&traj.behaviour_logprobs)
-                .enumerate()
-                .skip(1)
-            {
-                if mask == 1 {
-                    worst = worst.max((engine - keel[t - 1]).abs());
-                    tokens += 1;
+            let mut by_version: BTreeMap<u64, Vec<f32>> = BTreeMap::new();
+            for turn in &traj.turns {
+                for t in (turn.start.max(1)..turn.end).filter(|&t| traj.loss_mask[t as usize] == 1)
+                {
+                    let engine = traj.behaviour_logprobs[t as usize];
+                    let mut diff = |v: u64| {
+                        let keel = by_version
+                            .entry(v)
+                            .or_insert_with(|| keel_logprobs(v, &ids));
+                        (engine - keel[t as usize - 1]).abs()
+                    };
+                    p.worst = p.worst.max(diff(turn.version_at(t)));
+                    p.tokens += 1;
+                    if turn.version_at(t) != turn.policy_version {
+                        p.after_change += 1;
+                        p.worst_if_per_turn = p.worst_if_per_turn.max(diff(turn.policy_version));
+                    }
                 }
             }
         }
     }
-    (worst, tokens, most_turns)
+    p
+}
+
+/// Sets the parity runs' sampling temperature in config `cfg`.
+fn at_parity_temperature(cfg: &Path) {
+    let text = std::fs::read_to_string(cfg).expect("config").replace(
+        "backend = \"vllm\"\n",
+        &format!("backend = \"vllm\"\ntemperature = {TEMPERATURE}\n"),
+    );
+    std::fs::write(cfg, text).expect("write config");
 }
 
 /// The vLLM servers keel started for run `name` (pid files of its engine folders) that still run.
@@ -204,11 +231,7 @@ fn vllm_trains_resumes_and_its_logprobs_are_keels() {
     let model = tiny_model(dir.path());
     let name = format!("vllm-sync-{}", std::process::id());
     let cfg = config(dir.path(), &name, 3, "sync", "");
-    let text = std::fs::read_to_string(&cfg).expect("config").replace(
-        "backend = \"vllm\"\n",
-        &format!("backend = \"vllm\"\ntemperature = {TEMPERATURE}\n"),
-    );
-    std::fs::write(&cfg, text).expect("write config");
+    at_parity_temperature(&cfg);
     let root = dir.path().join("run");
     let with_model = ["--model", arg(&model)];
     let mut first = spawn_train(&cfg, &root, &with_model);
@@ -222,29 +245,40 @@ fn vllm_trains_resumes_and_its_logprobs_are_keels() {
         "a vLLM server outlived its run:\n{}",
         log_tail(&root)
     );
-    let (worst, tokens, most_turns) = engine_vs_keel(&root, &model);
-    eprintln!("engine vs keel: {worst:e} nats at most over {tokens} tokens; {most_turns} turns");
-    assert!(tokens > 100, "only {tokens} sampled tokens were checked");
+    let p = engine_vs_keel(&root, &model);
+    eprintln!("engine vs keel: {p:?}");
     assert!(
-        most_turns >= 2,
-        "no multi-turn episode: the prefix cache was not exercised"
+        p.tokens > 100,
+        "only {} sampled tokens were checked",
+        p.tokens
     );
     assert!(
-        worst <= 1e-4,
-        "engine and keel log-probs differ by {worst:e} nats over {tokens} tokens"
+        p.most_turns >= 2,
+        "no multi-turn episode: the prefix cache was not exercised"
+    );
+    assert_eq!(p.after_change, 0, "sync mode: one version per turn");
+    assert!(
+        p.worst <= 1e-4,
+        "engine and keel log-probs differ by {:e} nats over {} tokens",
+        p.worst,
+        p.tokens
     );
 }
 
 /// Async with weights in flight: swaps abort the engine's requests, which are resubmitted with
-/// their partial tokens; no episode is lost and every turn's digest is its version's. The model
-/// has tied embeddings: vLLM on CPU applies only part of a reload of a tied model, so keel
-/// hands the engine untied folders (HS-4), and every swap passes the engine's probe.
+/// their partial tokens; no episode is lost and every turn's digest is its version's. Each
+/// token records the version that sampled it: a turn a swap cut in two changes version at its
+/// pause point (RB-5), and keel's recomputation under each token's version matches the
+/// engine's log-probs where the turn's first version would not. The model has tied
+/// embeddings: vLLM on CPU applies only part of a reload of a tied model, so keel hands the
+/// engine untied folders (HS-4), and every swap passes the engine's probe.
 #[test]
 fn vllm_takes_weights_in_flight_without_losing_an_episode() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = model_folder(dir.path(), true);
     let name = format!("vllm-async-{}", std::process::id());
     let cfg = config(dir.path(), &name, 4, "async", "");
+    at_parity_temperature(&cfg);
     let root = dir.path().join("run");
     let summary = run_train(&cfg, &root, &["--model", arg(&model)]);
     assert_eq!(summary["final_step"], 4, "{summary}");
@@ -262,9 +296,14 @@ fn vllm_takes_weights_in_flight_without_losing_an_episode() {
                     turn.policy_version >= batch.policy_version,
                     "a turn older than its batch"
                 );
-                let d = digests.entry(turn.policy_version).or_default();
-                if !d.contains(&turn.weights_digest) {
-                    d.push(turn.weights_digest);
+                let changes = turn.version_changes.iter();
+                let versions = std::iter::once((turn.policy_version, turn.weights_digest))
+                    .chain(changes.map(|c| (c.policy_version, c.weights_digest)));
+                for (version, digest) in versions {
+                    let d = digests.entry(version).or_default();
+                    if !d.contains(&digest) {
+                        d.push(digest);
+                    }
                 }
             }
         }
@@ -289,6 +328,23 @@ fn vllm_takes_weights_in_flight_without_losing_an_episode() {
     assert!(
         updates > 0 && resubmitted > 0,
         "no swap aborted a request in flight ({updates} swaps, {resubmitted} resubmitted)"
+    );
+    let p = engine_vs_keel(&root, &model);
+    eprintln!("engine vs keel, per token: {p:?}");
+    assert!(
+        p.after_change > 0,
+        "no turn changed version mid-turn, although {resubmitted} requests were resubmitted"
+    );
+    assert!(
+        p.worst <= 1e-4,
+        "per-token versions: engine and keel log-probs differ by {:e} nats",
+        p.worst
+    );
+    assert!(
+        p.worst_if_per_turn > 1e-3,
+        "the tokens after a pause point would match their turn's first version too \
+         ({:e} nats): the check cannot tell the versions apart",
+        p.worst_if_per_turn
     );
 }
 
@@ -324,6 +380,104 @@ fn vllm_refuses_a_skipped_reload_and_a_kept_prefix_cache() {
             "{fault}: not refused by the engine check ({check}):\n{log}"
         );
     }
+}
+
+/// A stand-in for a server of another vLLM version at `rollout.vllm.url`: a Python HTTP server
+/// answering `/version` with 0.11.0 (and 200 to anything else), killed when dropped.
+struct OtherVersionServer(std::process::Child, u16);
+
+impl OtherVersionServer {
+    fn start() -> Self {
+        let code = r#"
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"version": "0.11.0"} if self.path == "/version" else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", code])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("the port");
+        let port = line.trim().parse().expect("a port number");
+        OtherVersionServer(child, port)
+    }
+}
+
+impl Drop for OtherVersionServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Bad input the engine meets: a server that runs another vLLM version is refused naming both
+/// versions, and a model vLLM cannot load (keel can: head_dim 16, below what vLLM's CPU
+/// attention supports) fails the run naming `rollout.vllm` with the server's own log tail.
+#[test]
+fn vllm_refuses_another_version_and_a_model_it_cannot_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = tiny_model(dir.path());
+    let other = OtherVersionServer::start();
+    let name = format!("vllm-other-{}", std::process::id());
+    let cfg = config(dir.path(), &name, 1, "sync", "");
+    let text = std::fs::read_to_string(&cfg).expect("config").replace(
+        "[rollout.vllm]\n",
+        &format!("[rollout.vllm]\nurl = \"http://127.0.0.1:{}\"\n", other.1),
+    );
+    std::fs::write(&cfg, text).expect("write config");
+    let root = dir.path().join(&name);
+    let status = spawn_train(&cfg, &root, &["--model", arg(&model)])
+        .wait()
+        .expect("wait");
+    let log = log_tail(&root);
+    assert!(!status.success(), "another vLLM version was driven:\n{log}");
+    assert!(
+        log.contains("runs vLLM 0.11.0") && log.contains("keel drives vLLM 0.32."),
+        "the refusal does not name the versions:\n{log}"
+    );
+    drop(other);
+
+    let narrow = dir.path().join("narrow");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/vllm_tiny_model.py");
+    python(&[
+        script.as_os_str(),
+        narrow.as_os_str(),
+        "0".as_ref(),
+        "untied".as_ref(),
+        "16".as_ref(),
+    ]);
+    let name = format!("vllm-unloadable-{}", std::process::id());
+    let cfg = config(dir.path(), &name, 1, "sync", "");
+    let root = dir.path().join(&name);
+    let status = spawn_train(&cfg, &root, &["--model", arg(&narrow)])
+        .wait()
+        .expect("wait");
+    let log = log_tail(&root);
+    assert!(
+        !status.success(),
+        "vLLM served a model it cannot load:\n{log}"
+    );
+    assert!(
+        log.contains("rollout.vllm")
+            && log.contains("Unsupported CPU attention configuration: head_dim=16"),
+        "the failure names neither the key nor the server's reason:\n{log}"
+    );
+    assert!(servers_gone(&name), "a failed server was left running");
 }
 
 /// A server that dies mid-run (SIGKILL of its process group, once a step is checkpointed) is
@@ -504,7 +658,11 @@ fn vllm_samples_on_a_server_it_was_pointed_at() {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["--dtype", "float32", "--max-model-len", "256"])
             .args(["--block-size", "32", "--enforce-eager"])
-            .args(["--logprobs-mode", "processed_logprobs"])
+            .args([
+                "--logprobs-mode",
+                "processed_logprobs",
+                "--enable-scale-out",
+            ])
             .env("VLLM_TARGET_DEVICE", "cpu")
             .env("VLLM_SERVER_DEV_MODE", "1")
             .env("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -532,6 +532,7 @@ mod tests {
                 agent_id: 0,
                 anchor_key: 0,
                 anchor_state: String::new(),
+                version_changes: Vec::new(),
             }],
             tokens,
             loss_mask: mask,

@@ -213,6 +213,7 @@ fn sample_batch(n_traj: u64, len: u32) -> RolloutBatch {
                     agent_id: 0,
                     anchor_key: k as u64,
                     anchor_state: String::new(),
+                    version_changes: Vec::new(),
                 })
                 .collect();
             let mut loss_mask = vec![0u8; len as usize];

@@ -11,6 +11,11 @@
 //! - RB-2: turns of a valid trajectory lie inside `tokens` (`start <= end <= tokens.len()`), are
 //!   ordered and do not overlap (`turns[i].end <= turns[i + 1].start`), every token with
 //!   `loss_mask == 1` lies inside some turn, and `trained_turn` (RTPO) names an existing turn.
+//! - RB-5 (per-token versions): a turn's `version_changes` lie strictly inside it
+//!   (`start < at < end`), in token order, each with a newer `policy_version` than the one
+//!   before (the turn's own first). A token's version is [`Turn::version_at`]; the turn's
+//!   `policy_version`, its first token's, is the oldest, so staleness per turn is staleness per
+//!   token.
 //! - RB-4 (segments): every `episode_id` names a trajectory of the batch whose own
 //!   `trajectory_id` is that id (the episode's first segment), of the same group, task, source
 //!   and final reward. A trajectory that is not split has `episode_id == trajectory_id`.
@@ -105,6 +110,33 @@ pub struct Turn {
     /// The canonical text of that state (EN-8), kept only when GiGPO groups turns by text
     /// similarity (`learner.gigpo_similarity`); empty otherwise.
     pub anchor_state: String,
+    /// Weight updates that landed while the turn was sampled (RB-5), in token order; empty
+    /// when `policy_version` sampled every token of it.
+    pub version_changes: Vec<VersionChange>,
+}
+
+/// A weight update inside a turn: the turn's tokens from `at` on were sampled by
+/// `policy_version` (RB-5).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[rkyv(derive(Debug), compare(PartialEq))]
+pub struct VersionChange {
+    /// Index in `tokens` of the first token the new weights sampled.
+    pub at: u32,
+    /// The policy version of the new weights.
+    pub policy_version: u64,
+    /// Their digest, as [`Turn::weights_digest`].
+    pub weights_digest: u64,
+}
+
+impl Turn {
+    /// The policy version that sampled token `k` of the trajectory (a token of this turn).
+    pub fn version_at(&self, k: u32) -> u64 {
+        self.version_changes
+            .iter()
+            .take_while(|c| c.at <= k)
+            .last()
+            .map_or(self.policy_version, |c| c.policy_version)
+    }
 }
 
 /// Where a trajectory came from.
@@ -214,6 +246,7 @@ impl Trajectory {
             if !turn.reward.is_finite() {
                 return Err(format!("turn {j} reward is {}", turn.reward));
             }
+            check_version_changes(turn).map_err(|e| format!("turn {j}: {e}"))?;
             prev_end = turn.end;
         }
         if let Some(k) = self.trained_turn {
@@ -254,6 +287,27 @@ impl Trajectory {
         }
         Ok(())
     }
+}
+
+/// RB-5 for one turn.
+fn check_version_changes(turn: &Turn) -> Result<(), String> {
+    let (mut at, mut version) = (turn.start, turn.policy_version);
+    for c in &turn.version_changes {
+        if c.at <= at || c.at >= turn.end {
+            return Err(format!(
+                "a version change at token {} is not inside {}..{} after the previous one",
+                c.at, turn.start, turn.end
+            ));
+        }
+        if c.policy_version <= version {
+            return Err(format!(
+                "version change to {} at token {} is not newer than {version}",
+                c.policy_version, c.at
+            ));
+        }
+        (at, version) = (c.at, c.policy_version);
+    }
+    Ok(())
 }
 
 impl ArchivedTrajectory {
@@ -354,6 +408,7 @@ pub(crate) mod tests {
                         agent_id: 0,
                         anchor_key: 11,
                         anchor_state: "at door 1".into(),
+                        version_changes: Vec::new(),
                     },
                     Turn {
                         start: 7,
@@ -365,6 +420,11 @@ pub(crate) mod tests {
                         agent_id: 1,
                         anchor_key: 12,
                         anchor_state: String::new(),
+                        version_changes: vec![VersionChange {
+                            at: 8,
+                            policy_version: 6,
+                            weights_digest: 0x6eed,
+                        }],
                     },
                 ],
                 final_reward: 1.0 + id as f32,
@@ -397,6 +457,36 @@ pub(crate) mod tests {
             sample_batch(0).trajectories[0].min_policy_version(),
             Some(4)
         );
+    }
+
+    #[test]
+    fn rb5_versions_per_token_and_bad_changes() {
+        let b = sample_batch(0);
+        let turn = &b.trajectories[0].turns[1];
+        let versions: Vec<u64> = (7..10).map(|k| turn.version_at(k)).collect();
+        assert_eq!(versions, [5, 6, 6]);
+        let bad = |change: VersionChange| {
+            let mut b = sample_batch(0);
+            b.trajectories[0].turns[1].version_changes.push(change);
+            reason(&b)
+        };
+        let change = |at, policy_version| VersionChange {
+            at,
+            policy_version,
+            weights_digest: 1,
+        };
+        assert!(
+            bad(change(9, 6)).contains("not newer than 6"),
+            "same version"
+        );
+        assert!(bad(change(8, 7)).contains("not inside"), "same token");
+        assert!(
+            bad(change(10, 7)).contains("not inside 7..10"),
+            "at the end"
+        );
+        let mut b = sample_batch(0);
+        b.trajectories[0].turns[1].version_changes[0].at = 7;
+        assert!(reason(&b).contains("turn 1"), "at the turn's first token");
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"KEELRB\0\0"
-//! 8       4     format version, u32 little-endian (= 5; 2 added per-turn agent id and
+//! 8       4     format version, u32 little-endian (= 6; 2 added per-turn agent id and
 //!                     anchor key, the scaffold version and RTPO's trained turn; 3 the
 //!                     anchor-state text; 4 each trajectory's episode id, for segments; 5 each
-//!                     turn's weights digest)
+//!                     turn's weights digest; 6 the version changes inside a turn)
 //! 12      8     payload length in bytes, u64 little-endian
 //! 20      4     crc32 (IEEE, crc32fast) of the payload, u32 little-endian
 //! 24      n     payload = zstd(rkyv 0.8 archive of a RolloutBatch)
@@ -35,7 +35,7 @@ use crate::error::StoreError;
 /// The first 8 bytes of every rollout-batch object.
 pub const BATCH_MAGIC: [u8; 8] = *b"KEELRB\0\0";
 /// The frame format version this build writes and reads.
-pub const BATCH_FORMAT_VERSION: u32 = 5;
+pub const BATCH_FORMAT_VERSION: u32 = 6;
 /// Header size in bytes: magic, version, payload length, crc32.
 pub const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 /// Upper bound on the decompressed archive size (FR-3).

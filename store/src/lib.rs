@@ -50,7 +50,7 @@ pub mod weights;
 
 pub use batch::{
     ArchivedRolloutBatch, ArchivedSource, ArchivedTrajectory, ArchivedTurn, BatchBuf, RolloutBatch,
-    Source, Trajectory, Turn,
+    Source, Trajectory, Turn, VersionChange,
 };
 pub use branch::BranchHead;
 pub use checkpoint::{

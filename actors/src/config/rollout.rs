@@ -145,7 +145,7 @@ const EVAL_TASKS: Key = Key::new(
 const EVAL_SAMPLES: Key = Key::new("rollout.eval_samples", ints(0, 64), "k of avg@k: sampled episodes per held-out task besides the greedy pass@1 one (0 = greedy only).");
 
 const VLLM_PYTHON: Key = Key::with_also("rollout.vllm.python", Range::Text("a path to a python interpreter"), "required with backend = vllm unless rollout.vllm.url is set", "The interpreter of an environment where vLLM 0.32 is installed (scripts/vllm_env.sh installs one and prints it); each generator starts `python -m vllm.entrypoints.openai.api_server` on a free loopback port and stops its process group with itself.");
-const VLLM_URL: Key = Key::new("rollout.vllm.url", Range::Text("http://host:port, or empty"), "A running vLLM server (started with VLLM_SERVER_DEV_MODE=1, --logprobs-mode processed_logprobs and --block-size 16) to sample on instead of starting one; it must read the weight folders keel writes (the same host). Empty: keel starts a server per generator.");
+const VLLM_URL: Key = Key::new("rollout.vllm.url", Range::Text("http://host:port, or empty"), "A running vLLM server (started with VLLM_SERVER_DEV_MODE=1, --logprobs-mode processed_logprobs, --enable-scale-out and --block-size 32) to sample on instead of starting one; it must read the weight folders keel writes (the same host). Empty: keel starts a server per generator.");
 const VLLM_STARTUP: Key = Key::new(
     "rollout.vllm.startup_timeout_s",
     ints(1, 86_400),

@@ -16,7 +16,7 @@ use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome, TurnLimits}
 use keel_learner::hf::{ChatCodec, Completion, FinishReason, GenRequest, Sampler, SamplingParams};
 
 use super::turn_sampler::TurnSampler;
-use keel_store::{RolloutBatch, Trajectory, Turn};
+use keel_store::{RolloutBatch, Trajectory, Turn, VersionChange};
 
 use super::{
     model_slot, uninformative, unix_ms, BoundaryState, ModelSource, RolloutExtras, RolloutSpec,
@@ -60,6 +60,8 @@ struct Episode {
     turn_version: u64,
     /// The digest of those weights (WB-5).
     turn_digest: u64,
+    /// The versions that took over while that turn was sampled (RO-10, RB-5).
+    turn_changes: Vec<VersionChange>,
     /// When the episode ended (RO-8).
     finished: Option<Instant>,
     /// The env ended the episode (so its shard already dropped it).
@@ -146,6 +148,8 @@ pub(super) struct Engine<'a> {
     /// Requests sent to shards and not answered yet.
     in_env: usize,
     started: Instant,
+    /// The digest of each version taken in flight (RO-10).
+    digests: HashMap<u64, u64>,
 }
 
 impl<'a> Engine<'a> {
@@ -155,6 +159,7 @@ impl<'a> Engine<'a> {
         shards: &'a [Addr<EnvShard>],
         spec: &'a RolloutSpec,
     ) -> Self {
+        let start_digest = policies.weights_digest();
         let mut groups: BTreeMap<u64, Group> = BTreeMap::new();
         for (k, plan) in spec.plans.iter().enumerate() {
             groups.entry(plan.group_id).or_default().plans.push(k);
@@ -180,6 +185,7 @@ impl<'a> Engine<'a> {
             last_failure: None,
             in_env: 0,
             started: Instant::now(),
+            digests: HashMap::from([(spec.policy_version, start_digest)]),
         }
     }
 
@@ -223,6 +229,7 @@ impl<'a> Engine<'a> {
             turn_start: 0,
             turn_version: self.spec.policy_version,
             turn_digest: self.policies.weights_digest(),
+            turn_changes: Vec::new(),
             finished: None,
             env_ended: false,
             token_logprobs: false,
@@ -285,7 +292,12 @@ impl<'a> Engine<'a> {
             if self.spec.follow_weights {
                 if let Some(v) = self.policies.refresh()? {
                     self.version = v;
+                    self.digests.insert(v, self.policies.weights_digest());
                     self.stats.weight_updates += 1;
+                    self.samplers
+                        .iter_mut()
+                        .flatten()
+                        .for_each(|s| s.mark_version(v));
                 }
             }
             for slot in busy {
@@ -304,6 +316,19 @@ impl<'a> Engine<'a> {
     /// is an empty (invalid) action, never an error.
     fn on_completion(&mut self, i: usize, c: Completion) {
         let ep = &mut self.episodes[i];
+        let first = ep.traj.tokens.len();
+        for &(k, v) in &c.versions {
+            let digest = self.digests.get(&v).copied().unwrap_or(0);
+            if k == 0 {
+                (ep.turn_version, ep.turn_digest) = (v, digest);
+            } else if k < c.tokens.len() {
+                ep.turn_changes.push(VersionChange {
+                    at: (first + k) as u32,
+                    policy_version: v,
+                    weights_digest: digest,
+                });
+            }
+        }
         let mut turn = SampledTurn {
             tokens: match ep.token_logprobs {
                 true => content_tokens(self.codec, &c),
@@ -414,6 +439,7 @@ impl<'a> Engine<'a> {
             } else {
                 String::new()
             },
+            version_changes: std::mem::take(&mut ep.turn_changes),
         });
         ep.agent = outcome.agent_id;
         ep.anchor = outcome.anchor_key;

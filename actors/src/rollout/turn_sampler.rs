@@ -46,6 +46,14 @@ impl TurnSampler {
         }
     }
 
+    /// The tokens sampled from now on come from weights version `version` (SA-8). A vLLM
+    /// server reports each token's version itself (VQ-4).
+    pub(super) fn mark_version(&mut self, version: u64) {
+        if let TurnSampler::Keel(s) = self {
+            s.mark_version(version);
+        }
+    }
+
     /// `(decode steps, busy decode steps, requests resubmitted after an abort)`.
     pub(super) fn counters(&self) -> (u64, u64, u64) {
         match self {

@@ -2,10 +2,12 @@
 //! the weight swap.
 //!
 //! Invariants:
-//! - VC-1 (token-in/token-out): a completion request carries the exact token ids of the context
-//!   (`prompt` as ids) and answers the sampled token ids (`return_token_ids`) with each one's
-//!   log-prob (`logprobs: 0`, after temperature: the server runs with
-//!   `--logprobs-mode processed_logprobs`). Nothing is re-tokenised on either side.
+//! - VC-1 (token-in/token-out): a completion request goes to vLLM's native generate endpoint
+//!   (`/inference/v1/generate`, served with `--enable-scale-out`) with the exact token ids of
+//!   the context, and answers the sampled token ids with each one's log-prob (`logprobs: 0`,
+//!   after temperature: the server runs with `--logprobs-mode processed_logprobs`) and the
+//!   weight version that sampled each token (vLLM's `weight_versions` spans, labelled with the
+//!   versions keel sets). Nothing is re-tokenised on either side.
 //! - VC-2 (weight swap): [`VllmClient::swap_weights`] pauses the server aborting what runs
 //!   (aborted requests answer `finish_reason = "abort"` with their partial tokens), reloads the
 //!   weights from a folder, resets the prefix cache (it survives reloads: without the reset,
@@ -41,6 +43,9 @@ pub struct EngineOutput {
     pub finish: String,
     /// vLLM's `stop_reason`: the stop token id or string, if one ended it.
     pub stop_reason: Value,
+    /// The weight versions that sampled them, as `(first token, version)` spans in order
+    /// (VC-1); a span whose label is not a version keel set is left out.
+    pub versions: Vec<(usize, u64)>,
 }
 
 /// A connection to one vLLM server.
@@ -121,28 +126,42 @@ impl VllmClient {
         seed: u64,
     ) -> Result<EngineOutput, ActorError> {
         let body = json!({
-            "model": self.model,
-            "prompt": prompt,
-            "max_tokens": params.max_new_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": if params.top_k == 0 { -1 } else { params.top_k as i64 },
-            // vLLM's seeds are signed 64-bit.
-            "seed": seed >> 1,
-            "stop_token_ids": params.stop_token_ids,
-            "stop": params.stop_strings,
-            "include_stop_str_in_output": true,
-            "logprobs": 0,
-            "return_token_ids": true,
-            "skip_special_tokens": false,
+            "token_ids": prompt,
+            "sampling_params": {
+                "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": if params.top_k == 0 { -1 } else { params.top_k as i64 },
+                // vLLM's seeds are signed 64-bit.
+                "seed": seed >> 1,
+                "stop_token_ids": params.stop_token_ids,
+                "stop": params.stop_strings,
+                "include_stop_str_in_output": true,
+                "logprobs": 0,
+                "skip_special_tokens": false,
+            },
         });
-        let answer = self.call("POST", "/v1/completions", Some(&body))?;
+        let answer = self
+            .call("POST", "/inference/v1/generate", Some(&body))
+            .map_err(|e| match e {
+                ActorError::Engine(m) if m.contains("HTTP 404") => ActorError::Engine(format!(
+                    "{m}: the server at {} does not serve vLLM's generate endpoint; start it with --enable-scale-out (rollout.vllm.url)",
+                    self.url
+                )),
+                other => other,
+            })?;
         let choice = &answer["choices"][0];
         let tokens: Vec<u32> = serde_json::from_value(choice["token_ids"].clone())
             .map_err(|e| ActorError::Engine(format!("vLLM answered no token ids ({e})")))?;
-        let logprobs: Vec<f32> =
-            serde_json::from_value(choice["logprobs"]["token_logprobs"].clone())
-                .map_err(|e| ActorError::Engine(format!("vLLM answered no log-probs ({e})")))?;
+        let logprobs: Vec<f32> = choice["logprobs"]["content"]
+            .as_array()
+            .map(|content| {
+                content
+                    .iter()
+                    .filter_map(|t| t["logprob"].as_f64().map(|x| x as f32))
+                    .collect()
+            })
+            .unwrap_or_default();
         if logprobs.len() != tokens.len() {
             return Err(ActorError::Engine(format!(
                 "vLLM answered {} tokens with {} log-probs",
@@ -150,11 +169,24 @@ impl VllmClient {
                 logprobs.len()
             )));
         }
+        let versions = choice["weight_versions"]
+            .as_array()
+            .map(|spans| {
+                spans
+                    .iter()
+                    .filter_map(|span| {
+                        let version = span["version"].as_str()?.parse().ok()?;
+                        Some((span["start"].as_u64()? as usize, version))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(EngineOutput {
             tokens,
             logprobs,
             finish: choice["finish_reason"].as_str().unwrap_or("").to_string(),
             stop_reason: choice["stop_reason"].clone(),
+            versions,
         })
     }
 
@@ -187,6 +219,13 @@ impl VllmClient {
             .collect()
     }
 
+    /// Labels the tokens sampled from now on with `version` (VC-1).
+    pub fn set_weight_version(&self, version: u64) -> Result<(), ActorError> {
+        let body = json!({"new_version": version.to_string()});
+        self.call("POST", "/update_weight_version", Some(&body))?;
+        Ok(())
+    }
+
     /// VC-2: pause (abort) → reload from `folder` → reset the prefix cache (unless
     /// `skip_cache_reset`, a fault injection) → set `version` → resume.
     pub fn swap_weights(
@@ -213,9 +252,7 @@ impl VllmClient {
                     ));
                 }
             }
-            let body = json!({"new_version": version.to_string()});
-            self.call("POST", "/update_weight_version", Some(&body))?;
-            Ok(())
+            self.set_weight_version(version)
         };
         let swapped = swap();
         // Resume even after a failed step: the caller's error must not leave a paused server.

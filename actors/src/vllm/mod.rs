@@ -122,6 +122,7 @@ impl VllmEngine {
             std::fs::write(&pid_file, server.pid().to_string())
                 .map_err(|e| io_error(&pid_file, e))?;
             let client = VllmClient::connect(server.url())?;
+            client.set_weight_version(weights.version)?;
             (Some(server), client)
         } else {
             let client = VllmClient::connect(&settings.url)?;
@@ -137,8 +138,18 @@ impl VllmEngine {
             base,
             loads: 1,
         };
-        engine.verify(model, weights)?;
+        engine
+            .verify(model, weights)
+            .map_err(|e| engine.explain(e))?;
         Ok(engine)
+    }
+
+    /// `error` with the root cause from the log of the server keel started, if it names one.
+    pub fn explain(&self, error: ActorError) -> ActorError {
+        match &self.server {
+            Some(server) => server.explain(error),
+            None => error,
+        }
     }
 
     /// A client of the server, for the rollout's sampler.
@@ -170,12 +181,13 @@ impl VllmEngine {
         self.loads += 1;
         let s = &self.settings;
         self.client
-            .swap_weights(&folder, weights.version, s.skip_reload, s.skip_cache_reset)?;
+            .swap_weights(&folder, weights.version, s.skip_reload, s.skip_cache_reset)
+            .map_err(|e| self.explain(e))?;
         let before = std::mem::replace(&mut self.loaded, folder);
         if Some(&before) != self.base.as_ref() && before != self.loaded {
             let _ = std::fs::remove_dir_all(&before);
         }
-        self.verify(model, weights)?;
+        self.verify(model, weights).map_err(|e| self.explain(e))?;
         tracing::info!(
             version = weights.version,
             swap_seconds = started.elapsed().as_secs_f64(),

@@ -12,6 +12,9 @@
 //!   the tokens already sampled), so no sampled token is lost or sampled twice.
 //!   A request is resubmitted only from `step`, on the engine's thread, so never while a swap
 //!   is under way.
+//! - VQ-4 (versions): every token's weight version is the one the server reports for it
+//!   (VC-1), recorded where it changes in SA-8's `Completion::versions`: a request resubmitted
+//!   after a swap continues under the new version at its pause point.
 //! - VQ-3: a transport or server error fails the step (the server died or refused): the caller's
 //!   error, with nothing half-recorded.
 
@@ -59,13 +62,11 @@ impl EngineSampler {
 
     /// Queues request `id`: it is sent at once.
     pub fn submit(&mut self, id: usize, request: GenRequest) {
-        let sampled = Completion {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            sampling_logprobs: Vec::new(),
-            finish: FinishReason::Length,
+        let pending = Pending {
+            request,
+            sampled: Completion::started(),
         };
-        self.pending.insert(id, Pending { request, sampled });
+        self.pending.insert(id, pending);
         self.send(id);
     }
 
@@ -119,6 +120,10 @@ impl EngineSampler {
                         .tokens
                         .last()
                         .is_some_and(|t| p.request.params.stop_token_ids.contains(t)));
+            let before = p.sampled.tokens.len();
+            for &(start, version) in &out.versions {
+                p.sampled.note_version(before + start, version);
+            }
             p.sampled.tokens.extend(&out.tokens);
             p.sampled.logprobs.extend(&out.logprobs);
             p.sampled.sampling_logprobs.extend(&out.logprobs);

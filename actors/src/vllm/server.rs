@@ -67,6 +67,23 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The first Python exception message in the log at `path` (`RuntimeError: …`), the root
+/// cause where vLLM's own answer only says its engine died; an engine's death notice is not
+/// one.
+pub fn first_error(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|line| {
+        let at = line.find("Error: ").or_else(|| line.find("Exception: "))?;
+        let start = line[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+            .map_or(0, |k| k + 1);
+        let message = &line[start..];
+        let dead =
+            message.contains("EngineDeadError") || message.starts_with("OSError: [Errno 24]");
+        (!dead).then(|| message.trim().to_string())
+    })
+}
+
 impl VllmServer {
     /// Starts the server of `spec` on a free loopback port and waits until it is healthy
     /// (VS-2).
@@ -89,7 +106,11 @@ impl VllmServer {
             .args(["--max-model-len", &spec.max_model_len.to_string()])
             .args(["--block-size", &spec.block_size.to_string()])
             .args(["--enforce-eager", "--seed", "0"])
-            .args(["--logprobs-mode", "processed_logprobs"])
+            .args([
+                "--logprobs-mode",
+                "processed_logprobs",
+                "--enable-scale-out",
+            ])
             .env("VLLM_TARGET_DEVICE", "cpu")
             .env("VLLM_SERVER_DEV_MODE", "1")
             .env("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -151,12 +172,26 @@ impl VllmServer {
     }
 
     fn failed(&self, what: &str) -> ActorError {
+        let cause =
+            first_error(&self.log).map_or(String::new(), |e| format!("; its first error: {e}"));
         ActorError::Engine(format!(
-            "rollout.vllm: the vLLM server ({}) {what}; the end of its log {}:\n{}",
+            "rollout.vllm: the vLLM server ({}) {what}{cause}; the end of its log {}:\n{}",
             self.url,
             self.log.display(),
             log_tail(&self.log, 20)
         ))
+    }
+
+    /// `error`, from a request to this server, with the root cause its log names (a server
+    /// whose engine died answers only HTTP 500).
+    pub fn explain(&self, error: ActorError) -> ActorError {
+        match first_error(&self.log) {
+            Some(cause) => ActorError::Engine(format!(
+                "{error}\nrollout.vllm: the vLLM server's first error: {cause} (its log: {})",
+                self.log.display()
+            )),
+            None => error,
+        }
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -189,5 +224,27 @@ impl Drop for VllmServer {
         // Workers the server started share its group: none may outlive it.
         let _ = killpg(group, Signal::SIGKILL);
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_error;
+
+    #[test]
+    fn the_first_error_of_a_log_is_its_root_cause_not_the_engine_death() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("vllm-server.log");
+        let text = "\
+(APIServer pid=1) WARNING [system_utils.py:255] failed with error: OSError: [Errno 24] Too many open files
+(Worker pid=3) ERROR [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16
+(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+";
+        std::fs::write(&log, text).expect("write");
+        assert_eq!(
+            first_error(&log).as_deref(),
+            Some("RuntimeError: Unsupported CPU attention configuration: head_dim=16")
+        );
+        assert_eq!(first_error(&dir.path().join("none")), None);
     }
 }

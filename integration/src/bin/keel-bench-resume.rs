@@ -93,6 +93,7 @@ fn turn(start: u32, end: u32, policy_version: u64) -> Turn {
         agent_id: 0,
         anchor_key: 0,
         anchor_state: String::new(),
+        version_changes: Vec::new(),
     }
 }
 

@@ -276,6 +276,7 @@ pub fn seed_batches() -> Vec<RolloutBatch> {
                     agent_id: (k % 2) as u32,
                     anchor_key: 77 + k as u64,
                     anchor_state: String::new(),
+                    version_changes: Vec::new(),
                 })
                 .collect(),
             final_reward: (id % 2) as f32,

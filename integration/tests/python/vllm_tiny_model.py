@@ -4,7 +4,9 @@ model's reload) and weights drawn with std 0.25, so that its log-probs are far f
 (a near-uniform model makes every log-prob comparison pass vacuously). The tokenizer is the
 byte-level BPE with a ChatML template of learner/tests/python/make_tiny_models.py.
 
-usage: vllm_tiny_model.py OUT_DIR [SEED] [tied]   (tied: tie the embeddings, as SmolLM2 does)
+usage: vllm_tiny_model.py OUT_DIR [SEED] [tied|untied] [HEAD_DIM]
+  tied: tie the embeddings, as SmolLM2 does; HEAD_DIM (default 32): below 32 makes a model keel
+  loads and vLLM's CPU attention refuses (the bad-input test)
 """
 
 import json
@@ -20,6 +22,7 @@ from make_tiny_models import tokenizer  # noqa: E402
 out = sys.argv[1]
 seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 tied = len(sys.argv) > 3 and sys.argv[3] == "tied"
+head_dim = int(sys.argv[4]) if len(sys.argv) > 4 else 32
 torch.manual_seed(seed)
 tok = tokenizer()
 config = Qwen2Config(
@@ -27,7 +30,7 @@ config = Qwen2Config(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=2,
+    num_attention_heads=64 // head_dim,
     num_key_value_heads=1,
     max_position_embeddings=1024,
     tie_word_embeddings=tied,

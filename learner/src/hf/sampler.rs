@@ -27,6 +27,9 @@
 //! - SA-6 (weights): every step runs the model it is given, so weights may change between
 //!   steps; a model of another shape, kind or device than the sampler was built for is refused.
 //!   A failed step drops every queued and decoding sequence.
+//! - SA-8 (versions): [`Sampler::mark_version`] between steps records in every queued or
+//!   decoding completion that its tokens from the ones sampled so far on come from weights
+//!   version `v` ([`Completion::versions`]); the caller marks after each weight update.
 //! - SA-7 (batch invariance, opt-in): with [`Sampler::set_batch_invariant`] every forward's
 //!   shape is a function of the sequence's own length alone (`invariant`: a prompt prefilled
 //!   alone, padded to its power-of-two length bucket; decode in forwards of exactly
@@ -112,6 +115,36 @@ pub struct Completion {
     pub sampling_logprobs: Vec<f32>,
     /// Why it ended.
     pub finish: FinishReason,
+    /// Weight versions marked while it was sampled (SA-8), as `(k, v)`: tokens `k..` came from
+    /// version `v`; in order of `k`, empty when no update landed.
+    pub versions: Vec<(usize, u64)>,
+}
+
+impl Completion {
+    /// An empty completion, before its first token.
+    pub fn started() -> Self {
+        Completion {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            sampling_logprobs: Vec::new(),
+            finish: FinishReason::Length,
+            versions: Vec::new(),
+        }
+    }
+
+    /// Records that the tokens from now on come from weights version `version` (SA-8).
+    pub fn mark_version(&mut self, version: u64) {
+        self.note_version(self.tokens.len(), version);
+    }
+
+    /// Records that tokens `at..` come from weights version `version`, unless the tokens
+    /// before already do (SA-8).
+    pub fn note_version(&mut self, at: usize, version: u64) {
+        self.versions.retain(|&(k, _)| k < at);
+        if self.versions.last().is_none_or(|&(_, v)| v != version) {
+            self.versions.push((at, version));
+        }
+    }
 }
 
 /// Turns completion tokens into text, for stop strings.
@@ -150,8 +183,8 @@ pub struct Sampler {
     detok: Option<Detokenize>,
     prefill_budget: usize,
     stats: SamplerStats,
-    /// Requests waiting for a slot, by caller id.
-    queue: VecDeque<(usize, GenRequest)>,
+    /// Requests waiting for a slot, by caller id, with the version marked while they waited.
+    queue: VecDeque<(usize, GenRequest, Option<u64>)>,
     /// The KV-cache slots and the sequences decoding in them.
     slots: Vec<Option<Slot>>,
     /// Row parameters of the current slot occupancy (rebuilt when it changes).
@@ -270,13 +303,24 @@ impl Sampler {
             ));
         }
         self.check(model, &request)?;
-        self.queue.push_back((id, request));
+        self.queue.push_back((id, request, None));
         Ok(())
     }
 
     /// Whether nothing is queued or decoding.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.slots.iter().all(Option::is_none)
+    }
+
+    /// SA-8: the tokens every queued or decoding sequence samples from now on come from
+    /// weights version `version`.
+    pub fn mark_version(&mut self, version: u64) {
+        for (_, _, v) in &mut self.queue {
+            *v = Some(version);
+        }
+        for slot in self.slots.iter_mut().flatten() {
+            slot.out.mark_version(version);
+        }
     }
 
     /// Sequences queued or decoding.
@@ -312,20 +356,19 @@ impl Sampler {
     ) -> Result<Vec<(usize, Completion)>, HfError> {
         let mut admitted: Vec<(usize, Vec<u32>)> = Vec::new();
         while let Some(s) = slots.iter().position(Option::is_none) {
-            let Some((id, r)) = self.queue.pop_front() else {
+            let Some((id, r, version)) = self.queue.pop_front() else {
                 break;
             };
+            let mut out = Completion::started();
+            if let Some(v) = version {
+                out.mark_version(v);
+            }
             slots[s] = Some(Slot {
                 id,
                 params: r.params,
                 rng: ChaCha8Rng::seed_from_u64(r.seed),
                 len: r.prompt.len() as i64,
-                out: Completion {
-                    tokens: vec![],
-                    logprobs: vec![],
-                    sampling_logprobs: vec![],
-                    finish: FinishReason::Length,
-                },
+                out,
             });
             admitted.push((s, r.prompt));
         }

@@ -449,6 +449,39 @@ fn sa6_one_sampler_many_weight_versions() {
     );
 }
 
+/// SA-8: a version marked between steps is recorded at each sequence's token count: inside a
+/// decoding one, at 0 for one still queued.
+#[test]
+fn sa8_marked_versions_split_completions_where_the_weights_changed() {
+    let m = model("qwen2");
+    let mut s = Sampler::new(&m, 1, 16).expect("sampler");
+    s.submit(&m, 0, req(&[1, 2, 3], greedy(6), 0))
+        .expect("submit");
+    s.submit(&m, 1, req(&[4, 5], greedy(6), 0)).expect("submit");
+    let mut done = Vec::new();
+    for _ in 0..2 {
+        done.extend(s.step(&m).expect("step"));
+    }
+    assert!(done.is_empty(), "one slot: nothing finished in two steps");
+    s.mark_version(9);
+    while !s.is_idle() {
+        done.extend(s.step(&m).expect("step"));
+    }
+    done.sort_by_key(|(id, _)| *id);
+    let (first, queued) = (&done[0].1, &done[1].1);
+    assert_eq!(first.tokens.len(), 6);
+    assert!(
+        matches!(first.versions[..], [(k, 9)] if k > 0 && k < 6),
+        "decoding: {:?}",
+        first.versions
+    );
+    assert_eq!(
+        queued.versions,
+        [(0, 9)],
+        "queued: its first token is the new version's"
+    );
+}
+
 #[test]
 fn placement_from_config_strings() {
     assert_eq!(
