@@ -10,8 +10,10 @@
 //!   forward without gradient of the unpadded `[1, PROBE_LEN]` sequence: two models with the
 //!   same weights, kind and device give bit-identical values.
 //! - PB-3: [`probe_tolerance`] is 0 (bit-exact) for the same device type and dtype, and a
-//!   documented bound otherwise: 1e-4 nats in float32 (kernels of another device or engine sum
-//!   in another order; vLLM on CPU measured ≤ 8e-5), 0.25 in 16-bit formats.
+//!   documented bound otherwise: 1e-3 nats in float32 (kernels of another device or engine sum
+//!   in another order, and the error grows with depth: vLLM on CPU measured ≤ 8e-5 on a
+//!   2-layer model, 1.8e-4 on SmolLM2-135M's 30 layers; a skipped reload or a kept prefix cache
+//!   still exceeds it in the engine tests), 0.25 in 16-bit formats.
 
 use tch::{Kind, Tensor};
 
@@ -80,7 +82,7 @@ pub fn probe_tolerance(published: (&str, &str), loaded: (&str, &str)) -> f64 {
     if device_type(p_dev) == device_type(l_dev) && p_dtype == l_dtype {
         0.0
     } else if p_dtype == "float32" && l_dtype == "float32" {
-        1e-4
+        1e-3
     } else {
         0.25
     }
@@ -134,7 +136,7 @@ mod tests {
         );
         assert_eq!(
             probe_tolerance(("cuda:0", "float32"), ("cpu", "float32")),
-            1e-4
+            1e-3
         );
         assert_eq!(
             probe_tolerance(("cpu", "bfloat16"), ("cpu", "float32")),
