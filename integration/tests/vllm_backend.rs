@@ -642,6 +642,107 @@ fn vllm_evaluates_the_trained_policy_as_keel_does() {
     );
 }
 
+/// SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh: `$KEEL_SMOLLM2`, or the script run here).
+fn smollm2() -> PathBuf {
+    if let Ok(dir) = std::env::var("KEEL_SMOLLM2") {
+        return PathBuf::from(dir);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch_smollm2.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .output()
+        .expect("bash runs scripts/fetch_smollm2.sh");
+    assert!(
+        out.status.success(),
+        "SmolLM2 could not be installed (scripts/fetch_smollm2.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Rows of "What is A plus B?" (A, B in 1..=9) drawn from `seed`, verl-shaped (scored by the
+/// `numeric` verifier: the response's last number).
+fn addition_rows(path: &Path, n: usize, seed: u64) {
+    let mut state = seed;
+    let mut draw = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        1 + (state >> 33) % 9
+    };
+    let text: String = (0..n)
+        .map(|i| {
+            let (a, b) = (draw(), draw());
+            let row = serde_json::json!({
+                "data_source": "addition",
+                "prompt": [
+                    {"role": "system", "content": "Answer with one number."},
+                    {"role": "user", "content": format!("What is {a} plus {b}?")},
+                ],
+                "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
+                "extra_info": {"index": i},
+            });
+            format!("{row}\n")
+        })
+        .collect();
+    std::fs::write(path, text).expect("write rows");
+}
+
+/// RL through the engine learns, on a real pretrained model: SmolLM2-135M-Instruct knows that
+/// 3 plus 5 is 8 but mostly says so at length, so within 16 tokens its last number is rarely
+/// the sum (transformers, greedy: 3 of 16); eight GRPO steps sampled by vLLM, each version
+/// swapped in and verified, teach it to answer with the sum.
+#[test]
+fn vllm_rl_teaches_a_real_model_to_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = smollm2();
+    let (train, eval) = (
+        dir.path().join("train.jsonl"),
+        dir.path().join("test.jsonl"),
+    );
+    addition_rows(&train, 200, 1);
+    addition_rows(&eval, 16, 2);
+    let name = format!("vllm-learns-{}", std::process::id());
+    let cfg = config(dir.path(), &name, 8, "sync", "lr = 5e-5\n");
+    let text = std::fs::read_to_string(&cfg)
+        .expect("config")
+        .replace(
+            "[env]\nname = \"calc\"\ndifficulty = 1\n",
+            &format!(
+                "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\nverifier = \"numeric\"\n"
+            ),
+        )
+        .replace("checkpoint_every = 1", "checkpoint_every = 100")
+        .replace("threads = 1", "threads = 2")
+        .replace("steps = 4\nbatch_size = 8\ndemos = 32", "steps = 0")
+        .replace("tasks_per_batch = 4", "tasks_per_batch = 8")
+        .replace("max_turn_tokens = 12", "max_turn_tokens = 16")
+        .replace("eval_tasks = 4", "eval_tasks = 16");
+    std::fs::write(&cfg, text).expect("write config");
+    let root = dir.path().join(&name);
+    let summary = run_train(&cfg, &root, &["--model", arg(&model)]);
+    assert_eq!(summary["final_step"], 8, "{summary}");
+    let (before, after) = (
+        summary["eval_before"].as_f64().expect("eval_before"),
+        summary["eval_after"].as_f64().expect("eval_after"),
+    );
+    let rewards: Vec<f64> = keel_integration::events::train_events(&root)
+        .into_iter()
+        .filter_map(|ev| match ev {
+            keel_actors::events::TrainEvent::Step { metrics, .. } => Some(metrics.mean_reward),
+            _ => None,
+        })
+        .collect();
+    eprintln!(
+        "SmolLM2 through vLLM: held-out success {before} before RL, {after} after 8 steps; \
+         batch rewards {rewards:.3?}"
+    );
+    assert!(
+        after >= before + 0.2,
+        "RL through the engine did not teach the model: {before} -> {after}; rewards {rewards:.3?}"
+    );
+}
+
 /// `rollout.vllm.url`: keel samples on a server it did not start (dev mode, the flags the key
 /// documents): it swaps its own weights in, verifies them, trains, and leaves the server running
 /// (VE-3).
