@@ -21,17 +21,26 @@ use keel_learner::hf::{HfModel, LoadOptions};
 /// The interpreter of the vLLM environment: `$KEEL_VLLM_PYTHON` (scripts/test.sh sets it), or
 /// what scripts/vllm_env.sh installs and prints.
 fn vllm_python() -> String {
-    if let Ok(py) = std::env::var("KEEL_VLLM_PYTHON") {
-        return py;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/vllm_env.sh");
+    std::env::var("KEEL_VLLM_PYTHON").unwrap_or_else(|_| {
+        installed(
+            "vllm_env.sh",
+            "vLLM (the vLLM backend is untested without it)",
+        )
+    })
+}
+
+/// What `scripts/<script>` installs, as the path it prints; `what` names it when it fails.
+fn installed(script: &str, what: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
     let out = std::process::Command::new("bash")
-        .arg(&script)
+        .arg(&path)
         .output()
-        .expect("bash runs scripts/vllm_env.sh");
+        .unwrap_or_else(|e| panic!("bash runs scripts/{script}: {e}"));
     assert!(
         out.status.success(),
-        "vLLM could not be installed (scripts/vllm_env.sh), so the vLLM backend is untested:\n{}",
+        "{what} could not be installed (scripts/{script}):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -644,20 +653,10 @@ fn vllm_evaluates_the_trained_policy_as_keel_does() {
 
 /// SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh: `$KEEL_SMOLLM2`, or the script run here).
 fn smollm2() -> PathBuf {
-    if let Ok(dir) = std::env::var("KEEL_SMOLLM2") {
-        return PathBuf::from(dir);
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch_smollm2.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .expect("bash runs scripts/fetch_smollm2.sh");
-    assert!(
-        out.status.success(),
-        "SmolLM2 could not be installed (scripts/fetch_smollm2.sh):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    PathBuf::from(
+        std::env::var("KEEL_SMOLLM2")
+            .unwrap_or_else(|_| installed("fetch_smollm2.sh", "SmolLM2-135M-Instruct")),
+    )
 }
 
 /// Rows of "What is A plus B?" (A, B in 1..=9) drawn from `seed`, verl-shaped (scored by the
@@ -688,6 +687,40 @@ fn addition_rows(path: &Path, n: usize, seed: u64) {
     std::fs::write(path, text).expect("write rows");
 }
 
+/// A sync run of `steps` RL steps at learning rate `lr` on SmolLM2: [`config`] with batches of
+/// 8 tasks, 2 threads and no intermediate checkpoints (each is 1.6 GB), then `edits`
+/// (`(from, to)` replacements of its text).
+fn real_model_config(
+    dir: &Path,
+    name: &str,
+    (steps, lr): (u64, &str),
+    edits: &[(&str, &str)],
+) -> PathBuf {
+    let cfg = config(dir, name, steps, "sync", &format!("lr = {lr}\n"));
+    let mut text = std::fs::read_to_string(&cfg)
+        .expect("config")
+        .replace("checkpoint_every = 1", "checkpoint_every = 100")
+        .replace("threads = 1", "threads = 2")
+        .replace("tasks_per_batch = 4", "tasks_per_batch = 8");
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from:?} is not in the config");
+        text = text.replace(from, to);
+    }
+    std::fs::write(&cfg, text).expect("write config");
+    cfg
+}
+
+/// The mean reward of each trained batch of the run at `root`, in step order.
+fn batch_rewards(root: &Path) -> Vec<f64> {
+    keel_integration::events::train_events(root)
+        .into_iter()
+        .filter_map(|ev| match ev {
+            keel_actors::events::TrainEvent::Step { metrics, .. } => Some(metrics.mean_reward),
+            _ => None,
+        })
+        .collect()
+}
+
 /// RL through the engine learns, on a real pretrained model: SmolLM2-135M-Instruct knows that
 /// 3 plus 5 is 8 but mostly says so at length, so within 16 tokens its last number is rarely
 /// the sum (transformers, greedy: 3 of 16); eight GRPO steps sampled by vLLM, each version
@@ -703,22 +736,20 @@ fn vllm_rl_teaches_a_real_model_to_answer() {
     addition_rows(&train, 200, 1);
     addition_rows(&eval, 16, 2);
     let name = format!("vllm-learns-{}", std::process::id());
-    let cfg = config(dir.path(), &name, 8, "sync", "lr = 5e-5\n");
-    let text = std::fs::read_to_string(&cfg)
-        .expect("config")
-        .replace(
-            "[env]\nname = \"calc\"\ndifficulty = 1\n",
-            &format!(
-                "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\nverifier = \"numeric\"\n"
-            ),
-        )
-        .replace("checkpoint_every = 1", "checkpoint_every = 100")
-        .replace("threads = 1", "threads = 2")
-        .replace("steps = 4\nbatch_size = 8\ndemos = 32", "steps = 0")
-        .replace("tasks_per_batch = 4", "tasks_per_batch = 8")
-        .replace("max_turn_tokens = 12", "max_turn_tokens = 16")
-        .replace("eval_tasks = 4", "eval_tasks = 16");
-    std::fs::write(&cfg, text).expect("write config");
+    let dataset = format!(
+        "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\nverifier = \"numeric\"\n"
+    );
+    let cfg = real_model_config(
+        dir.path(),
+        &name,
+        (8, "5e-5"),
+        &[
+            ("[env]\nname = \"calc\"\ndifficulty = 1\n", &dataset),
+            ("steps = 4\nbatch_size = 8\ndemos = 32", "steps = 0"),
+            ("max_turn_tokens = 12", "max_turn_tokens = 16"),
+            ("eval_tasks = 4", "eval_tasks = 16"),
+        ],
+    );
     let root = dir.path().join(&name);
     let summary = run_train(&cfg, &root, &["--model", arg(&model)]);
     assert_eq!(summary["final_step"], 8, "{summary}");
@@ -726,13 +757,7 @@ fn vllm_rl_teaches_a_real_model_to_answer() {
         summary["eval_before"].as_f64().expect("eval_before"),
         summary["eval_after"].as_f64().expect("eval_after"),
     );
-    let rewards: Vec<f64> = keel_integration::events::train_events(&root)
-        .into_iter()
-        .filter_map(|ev| match ev {
-            keel_actors::events::TrainEvent::Step { metrics, .. } => Some(metrics.mean_reward),
-            _ => None,
-        })
-        .collect();
+    let rewards = batch_rewards(&root);
     eprintln!(
         "SmolLM2 through vLLM: held-out success {before} before RL, {after} after 8 steps; \
          batch rewards {rewards:.3?}"
@@ -740,6 +765,58 @@ fn vllm_rl_teaches_a_real_model_to_answer() {
     assert!(
         after >= before + 0.2,
         "RL through the engine did not teach the model: {before} -> {after}; rewards {rewards:.3?}"
+    );
+}
+
+/// SFT then RL through the engine on calc, a multi-turn tool env, with a real model: a short
+/// SFT warm start teaches SmolLM2-135M-Instruct calc's action format (greedy held-out success
+/// is then near 1), and GRPO steps sampled by vLLM make its sampled answers right: held-out
+/// avg@4 at the rollout temperature rises.
+#[test]
+fn vllm_sft_then_rl_learns_calc_on_a_real_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = smollm2();
+    let name = format!("vllm-calc-{}", std::process::id());
+    let cfg = real_model_config(
+        dir.path(),
+        &name,
+        (6, "3e-5"),
+        &[
+            ("context_len = 256", "context_len = 384"),
+            (
+                "steps = 4\nbatch_size = 8\ndemos = 32",
+                "steps = 10\nbatch_size = 8\ndemos = 64\nlr = 3e-5",
+            ),
+            (
+                "eval_tasks = 4\neval_samples = 0",
+                "eval_tasks = 16\neval_samples = 4",
+            ),
+        ],
+    );
+    let root = dir.path().join(&name);
+    let summary = run_train(&cfg, &root, &["--model", arg(&model)]);
+    assert_eq!(summary["final_step"], 6, "{summary}");
+    let avg_at_4: Vec<(String, f64)> = keel_integration::events::train_events(&root)
+        .into_iter()
+        .filter_map(|ev| match ev {
+            keel_actors::events::TrainEvent::Eval {
+                phase, avg_at_k, ..
+            } => Some((phase, avg_at_k?)),
+            _ => None,
+        })
+        .collect();
+    let rewards = batch_rewards(&root);
+    eprintln!(
+        "SmolLM2 on calc through vLLM: greedy held-out success {} after SFT, {} after 6 RL \
+         steps; held-out avg@4 {avg_at_4:?}; batch rewards {rewards:.3?}",
+        summary["eval_before"], summary["eval_after"]
+    );
+    let [(_, before), (_, after)] = avg_at_4[..] else {
+        panic!("expected an avg@4 before and after RL: {avg_at_4:?}");
+    };
+    assert!(
+        after >= before + 0.15,
+        "RL through the engine did not improve calc: avg@4 {before} -> {after}; rewards {rewards:.3?}"
     );
 }
 
