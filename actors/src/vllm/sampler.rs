@@ -12,11 +12,11 @@
 //!   the tokens already sampled), so no sampled token is lost or sampled twice.
 //!   A request is resubmitted only from `step`, on the engine's thread, so never while a swap
 //!   is under way.
+//! - VQ-3: a transport or server error fails the step (the server died or refused): the caller's
+//!   error, with nothing half-recorded.
 //! - VQ-4 (versions): every token's weight version is the one the server reports for it
 //!   (VC-1), recorded where it changes in SA-8's `Completion::versions`: a request resubmitted
 //!   after a swap continues under the new version at its pause point.
-//! - VQ-3: a transport or server error fails the step (the server died or refused): the caller's
-//!   error, with nothing half-recorded.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
