@@ -829,22 +829,17 @@ fn vllm_samples_on_a_server_it_was_pointed_at() {
     let model = tiny_model(dir.path());
     let port = keel_integration::free_port();
     let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+    let spec = keel_actors::vllm::server::ServerSpec {
+        python: vllm_python().into(),
+        model_dir: model.clone(),
+        max_model_len: 256,
+        dtype: "float32".into(),
+        block_size: 32,
+        log: dir.path().join("server.log"),
+        health_timeout: std::time::Duration::from_secs(600),
+    };
     let mut server = keel_integration::Guarded::spawn(
-        std::process::Command::new(vllm_python())
-            .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-            .arg(&model)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--dtype", "float32", "--max-model-len", "256"])
-            .args(["--block-size", "32", "--enforce-eager"])
-            .args([
-                "--logprobs-mode",
-                "processed_logprobs",
-                "--enable-scale-out",
-            ])
-            .env("VLLM_TARGET_DEVICE", "cpu")
-            .env("VLLM_SERVER_DEV_MODE", "1")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("HF_HUB_OFFLINE", "1")
+        keel_actors::vllm::server::command(&spec, port)
             .stdout(log.try_clone().expect("log"))
             .stderr(log),
     )

@@ -84,6 +84,31 @@ pub fn first_error(path: &Path) -> Option<String> {
     })
 }
 
+/// The command that runs a vLLM server of `spec` on loopback `port` with the flags keel's
+/// client needs (VS-1): the ones `rollout.vllm.url` documents for a server keel does not start.
+pub fn command(spec: &ServerSpec, port: u16) -> Command {
+    let mut cmd = Command::new(&spec.python);
+    cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+        .arg(&spec.model_dir)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--dtype", &spec.dtype])
+        .args(["--max-model-len", &spec.max_model_len.to_string()])
+        .args(["--block-size", &spec.block_size.to_string()])
+        .args(["--enforce-eager", "--seed", "0"])
+        .args([
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-scale-out",
+        ])
+        .env("VLLM_TARGET_DEVICE", "cpu")
+        .env("VLLM_SERVER_DEV_MODE", "1")
+        .env("VLLM_CPU_KVCACHE_SPACE", "1")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("VLLM_NO_USAGE_STATS", "1")
+        .env("DO_NOT_TRACK", "1");
+    cmd
+}
+
 impl VllmServer {
     /// Starts the server of `spec` on a free loopback port and waits until it is healthy
     /// (VS-2).
@@ -98,28 +123,8 @@ impl VllmServer {
         let err = log
             .try_clone()
             .map_err(|e| ActorError::Engine(format!("vLLM log: {e}")))?;
-        let mut cmd = Command::new(&spec.python);
-        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-            .arg(&spec.model_dir)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--dtype", &spec.dtype])
-            .args(["--max-model-len", &spec.max_model_len.to_string()])
-            .args(["--block-size", &spec.block_size.to_string()])
-            .args(["--enforce-eager", "--seed", "0"])
-            .args([
-                "--logprobs-mode",
-                "processed_logprobs",
-                "--enable-scale-out",
-            ])
-            .env("VLLM_TARGET_DEVICE", "cpu")
-            .env("VLLM_SERVER_DEV_MODE", "1")
-            .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("HF_HUB_OFFLINE", "1")
-            .env("VLLM_NO_USAGE_STATS", "1")
-            .env("DO_NOT_TRACK", "1")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err);
+        let mut cmd = command(spec, port);
+        cmd.stdin(Stdio::null()).stdout(log).stderr(err);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         // VS-3: the engine is told to stop when the thread that started it dies.
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
