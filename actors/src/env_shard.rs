@@ -70,6 +70,10 @@ pub struct ResetOutcome {
     pub token_logprobs: bool,
     /// What the first turn is asked to be (`Env::next_turn`).
     pub next_turn: TurnLimits,
+    /// The env keeps the episode's record durable (`Env::journals`, AJ-1).
+    pub journals: bool,
+    /// The episode was taken up from an earlier process (`Env::take_resumed`, AJ-3).
+    pub resumed: Option<keel_envs::Resumed>,
 }
 
 /// What to do with an episode.
@@ -308,6 +312,8 @@ fn apply(live: &mut Live, op: EnvOp) -> Result<EnvReply, keel_envs::EnvError> {
                 anchor_state: live.env.anchor_state(),
                 token_logprobs: live.env.wants_token_logprobs(),
                 next_turn: live.env.next_turn(),
+                journals: live.env.journals(),
+                resumed: live.env.take_resumed(),
             })
         }),
         EnvOp::Restore(snap) => live.env.restore(&snap).map(|()| EnvReply::Restored),

@@ -7,6 +7,7 @@
 //! → the controller publishes the new weights (CT-1) and commits checkpoints (CT-2).
 #![deny(missing_docs)]
 
+pub mod agent_records;
 pub mod config;
 pub mod controller;
 pub mod demo_tokens;

@@ -65,6 +65,7 @@ use crate::env_shard::EnvShard;
 use crate::error::ActorError;
 
 mod engine;
+mod episode_record;
 mod turn_sampler;
 
 /// Most sequences one sampler decodes at once (its KV-cache slots); more requests queue
@@ -306,6 +307,9 @@ pub struct RolloutStats {
     /// vLLM: turns aborted by a weight swap and resubmitted with their partial tokens (VQ-2).
     #[serde(default)]
     pub resubmitted_requests: u64,
+    /// Agent episodes taken up from an earlier process's journal (AJ-3).
+    #[serde(default)]
+    pub resumed_episodes: u64,
 }
 
 impl RolloutStats {
@@ -332,6 +336,7 @@ impl RolloutStats {
         self.decode_steps += other.decode_steps;
         self.busy_decode_steps += other.busy_decode_steps;
         self.weight_updates += other.weight_updates;
+        self.resumed_episodes += other.resumed_episodes;
         self.resubmitted_requests += other.resubmitted_requests;
     }
 

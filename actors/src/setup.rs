@@ -110,7 +110,10 @@ impl LocalGenerators {
             Some(f) => f,
             None => {
                 // EX-4: one client per external server, shared by every episode.
-                let builder = keel_envs::EnvBuilder::new(&cfg.env_config())?;
+                // AJ-1: an agent env records its calls in the run's store.
+                let records = crate::agent_records::StoreRecords::new(store.clone(), io.clone());
+                let builder =
+                    keel_envs::EnvBuilder::recording(&cfg.env_config(), Some(Arc::new(records)))?;
                 Arc::new(move || builder.build())
             }
         };

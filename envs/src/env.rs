@@ -116,6 +116,10 @@ pub struct SampledTurn {
     /// The turn ended at its token limit (`rollout.max_turn_tokens`, or the smaller
     /// [`TurnLimits::max_tokens`]), not at a stop token.
     pub truncated: bool,
+    /// The runtime's record of the whole episode so far, this turn included (every segment's
+    /// tokens, log-probs and per-token policy versions), for envs that keep it durable
+    /// ([`Env::journals`]); empty otherwise. Opaque to envs.
+    pub record: Vec<u8>,
 }
 
 /// What the env asks of its next sampled turn beyond the run's settings (the `agent` env: a
@@ -241,6 +245,36 @@ pub trait Env: Send {
     fn next_turn(&self) -> TurnLimits {
         TurnLimits::default()
     }
+    /// Whether [`SampledTurn::record`] should be filled for this episode: the env keeps the
+    /// runtime's record of the episode durable before it answers (the `agent` env's journal,
+    /// AJ-1). Asked right after `reset`.
+    fn journals(&self) -> bool {
+        false
+    }
+    /// The episode `reset` took up from an earlier process instead of starting it (AJ-3), once,
+    /// right after `reset`.
+    fn take_resumed(&mut self) -> Option<Resumed> {
+        None
+    }
+}
+
+/// An episode an env took up from an earlier process's record (AJ-3): the runtime's record of
+/// its tokens so far, and how it goes on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resumed {
+    /// [`SampledTurn::record`] as it was with the episode's last answered call.
+    pub record: Vec<u8>,
+    /// How the episode goes on.
+    pub next: ResumedNext,
+}
+
+/// How a taken-up episode goes on.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ResumedNext {
+    /// Its agent called again: a new segment from the call's whole conversation.
+    Segment(Segment),
+    /// Its agent ended the episode with this reward: the recorded segments are the episode.
+    Ended(f32),
 }
 
 /// 64-bit FNV-1a: a stable hash for anchor keys (EN-8).

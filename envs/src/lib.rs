@@ -54,11 +54,14 @@ pub mod verify;
 #[cfg(test)]
 mod suite_tests;
 
+pub use agent::journal::RecordStore;
 pub use agent::{AgentConfig, AgentEnv};
 pub use calc::{CalcConfig, CalcEnv};
 pub use dataset::{Dataset, DatasetConfig, DatasetEnv, PromptMessage};
 pub use demo::{demonstrations, DemoTurn, Demonstration};
-pub use env::{fnv1a64, Env, SampledToken, SampledTurn, Segment, StepOutcome, TurnLimits};
+pub use env::{
+    fnv1a64, Env, Resumed, ResumedNext, SampledToken, SampledTurn, Segment, StepOutcome, TurnLimits,
+};
 pub use error::EnvError;
 pub use external::{ExternalClient, ExternalConfig, ExternalEnv};
 pub use latency::LatencyModel;

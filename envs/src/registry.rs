@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::agent::gateway::Gateway;
+use crate::agent::journal::{Journal, RecordStore};
 use crate::agent::{AgentConfig, AgentEnv};
 use crate::dataset::{Dataset, DatasetConfig, DatasetEnv, RewardClient};
 use crate::env::Env;
@@ -221,6 +222,7 @@ enum Shared {
     Agent(
         Arc<AgentConfig>,
         Arc<Gateway>,
+        Option<Arc<Journal>>,
         Arc<Dataset>,
         Option<Arc<RewardClient>>,
     ),
@@ -229,6 +231,15 @@ enum Shared {
 impl EnvBuilder {
     /// Checks the config (and connects to an external env's server, or reads a dataset).
     pub fn new(cfg: &EnvConfig) -> Result<Self, EnvError> {
+        Self::recording(cfg, None)
+    }
+
+    /// [`EnvBuilder::new`], whose `agent` env records every answered call in `records` (the
+    /// run's store) before answering it, and takes up an earlier process's episodes (AJ-1..4).
+    pub fn recording(
+        cfg: &EnvConfig,
+        records: Option<Arc<dyn RecordStore>>,
+    ) -> Result<Self, EnvError> {
         cfg.validate()?;
         let shared = match cfg.name.as_str() {
             "external" => Shared::External(crate::external::ExternalClient::connect(
@@ -242,7 +253,11 @@ impl EnvBuilder {
                 let (rows, reward) = load_dataset(cfg)?;
                 let agent = cfg.agent.clone().unwrap_or_default();
                 let gateway = Arc::new(agent.start_gateway()?);
-                Shared::Agent(Arc::new(agent), gateway, rows, reward)
+                let journal = match records {
+                    Some(store) => Some(Arc::new(agent.open_journal(store, &gateway)?)),
+                    None => None,
+                };
+                Shared::Agent(Arc::new(agent), gateway, journal, rows, reward)
             }
             _ => Shared::Nothing,
         };
@@ -259,9 +274,10 @@ impl EnvBuilder {
             Shared::Dataset(data, reward) => {
                 Ok(Box::new(DatasetEnv::new(data.clone(), reward.clone())))
             }
-            Shared::Agent(agent, gateway, data, reward) => Ok(Box::new(AgentEnv::new(
+            Shared::Agent(agent, gateway, journal, data, reward) => Ok(Box::new(AgentEnv::new(
                 agent.clone(),
                 gateway.clone(),
+                journal.clone(),
                 data.clone(),
                 reward.clone(),
             ))),

@@ -596,3 +596,164 @@ fn agents_elsewhere_pull_their_episodes() {
         "{logged} agent logs for {trained} episodes"
     );
 }
+
+/// Files in `dir` whose names end with `suffix`.
+fn count_files(dir: &Path, suffix: &str) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// AJ-1..4: `keel train` is SIGKILLed while every agent of its first batch is mid-episode (its
+/// first call answered, so recorded), then started again on the same root and bind. The agents
+/// (pulled by a pool worker, alive through the kill) retry their first call with its
+/// Idempotency-Key and get the recorded answer, never a second sample; they go on, and each
+/// episode is trained as two segments, the first holding exactly the tokens sampled before the
+/// kill (their log-probs are the ones the agent was given). The journal is empty at the end.
+#[test]
+fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
+    let AgentRun {
+        dir,
+        logs,
+        root,
+        model,
+    } = AgentRun::prepare();
+    let port = free_port();
+    let pool_key = "keel-test-pool-key-0123456789";
+    let config = config(
+        dir.path(),
+        &[],
+        &format!(
+            "launch = \"pull\"\nbind = \"127.0.0.1:{port}\"\npool_key_env = \"KEEL_TEST_POOL_KEY\""
+        ),
+        "",
+    );
+    let start = || {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(train_log(&root))
+            .expect("log file");
+        Guarded::spawn(
+            train_command(&config, &root, &["--model", &model.to_string_lossy()])
+                .env("KEEL_TEST_POOL_KEY", pool_key)
+                .env("KEEL_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .stderr(log),
+        )
+        .expect("start keel train")
+    };
+    let mut train = start();
+    // Workers for the 4 paused episodes and the evaluation's after the restart.
+    let _worker = Guarded::spawn(
+        std::process::Command::new("python3")
+            .arg(agent_script("../examples/agents/pool_worker.py"))
+            .args(["--gateway", &format!("http://127.0.0.1:{port}/v1")])
+            .args(["--workers", "8", "--patience", "600", "--", "python3"])
+            .arg(agent_script("tests/python/restart_agent.py"))
+            .arg(&logs)
+            .env("KEEL_AGENT_POOL_KEY", pool_key)
+            .stdout(std::process::Stdio::null()),
+    )
+    .expect("start the pool worker");
+    // Progress, not time: the first batch's 4 episodes (2 tasks × 2) have each been answered.
+    while count_files(&logs, ".first") < 4 {
+        if let Some(status) = train.try_wait().expect("poll keel train") {
+            panic!(
+                "keel train ended ({status}) before its agents were mid-episode:\n{}",
+                keel_integration::log_tail(&root)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let journal = root.join("agent-journal").join(format!("127.0.0.1_{port}"));
+    assert!(
+        count_files(&journal, "") >= 4,
+        "AJ-1: answered calls are recorded before their answer"
+    );
+    train.kill().expect("SIGKILL keel train");
+    train.wait().expect("reap keel train");
+    let paused: Vec<String> = std::fs::read_dir(&logs)
+        .expect("logs")
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.strip_suffix(".first").map(str::to_string)
+        })
+        .collect();
+    let mut train = start();
+    std::fs::write(logs.join("go"), "").expect("go");
+    let status = train.wait().expect("wait keel train");
+    assert!(
+        status.success(),
+        "the restarted keel train failed ({status}):\n{}",
+        keel_integration::log_tail(&root)
+    );
+    assert_eq!(
+        count_files(&journal, ""),
+        0,
+        "AJ-2: ended episodes leave no record"
+    );
+
+    // The agents that lived through the kill got their recorded answer back.
+    let mut firsts = Vec::new();
+    for key in &paused {
+        let path = logs.join(format!("{key}.json"));
+        let log: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(path).expect("an agent that lived through the kill logged its episode"),
+        )
+        .expect("json");
+        assert_eq!(
+            log["answers"][0], log["answers"][1],
+            "AGT-2 across a restart: a retried call gets the recorded answer"
+        );
+        firsts.push(log["answers"][0].clone());
+    }
+    assert_eq!(firsts.len(), 4, "every paused agent finished its episode");
+
+    // Each taken-up episode is two segments; the first holds the tokens sampled before the kill.
+    let first_batch = stored_batches(&root)
+        .into_iter()
+        .find(|b| b.batch_seq == 0)
+        .expect("the first batch");
+    let mut segments: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
+        Default::default();
+    for t in &first_batch.trajectories {
+        segments.entry(t.episode_id).or_default().push(t);
+    }
+    assert_eq!(segments.len(), 4, "the first batch's episodes");
+    let mut matched = 0;
+    for first in &firsts {
+        let logged: Vec<f64> = first["logprobs"]
+            .as_array()
+            .expect("logprobs")
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .collect();
+        let sampled = |t: &keel_store::Trajectory| -> Vec<f64> {
+            t.behaviour_logprobs
+                .iter()
+                .zip(&t.loss_mask)
+                .filter(|(_, &m)| m == 1)
+                .map(|(&l, _)| f64::from(l))
+                .collect()
+        };
+        let found = segments.values().any(|episode| {
+            let held = sampled(episode[0]);
+            episode.len() == 2
+                && Some(held.len() as u64) == first["completion_tokens"].as_u64()
+                && held.len() >= logged.len()
+                && held.iter().zip(&logged).all(|(a, b)| (a - b).abs() < 1e-5)
+        });
+        matched += usize::from(found);
+    }
+    assert_eq!(
+        matched, 4,
+        "every first segment holds the tokens its agent was answered with before the kill"
+    );
+}

@@ -460,6 +460,12 @@ impl RunStore {
         self.get_full(&self.full_key(rel_key)).await
     }
 
+    /// Deletes the object at `rel_key` under the run root; an absent one is no error.
+    pub async fn delete_object(&self, rel_key: &str) -> Result<(), StoreError> {
+        validate_rel_key(rel_key)?;
+        self.delete_full(&self.full_key(rel_key)).await
+    }
+
     // ---- crate-internal primitives, shared with `checkpoint` --------------------------------
 
     /// The backend.

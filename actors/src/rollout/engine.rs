@@ -12,9 +12,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use actix::Addr;
-use keel_envs::{EnvSnapshot, SampledToken, SampledTurn, StepOutcome, TurnLimits};
+use keel_envs::{
+    EnvSnapshot, Resumed, ResumedNext, SampledToken, SampledTurn, StepOutcome, TurnLimits,
+};
 use keel_learner::hf::{ChatCodec, Completion, FinishReason, GenRequest, Sampler, SamplingParams};
 
+use super::episode_record;
 use super::turn_sampler::TurnSampler;
 use keel_store::{RolloutBatch, Trajectory, Turn, VersionChange};
 
@@ -68,6 +71,8 @@ struct Episode {
     env_ended: bool,
     /// The env reads its turns' token log-probs (`Env::wants_token_logprobs`).
     token_logprobs: bool,
+    /// The env journals the episode's record before answering (`Env::journals`, AJ-1).
+    journals: bool,
     /// What the env asks of the next turn (`Env::next_turn`): a smaller token limit, stop
     /// strings.
     next_turn: TurnLimits,
@@ -233,6 +238,7 @@ impl<'a> Engine<'a> {
             finished: None,
             env_ended: false,
             token_logprobs: false,
+            journals: false,
             next_turn: TurnLimits::default(),
         });
         self.by_id.insert(id, i);
@@ -348,7 +354,78 @@ impl<'a> Engine<'a> {
             .codec
             .response_text(&t.tokens[ep.turn_start..])
             .unwrap_or_default();
+        if ep.journals {
+            match self.episode_record(i) {
+                Ok(record) => turn.record = record,
+                Err(e) => {
+                    let e = EpisodeError::Failed(self.episodes[i].id, e);
+                    self.fail(i, &e);
+                    return;
+                }
+            }
+        }
         self.send_to_env(i, EnvOp::Step(turn));
+    }
+
+    /// The episode so far with the turn just sampled, as its env journals it (AJ-1, ER-1).
+    fn episode_record(&self, i: usize) -> Result<Vec<u8>, String> {
+        let ep = &self.episodes[i];
+        let turn = Turn {
+            start: ep.turn_start as u32,
+            end: ep.traj.tokens.len() as u32,
+            policy_version: ep.turn_version,
+            weights_digest: ep.turn_digest,
+            reward: 0.0,
+            invalid_action: false,
+            agent_id: ep.agent,
+            anchor_key: ep.anchor,
+            anchor_state: String::new(),
+            version_changes: ep.turn_changes.clone(),
+        };
+        episode_record::encode(&ep.segments, &ep.traj, turn, self.version)
+    }
+
+    /// An episode its env took up from an earlier process (AJ-3): its recorded segments, then
+    /// a new one from the agent's call, or its end. False when it ended (or was dropped).
+    fn resumed_episode(&mut self, i: usize, resumed: Resumed) -> Result<bool, ActorError> {
+        let ep = &self.episodes[i];
+        let mut restored = match episode_record::decode(&resumed.record, &ep.traj, self.version) {
+            Ok(r) => r,
+            Err(e) => {
+                let e = EpisodeError::Failed(ep.id, e);
+                self.fail(i, &e);
+                return Ok(false);
+            }
+        };
+        self.stats.resumed_episodes += 1;
+        match resumed.next {
+            ResumedNext::Segment(segment) => {
+                let ids = self
+                    .codec
+                    .conversation(&chat_messages(&segment.messages), &segment.tools)?;
+                self.stats.prompt_tokens += ids.len();
+                let ep = &mut self.episodes[i];
+                ep.segments = restored;
+                push_context(&mut ep.traj, &ids);
+                Ok(true)
+            }
+            ResumedNext::Ended(reward) => {
+                let ep = &mut self.episodes[i];
+                let Some(mut last) = restored.pop() else {
+                    let e = EpisodeError::Failed(ep.id, "its journal record is empty".into());
+                    self.fail(i, &e);
+                    return Ok(false);
+                };
+                if let Some(t) = last.turns.last_mut() {
+                    t.reward = reward;
+                }
+                last.final_reward = reward;
+                (ep.segments, ep.traj) = (restored, last);
+                ep.success = reward >= 1.0;
+                self.end(i);
+                Ok(false)
+            }
+        }
     }
 
     fn on_answer(&mut self, answer: EnvAnswer) -> Result<(), ActorError> {
@@ -360,7 +437,11 @@ impl<'a> Engine<'a> {
             )));
         };
         match answer.result {
-            Ok(EnvReply::Started(start)) => self.started_episode(i, start)?,
+            Ok(EnvReply::Started(start)) => {
+                if !self.started_episode(i, start)? {
+                    return Ok(());
+                }
+            }
             Ok(EnvReply::Restored) => {
                 let plan = &self.spec.plans[self.episodes[i].plan];
                 let ep = &mut self.episodes[i];
@@ -393,7 +474,20 @@ impl<'a> Engine<'a> {
         self.next_turn(i, answer.snapshot)
     }
 
-    fn started_episode(&mut self, i: usize, start: ResetOutcome) -> Result<(), ActorError> {
+    /// Records an episode's start; false when it already ended (a taken-up episode, AJ-3).
+    fn started_episode(&mut self, i: usize, mut start: ResetOutcome) -> Result<bool, ActorError> {
+        {
+            let ep = &mut self.episodes[i];
+            ep.agent = start.agent_id;
+            ep.anchor = start.anchor_key;
+            ep.task_type = start.task_type.clone();
+            ep.token_logprobs = start.token_logprobs;
+            ep.journals = start.journals;
+            ep.next_turn = std::mem::take(&mut start.next_turn);
+        }
+        if let Some(resumed) = start.resumed.take() {
+            return self.resumed_episode(i, resumed);
+        }
         let (scaffold, version) = match &self.spec.scaffold {
             Some(render) => render(&start.task_type),
             None => (String::new(), 0),
@@ -410,13 +504,8 @@ impl<'a> Engine<'a> {
             ep.traj.scaffold_version = version;
         }
         push_context(&mut ep.traj, &ids);
-        ep.agent = start.agent_id;
-        ep.anchor = start.anchor_key;
         ep.anchor_state = start.anchor_state;
-        ep.task_type = start.task_type;
-        ep.token_logprobs = start.token_logprobs;
-        ep.next_turn = start.next_turn;
-        Ok(())
+        Ok(true)
     }
 
     /// Records a stepped turn; false when the episode ended.

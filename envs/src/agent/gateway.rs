@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use rand::RngCore;
 use serde_json::{json, Value};
 
+use super::journal::key_digest;
 use super::openai::{error_body, Answer, ChatRequest};
 use super::Sampling;
 use crate::error::EnvError;
@@ -120,8 +121,11 @@ pub struct Gateway {
 
 /// One live episode's side of the gateway; dropping it retires its key (GTW-2).
 pub struct Mailbox {
-    /// The episode's secret key.
+    /// The episode's secret key; empty for an episode taken up from the journal, whose agent
+    /// already has it (AJ-3).
     pub key: String,
+    /// The key's SHA-256: what the gateway knows the episode by (AJ-2).
+    pub digest: String,
     /// Its calls and rewards.
     pub events: Receiver<Event>,
     /// A sender into `events`, for the agent process's watcher (APR-3).
@@ -131,7 +135,7 @@ pub struct Mailbox {
 
 impl Drop for Mailbox {
     fn drop(&mut self) {
-        lock(&self.episodes).remove(&self.key);
+        lock(&self.episodes).remove(&self.digest);
     }
 }
 
@@ -182,10 +186,18 @@ impl Gateway {
         rand::rngs::OsRng.fill_bytes(&mut bytes);
         let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         let key = format!("keel-{key}");
+        let mut mailbox = self.reopen(&key_digest(&key));
+        mailbox.key = key;
+        mailbox
+    }
+
+    /// The episode whose key has SHA-256 `digest`, live again (AJ-3).
+    pub fn reopen(&self, digest: &str) -> Mailbox {
         let (tx, rx) = mpsc::sync_channel(16);
-        lock(&self.episodes).insert(key.clone(), tx.clone());
+        lock(&self.episodes).insert(digest.to_string(), tx.clone());
         Mailbox {
-            key,
+            key: String::new(),
+            digest: digest.to_string(),
             events: rx,
             notify: tx,
             episodes: self.episodes.clone(),
@@ -312,12 +324,15 @@ fn episode_of(
             "no Authorization header: send the episode's key as the API key (OPENAI_API_KEY)",
         )
     })?;
-    lock(episodes).get(&key).cloned().ok_or_else(|| {
-        HttpError::new(
-            404,
-            "no live episode has this key: the episode is unknown or already finished",
-        )
-    })
+    lock(episodes)
+        .get(&key_digest(&key))
+        .cloned()
+        .ok_or_else(|| {
+            HttpError::new(
+                404,
+                "no live episode has this key: the episode is unknown or already finished",
+            )
+        })
 }
 
 /// The episode a call names (GTW-2), then its body (GTW-3): a bad key is refused before the
@@ -470,7 +485,7 @@ fn pull(
     loop {
         // An offer whose episode ended unpulled (its key retired) is skipped.
         while let Some(offer) = queue.pop_front() {
-            if lock(episodes).contains_key(&offer.key) {
+            if lock(episodes).contains_key(&key_digest(&offer.key)) {
                 return Ok(Body::Json(json!({"key": offer.key, "task": offer.task})));
             }
         }

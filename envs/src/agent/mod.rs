@@ -41,6 +41,7 @@
 //!   OpenAI API does, and the next call's conversation extends that answer.
 
 pub mod gateway;
+pub mod journal;
 pub mod launch;
 pub mod openai;
 
@@ -56,10 +57,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::dataset::{Dataset, DatasetEnv, PromptMessage, RewardClient};
-use crate::env::{outcome_of, Env, SampledTurn, Segment, StepOutcome, TurnLimits};
+use crate::env::{
+    outcome_of, Env, Resumed, ResumedNext, SampledTurn, Segment, StepOutcome, TurnLimits,
+};
 use crate::error::EnvError;
 use crate::snapshot::EnvSnapshot;
 use gateway::{CallLimits, Event, Gateway, HttpError, Mailbox, Reply, Served};
+use journal::{Adoptable, EpisodeRecord, Journal, RecordStore, SaidRecord as Said};
 use launch::{Agent, AgentProcess};
 use openai::{Answer, InMessage, TokenLogprob};
 
@@ -214,14 +218,22 @@ impl AgentConfig {
             },
         )
     }
-}
 
-/// What the conversation holds, to check that a call extends it (AGT-1).
-enum Said {
-    /// A message the agent sent.
-    Sent(InMessage),
-    /// An answer keel gave.
-    Answered(Answer),
+    /// The journal of `gateway` in `store` (AJ-1..4): an earlier process's records on the same
+    /// bind are taken up with `launch = "pull"`, dropped otherwise.
+    pub fn open_journal(
+        &self,
+        store: Arc<dyn RecordStore>,
+        gateway: &Gateway,
+    ) -> Result<Journal, EnvError> {
+        Journal::open(
+            store,
+            &self.bind,
+            gateway,
+            self.launch == "pull",
+            Duration::from_secs_f64(self.timeout_s),
+        )
+    }
 }
 
 impl Said {
@@ -261,6 +273,7 @@ impl Pending {
 
 /// One live episode.
 struct Live {
+    task_seed: u64,
     mailbox: Mailbox,
     agent: Agent,
     deadline: Instant,
@@ -296,8 +309,15 @@ enum Next {
 pub struct AgentEnv {
     cfg: Arc<AgentConfig>,
     gateway: Arc<Gateway>,
+    /// Where answered calls are recorded before they are answered (AJ-1); `None` records
+    /// nothing (demonstrations, tests).
+    journal: Option<Arc<Journal>>,
     tasks: DatasetEnv,
     live: Option<Live>,
+    /// The runtime's record of the live episode as of its last answered call (AJ-1).
+    record: Vec<u8>,
+    /// The episode the last reset took up (AJ-3), until the runtime takes it.
+    resumed: Option<Resumed>,
     done: bool,
     solved: bool,
 }
@@ -307,17 +327,54 @@ impl AgentEnv {
     pub fn new(
         cfg: Arc<AgentConfig>,
         gateway: Arc<Gateway>,
+        journal: Option<Arc<Journal>>,
         data: Arc<Dataset>,
         reward: Option<Arc<RewardClient>>,
     ) -> Self {
         AgentEnv {
             cfg,
             gateway,
+            journal,
             tasks: DatasetEnv::new(data, reward),
             live: None,
+            record: Vec::new(),
+            resumed: None,
             done: true,
             solved: false,
         }
+    }
+
+    /// Ends the live episode: its key dies (GTW-2) and its record goes (AJ-2).
+    fn retire(&mut self) -> Option<Live> {
+        let live = self.live.take()?;
+        if let Some(journal) = &self.journal {
+            journal.forget(&live.mailbox.digest);
+        }
+        self.record.clear();
+        Some(live)
+    }
+
+    /// Puts the live episode's record, its last answer included (AJ-1).
+    fn put_record(&self) -> Result<(), EnvError> {
+        let (Some(journal), Some(live)) = (&self.journal, &self.live) else {
+            return Ok(());
+        };
+        let record = EpisodeRecord {
+            task_seed: live.task_seed,
+            said: live.said.clone(),
+            by_key: live
+                .by_key
+                .iter()
+                .map(|(k, s)| (k.clone(), s.call, s.answer.clone()))
+                .collect(),
+            calls: live.calls,
+            reward: live.reward,
+            last_text: live.last_text.clone(),
+            preamble: live.preamble.clone(),
+            tools: live.tools.clone(),
+            tokens: self.record.clone(),
+        };
+        journal.put(&live.mailbox.digest, &record)
     }
 
     /// Ends the episode as failed, its agent killed (APR-2), and says why with the agent's
@@ -325,8 +382,7 @@ impl AgentEnv {
     fn fail(&mut self, reason: String) -> EnvError {
         self.done = true;
         let tail = self
-            .live
-            .take()
+            .retire()
             .map(|l| l.agent.stderr_tail())
             .unwrap_or_default();
         let reason = match tail.is_empty() {
@@ -384,8 +440,12 @@ impl AgentEnv {
 
     /// Starts the agent of task `task_seed` and waits for its first call (AGT-6, AGT-1).
     fn start(&mut self, task_seed: u64) -> Result<String, EnvError> {
-        self.live = None;
+        self.retire();
+        self.resumed = None;
         self.tasks.reset(task_seed);
+        if let Some(taken) = self.journal.as_ref().and_then(|j| j.adopt(task_seed)) {
+            return self.take_up(taken);
+        }
         let task = self.task_json(task_seed);
         let mailbox = self.gateway.open();
         let agent = match self.cfg.launch.as_str() {
@@ -402,6 +462,7 @@ impl AgentEnv {
             )?),
         };
         self.live = Some(Live {
+            task_seed,
             mailbox,
             agent,
             deadline: Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s),
@@ -423,6 +484,55 @@ impl AgentEnv {
                 Err(self.fail(format!("the agent {how} before its first call")))
             }
             Next::Call(request, reply) => self.first_call(*request, reply),
+        }
+    }
+
+    /// Continues an episode an earlier process recorded (AJ-3): waits for its agent's next
+    /// call (a retry gets the recorded answer) or its end.
+    fn take_up(&mut self, taken: Adoptable) -> Result<String, EnvError> {
+        let Adoptable { record, mailbox } = taken;
+        self.live = Some(Live {
+            task_seed: record.task_seed,
+            mailbox,
+            agent: Agent::Pulled(None),
+            deadline: Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s),
+            pending: None,
+            by_key: record.served_by_key(),
+            tools_offered: !record.tools.is_empty(),
+            said: record.said,
+            calls: record.calls,
+            reward: record.reward,
+            last_text: record.last_text,
+            preamble: record.preamble,
+            tools: record.tools,
+        });
+        self.record = record.tokens;
+        (self.done, self.solved) = (false, false);
+        let recorded = self.record.clone();
+        loop {
+            match self.next()? {
+                Next::Ended(end) => {
+                    let out = self.finish(end)?;
+                    self.resumed = Some(Resumed {
+                        record: recorded,
+                        next: ResumedNext::Ended(out.reward),
+                    });
+                    return Ok(String::new());
+                }
+                Next::Call(request, reply) => {
+                    let whole = Segment {
+                        messages: request.messages.iter().map(prompt_message).collect(),
+                        tools: request.tools.clone().unwrap_or_default(),
+                    };
+                    if self.next_call(*request, reply)?.is_some() {
+                        self.resumed = Some(Resumed {
+                            record: recorded,
+                            next: ResumedNext::Segment(whole),
+                        });
+                        return Ok(String::new());
+                    }
+                }
+            }
         }
     }
 
@@ -455,6 +565,9 @@ impl AgentEnv {
         if self.done {
             return Ok(outcome_of(self, String::new(), 0.0, true, true));
         }
+        if !turn.record.is_empty() {
+            self.record = turn.record.clone();
+        }
         let live = self.live()?;
         let pending = live.pending.take();
         let stops = pending
@@ -466,6 +579,7 @@ impl AgentEnv {
         answer.prompt_tokens = turn.prompt_tokens;
         answer.completion_tokens = turn.completion_tokens;
         answer.truncated = turn.truncated && !stopped;
+        let mut reply = None;
         if let Some(pending) = pending {
             if pending.logprobs {
                 answer.logprobs = Some(
@@ -485,12 +599,20 @@ impl AgentEnv {
             if let Some(key) = pending.key {
                 live.by_key.insert(key, served.clone());
             }
-            // An agent that gave up on the call is seen when it exits or calls again.
-            let _ = pending.reply.send(Ok(served));
+            reply = Some((pending.reply, served));
         }
         live.calls += 1;
         live.last_text = text.to_string();
         live.said.push(Said::Answered(answer));
+        if let Some((reply, served)) = reply {
+            // AJ-1: recorded before it is answered.
+            if let Err(e) = self.put_record() {
+                let _ = reply.send(Err(HttpError::new(503, e.to_string())));
+                return Err(self.fail(e.to_string()));
+            }
+            // An agent that gave up on the call is seen when it exits or calls again.
+            let _ = reply.send(Ok(served));
+        }
         loop {
             match self.next()? {
                 Next::Ended(end) => return self.finish(end),
@@ -590,7 +712,7 @@ impl AgentEnv {
         };
         self.done = true;
         self.solved = reward >= 1.0;
-        self.live = None;
+        self.retire();
         Ok(outcome_of(self, String::new(), reward, true, false))
     }
 
@@ -685,6 +807,14 @@ impl Env for AgentEnv {
             .is_some_and(|p| p.logprobs)
     }
 
+    fn journals(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    fn take_resumed(&mut self) -> Option<Resumed> {
+        self.resumed.take()
+    }
+
     /// The pending call's `max_tokens` and `stop` (AGT-7).
     fn next_turn(&self) -> TurnLimits {
         self.live
@@ -748,5 +878,12 @@ impl Env for AgentEnv {
 
     fn restore(&mut self, _snapshot: &EnvSnapshot) -> Result<(), EnvError> {
         self.snapshot().map(|_| ())
+    }
+}
+
+impl Drop for AgentEnv {
+    /// An episode the runtime dropped (closed, truncated, the run stopped) is over (AJ-2).
+    fn drop(&mut self) {
+        self.retire();
     }
 }

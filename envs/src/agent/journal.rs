@@ -1,0 +1,281 @@
+//! The agent journal: every answered call of an agent episode is in the run's store before the
+//! agent sees its answer, so a keel process that dies mid-episode loses no completed call, and
+//! a restarted one takes up the episodes whose agents are still alive.
+//!
+//! Invariants:
+//! - AJ-1 Before a call is answered, its episode's record is put in the store: the conversation
+//!   with the answer, the `Idempotency-Key`s answered, and the runtime's record of the episode's
+//!   tokens (prompts, sampled tokens, their log-probs and the policy version of every token,
+//!   RB-5), as [`crate::SampledTurn::record`] carries it. A put that fails fails the episode
+//!   and the call is answered 503: no answer leaves unrecorded.
+//! - AJ-2 Records live under `agent-journal/<scope>/<sha256 of the episode key>`; the key itself
+//!   is never stored. The scope is the gateway's configured `env.agent.bind`, the address its
+//!   agents call. A gateway on port 0 (a new address at every start) writes under a scope of
+//!   its own that no later process reads. An episode's record is deleted when the episode ends.
+//! - AJ-3 A gateway that starts on a scope holding records (keel restarted on the same bind)
+//!   takes them up with `launch = "pull"`: their keys are live again, and the next reset of a
+//!   record's task seed continues its episode instead of offering a new one (episodes of one
+//!   task are exchangeable within a group). Its agent's next call decides how: a retry of the
+//!   last call answered (the same messages, or an `Idempotency-Key` answered) gets the recorded
+//!   answer, never a second sample (AGT-2); a call that goes on starts a new segment whose
+//!   prompt is its whole conversation (AGT-3); an agent that reports its end ends the episode
+//!   on the recorded segments. Every recorded token is trained as sampled.
+//! - AJ-4 Records nobody takes up within `env.agent.timeout_s` of the start, and every record
+//!   found with `launch = "spawn"` (its agent was the dead process's child, which a new process
+//!   can neither watch nor reap), are dropped: deleted, their keys dead (404), counted in the
+//!   log. An episode is never trained on a part of its calls.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::gateway::{Gateway, Mailbox, Served};
+use super::openai::{Answer, InMessage};
+use crate::dataset::PromptMessage;
+use crate::error::EnvError;
+
+/// Where the journal's records are kept: the run's object store, as the runtime provides it.
+/// Names are relative to the run root; every call blocks until the store answered.
+pub trait RecordStore: Send + Sync {
+    /// Puts `bytes` at `name`, replacing what was there.
+    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), String>;
+    /// Reads the object at `name`.
+    fn get(&self, name: &str) -> Result<Vec<u8>, String>;
+    /// The names of every object under the folder `dir`.
+    fn list(&self, dir: &str) -> Result<Vec<String>, String>;
+    /// Deletes the object at `name` (an absent one is no error).
+    fn delete(&self, name: &str) -> Result<(), String>;
+}
+
+/// What an episode has said so far, as the conversation check needs it (AGT-1).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SaidRecord {
+    /// A message the agent sent.
+    Sent(InMessage),
+    /// An answer keel gave.
+    Answered(Answer),
+}
+
+/// One episode's record (AJ-1).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EpisodeRecord {
+    /// The task the episode runs.
+    pub task_seed: u64,
+    /// The conversation so far, its last answer included.
+    pub said: Vec<SaidRecord>,
+    /// The answers given to calls that sent an `Idempotency-Key` (AGT-2).
+    pub by_key: Vec<(String, usize, Answer)>,
+    /// Calls answered.
+    pub calls: usize,
+    /// The reward the agent posted, if it has.
+    pub reward: Option<f32>,
+    /// The last answer's text (the verifier's input).
+    pub last_text: String,
+    /// The first call's preamble.
+    pub preamble: Vec<PromptMessage>,
+    /// The tools the last call offered.
+    pub tools: Vec<serde_json::Value>,
+    /// The runtime's record of the episode's tokens (opaque here).
+    #[serde(skip)]
+    pub tokens: Vec<u8>,
+}
+
+impl EpisodeRecord {
+    /// The record as stored: a little-endian u32 length, the JSON fields, then the tokens.
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        let head = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        let mut out = Vec::with_capacity(4 + head.len() + self.tokens.len());
+        out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        out.extend_from_slice(&head);
+        out.extend_from_slice(&self.tokens);
+        Ok(out)
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Result<EpisodeRecord, String> {
+        let len = bytes
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or("shorter than its header")?;
+        let head = bytes
+            .get(4..4 + len)
+            .ok_or("shorter than its header says")?;
+        let mut record: EpisodeRecord = serde_json::from_slice(head).map_err(|e| e.to_string())?;
+        record.tokens = bytes[4 + len..].to_vec();
+        Ok(record)
+    }
+
+    /// The answers by idempotency key, as the live episode keeps them.
+    pub fn served_by_key(&self) -> HashMap<String, Served> {
+        self.by_key
+            .iter()
+            .map(|(key, call, answer)| {
+                let served = Served {
+                    call: *call,
+                    answer: answer.clone(),
+                };
+                (key.clone(), served)
+            })
+            .collect()
+    }
+}
+
+/// The SHA-256 of an episode key, hex: the name its record is kept under (AJ-2).
+pub fn key_digest(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A recorded episode waiting for its task's next reset (AJ-3).
+pub struct Adoptable {
+    /// What was recorded.
+    pub record: EpisodeRecord,
+    /// Its key, live again.
+    pub mailbox: Mailbox,
+}
+
+/// The journal of one gateway (AJ-1..4).
+pub struct Journal {
+    store: Arc<dyn RecordStore>,
+    dir: String,
+    /// Recorded episodes not yet taken up, by task seed.
+    waiting: Mutex<HashMap<u64, Vec<Adoptable>>>,
+    /// When waiting records are dropped (AJ-4).
+    deadline: Instant,
+}
+
+impl Journal {
+    /// The journal of `gateway`, bound to `bind`: records of an earlier process on the same
+    /// address are taken up (`adopt`, pull agents) or dropped (AJ-3, AJ-4).
+    pub fn open(
+        store: Arc<dyn RecordStore>,
+        bind: &str,
+        gateway: &Gateway,
+        adopt: bool,
+        timeout: Duration,
+    ) -> Result<Journal, EnvError> {
+        let fixed = bind.rsplit_once(':').is_some_and(|(_, port)| port != "0");
+        let scope = match fixed {
+            true => bind.replace([':', '[', ']'], "_"),
+            false => format!("ephemeral-{}", &key_digest(gateway.base_url())[..16]),
+        };
+        let journal = Journal {
+            store,
+            dir: format!("agent-journal/{scope}"),
+            waiting: Mutex::default(),
+            deadline: Instant::now() + timeout,
+        };
+        if fixed {
+            journal.take_up(gateway, adopt)?;
+        }
+        Ok(journal)
+    }
+
+    fn failed(&self, what: &str, e: String) -> EnvError {
+        EnvError::Agent {
+            reason: format!("the agent journal ({}) {what}: {e}", self.dir),
+        }
+    }
+
+    /// Reads the records an earlier process left (AJ-3, AJ-4).
+    fn take_up(&self, gateway: &Gateway, adopt: bool) -> Result<(), EnvError> {
+        let names = self
+            .store
+            .list(&self.dir)
+            .map_err(|e| self.failed("cannot be listed", e))?;
+        let mut waiting = self.lock();
+        let mut dropped = 0;
+        for name in &names {
+            let record = self
+                .store
+                .get(name)
+                .map_err(|e| self.failed("cannot be read", e))
+                .and_then(|b| {
+                    EpisodeRecord::from_bytes(&b)
+                        .map_err(|e| self.failed(&format!("holds a bad record {name}"), e))
+                });
+            let digest = name.rsplit('/').next().unwrap_or_default();
+            match (adopt, record) {
+                (true, Ok(record)) => {
+                    waiting
+                        .entry(record.task_seed)
+                        .or_default()
+                        .push(Adoptable {
+                            mailbox: gateway.reopen(digest),
+                            record,
+                        })
+                }
+                (_, record) => {
+                    if let Err(e) = record {
+                        tracing::warn!("{e}");
+                    }
+                    self.store
+                        .delete(name)
+                        .map_err(|e| self.failed("cannot drop a record", e))?;
+                    dropped += 1;
+                }
+            }
+        }
+        let taken: usize = waiting.values().map(Vec::len).sum();
+        if taken + dropped > 0 {
+            tracing::warn!(
+                "the agent gateway found {} episode(s) recorded by an earlier process: {taken} wait for their agents, {dropped} dropped (AJ-3, AJ-4)",
+                taken + dropped
+            );
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<Adoptable>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A recorded episode of `task_seed` to continue, if one waits (AJ-3); records past their
+    /// deadline are dropped first (AJ-4).
+    pub fn adopt(&self, task_seed: u64) -> Option<Adoptable> {
+        let mut waiting = self.lock();
+        if Instant::now() >= self.deadline && !waiting.is_empty() {
+            let late: Vec<Adoptable> = waiting.drain().flat_map(|(_, v)| v).collect();
+            drop(waiting);
+            tracing::warn!(
+                "{} recorded agent episode(s) were not taken up within env.agent.timeout_s: dropped (AJ-4)",
+                late.len()
+            );
+            for a in late {
+                let _ = self.store.delete(&self.name(&a.mailbox.digest));
+            }
+            return None;
+        }
+        let list = waiting.get_mut(&task_seed)?;
+        let adopted = list.pop();
+        if list.is_empty() {
+            waiting.remove(&task_seed);
+        }
+        adopted
+    }
+
+    fn name(&self, digest: &str) -> String {
+        format!("{}/{digest}", self.dir)
+    }
+
+    /// Puts the record of the episode whose key has `digest` (AJ-1).
+    pub fn put(&self, digest: &str, record: &EpisodeRecord) -> Result<(), EnvError> {
+        let bytes = record
+            .to_bytes()
+            .map_err(|e| self.failed("cannot encode a record", e))?;
+        self.store
+            .put(&self.name(digest), bytes)
+            .map_err(|e| self.failed("cannot be written", e))
+    }
+
+    /// Deletes the record of an ended episode (AJ-2).
+    pub fn forget(&self, digest: &str) {
+        if let Err(e) = self.store.delete(&self.name(digest)) {
+            tracing::warn!("{}", self.failed("cannot delete a record", e));
+        }
+    }
+}
