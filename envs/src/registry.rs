@@ -316,10 +316,17 @@ fn build_builtin(cfg: &EnvConfig) -> Result<Box<dyn Env>, EnvError> {
 /// The tokenizer of the env `cfg` describes (connects to an external server to ask for its
 /// vocabulary).
 pub fn tokenizer_for(cfg: &EnvConfig) -> Result<Tokenizer, EnvError> {
-    if cfg.name == "calc" {
-        return Ok(Tokenizer::calc());
+    match cfg.name.as_str() {
+        "calc" => Ok(Tokenizer::calc()),
+        // The agent env's words are its dataset's: no gateway is started (and no port taken)
+        // to learn them.
+        "agent" => {
+            cfg.validate()?;
+            let rows = Dataset::load(&cfg.dataset.clone().unwrap_or_default())?;
+            Ok(Tokenizer::from_words(rows.vocabulary()))
+        }
+        _ => Ok(Tokenizer::for_env(build_env(cfg)?.as_ref())),
     }
-    Ok(Tokenizer::for_env(build_env(cfg)?.as_ref()))
 }
 
 #[cfg(test)]

@@ -32,6 +32,8 @@ pub struct Roles {
     pub root: String,
     pub trainer: Option<Guarded>,
     pub gens: [Option<Guarded>; 2],
+    /// Variables every role process gets, beyond the test's own environment.
+    pub env: Vec<(String, String)>,
     starts: usize,
 }
 
@@ -43,6 +45,7 @@ impl Roles {
             root: root.to_string(),
             trainer: None,
             gens: [None, None],
+            env: Vec::new(),
             starts: 0,
         }
     }
@@ -58,6 +61,7 @@ impl Roles {
                 .arg(&self.cfg)
                 .args(["--run-root", &self.root])
                 .env("KEEL_LOG", "info")
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdout(Stdio::null())
                 .stderr(file),
         )

@@ -609,6 +609,121 @@ fn count_files(dir: &Path, suffix: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// The config of a journal test: agents pulled from a fixed port (AJ-2 scopes records by it).
+fn pulled_config(dir: &Path, port: u16) -> std::path::PathBuf {
+    config(
+        dir,
+        &[],
+        &format!(
+            "launch = \"pull\"\nbind = \"127.0.0.1:{port}\"\npool_key_env = \"KEEL_TEST_POOL_KEY\""
+        ),
+        "",
+    )
+}
+
+const POOL_KEY: &str = "keel-test-pool-key-0123456789";
+
+/// A pool worker running tests/python/restart_agent.py, which pauses every training episode
+/// after its first answer until LOGS/go exists; 8 workers: the first batch's 4 paused episodes
+/// and the evaluation's after a restart.
+fn restart_agents(port: u16, logs: &Path) -> Guarded {
+    Guarded::spawn(
+        std::process::Command::new("python3")
+            .arg(agent_script("../examples/agents/pool_worker.py"))
+            .args(["--gateway", &format!("http://127.0.0.1:{port}/v1")])
+            .args(["--workers", "8", "--patience", "600", "--", "python3"])
+            .arg(agent_script("tests/python/restart_agent.py"))
+            .arg(logs)
+            .env("KEEL_AGENT_POOL_KEY", POOL_KEY)
+            .stdout(std::process::Stdio::null()),
+    )
+    .expect("start the pool worker")
+}
+
+/// Waits (for progress, not time) until the first batch's 4 episodes (2 tasks × 2) have each
+/// been answered once and are paused; `gone` says why the run cannot get there. Answers the
+/// paused agents' keys.
+fn wait_mid_episode(logs: &Path, mut gone: impl FnMut() -> Option<String>) -> Vec<String> {
+    while count_files(logs, ".first") < 4 {
+        if let Some(why) = gone() {
+            panic!("the run ended before its agents were mid-episode: {why}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::fs::read_dir(logs)
+        .expect("logs")
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.strip_suffix(".first").map(str::to_string)
+        })
+        .collect()
+}
+
+/// The checks of a journal test once the run finished: the agents that lived through the kill
+/// got their recorded first answer back on retry; each of their episodes is two segments in
+/// the first batch, the first holding exactly the tokens they were answered with before the
+/// kill; no record is left.
+fn assert_taken_up(root: &Path, logs: &Path, journal: &Path, paused: &[String]) {
+    assert_eq!(
+        count_files(journal, ""),
+        0,
+        "AJ-2: ended episodes leave no record"
+    );
+    let mut firsts = Vec::new();
+    for key in paused {
+        let text = std::fs::read(logs.join(format!("{key}.json")))
+            .expect("an agent that lived through the kill logged its episode");
+        let log: serde_json::Value = serde_json::from_slice(&text).expect("json");
+        assert_eq!(
+            log["answers"][0], log["answers"][1],
+            "AGT-2 across a restart: a retried call gets the recorded answer"
+        );
+        firsts.push(log["answers"][0].clone());
+    }
+    assert_eq!(firsts.len(), 4, "every paused agent finished its episode");
+    let first_batch = stored_batches(root)
+        .into_iter()
+        .find(|b| b.batch_seq == 0)
+        .expect("the first batch");
+    let mut segments: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
+        Default::default();
+    for t in &first_batch.trajectories {
+        segments.entry(t.episode_id).or_default().push(t);
+    }
+    assert_eq!(segments.len(), 4, "the first batch's episodes");
+    let sampled = |t: &keel_store::Trajectory| -> Vec<f64> {
+        t.behaviour_logprobs
+            .iter()
+            .zip(&t.loss_mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&l, _)| f64::from(l))
+            .collect()
+    };
+    let matched = firsts
+        .iter()
+        .filter(|first| {
+            let logged: Vec<f64> = first["logprobs"]
+                .as_array()
+                .expect("logprobs")
+                .iter()
+                .filter_map(serde_json::Value::as_f64)
+                .collect();
+            segments.values().any(|episode| {
+                let held = sampled(episode[0]);
+                episode.len() == 2
+                    && Some(held.len() as u64) == first["completion_tokens"].as_u64()
+                    && held.len() >= logged.len()
+                    && held.iter().zip(&logged).all(|(a, b)| (a - b).abs() < 1e-5)
+            })
+        })
+        .count();
+    assert_eq!(
+        matched, 4,
+        "every first segment holds the tokens its agent was answered with before the kill"
+    );
+}
+
 /// AJ-1..4: `keel train` is SIGKILLed while every agent of its first batch is mid-episode (its
 /// first call answered, so recorded), then started again on the same root and bind. The agents
 /// (pulled by a pool worker, alive through the kill) retry their first call with its
@@ -624,15 +739,7 @@ fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
         model,
     } = AgentRun::prepare();
     let port = free_port();
-    let pool_key = "keel-test-pool-key-0123456789";
-    let config = config(
-        dir.path(),
-        &[],
-        &format!(
-            "launch = \"pull\"\nbind = \"127.0.0.1:{port}\"\npool_key_env = \"KEEL_TEST_POOL_KEY\""
-        ),
-        "",
-    );
+    let config = pulled_config(dir.path(), port);
     let start = || {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -641,7 +748,7 @@ fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
             .expect("log file");
         Guarded::spawn(
             train_command(&config, &root, &["--model", &model.to_string_lossy()])
-                .env("KEEL_TEST_POOL_KEY", pool_key)
+                .env("KEEL_TEST_POOL_KEY", POOL_KEY)
                 .env("KEEL_LOG", "warn")
                 .stdout(std::process::Stdio::null())
                 .stderr(log),
@@ -649,28 +756,14 @@ fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
         .expect("start keel train")
     };
     let mut train = start();
-    // Workers for the 4 paused episodes and the evaluation's after the restart.
-    let _worker = Guarded::spawn(
-        std::process::Command::new("python3")
-            .arg(agent_script("../examples/agents/pool_worker.py"))
-            .args(["--gateway", &format!("http://127.0.0.1:{port}/v1")])
-            .args(["--workers", "8", "--patience", "600", "--", "python3"])
-            .arg(agent_script("tests/python/restart_agent.py"))
-            .arg(&logs)
-            .env("KEEL_AGENT_POOL_KEY", pool_key)
-            .stdout(std::process::Stdio::null()),
-    )
-    .expect("start the pool worker");
-    // Progress, not time: the first batch's 4 episodes (2 tasks × 2) have each been answered.
-    while count_files(&logs, ".first") < 4 {
-        if let Some(status) = train.try_wait().expect("poll keel train") {
-            panic!(
-                "keel train ended ({status}) before its agents were mid-episode:\n{}",
-                keel_integration::log_tail(&root)
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let _agents = restart_agents(port, &logs);
+    let paused = wait_mid_episode(&logs, || {
+        let status = train.try_wait().expect("poll keel train")?;
+        Some(format!(
+            "keel train exited {status}:\n{}",
+            keel_integration::log_tail(&root)
+        ))
+    });
     let journal = root.join("agent-journal").join(format!("127.0.0.1_{port}"));
     assert!(
         count_files(&journal, "") >= 4,
@@ -678,14 +771,6 @@ fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
     );
     train.kill().expect("SIGKILL keel train");
     train.wait().expect("reap keel train");
-    let paused: Vec<String> = std::fs::read_dir(&logs)
-        .expect("logs")
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            name.strip_suffix(".first").map(str::to_string)
-        })
-        .collect();
     let mut train = start();
     std::fs::write(logs.join("go"), "").expect("go");
     let status = train.wait().expect("wait keel train");
@@ -694,66 +779,46 @@ fn a_sigkilled_trainer_takes_up_its_agents_episodes_from_the_journal() {
         "the restarted keel train failed ({status}):\n{}",
         keel_integration::log_tail(&root)
     );
-    assert_eq!(
-        count_files(&journal, ""),
-        0,
-        "AJ-2: ended episodes leave no record"
-    );
+    assert_taken_up(&root, &logs, &journal, &paused);
+}
 
-    // The agents that lived through the kill got their recorded answer back.
-    let mut firsts = Vec::new();
-    for key in &paused {
-        let path = logs.join(format!("{key}.json"));
-        let log: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(path).expect("an agent that lived through the kill logged its episode"),
+/// AJ-1..4 for the gateway's own process: under the multi-process roles the gateway runs in
+/// the generator (`keel generator --rank 0`). SIGKILL it while its agents are mid-episode and
+/// start it again: the trainer goes on, the restarted generator takes the episodes up from the
+/// journal, and nothing its agents were answered is lost or sampled twice.
+#[test]
+fn a_sigkilled_generator_takes_up_its_agents_episodes_from_the_journal() {
+    let run = AgentRun::prepare();
+    let port = free_port();
+    let cfg = pulled_config(run.dir.path(), port);
+    let toml = std::fs::read_to_string(&cfg)
+        .expect("config")
+        .replace(
+            "[model]\n",
+            &format!("[model]\npath = {:?}\n", run.model.display().to_string()),
         )
-        .expect("json");
-        assert_eq!(
-            log["answers"][0], log["answers"][1],
-            "AGT-2 across a restart: a retried call gets the recorded answer"
+        .replace(
+            "[metrics]\n",
+            "[distributed]\norder_timeout_s = 120\npoll_ms = 20\n\n[metrics]\n",
         );
-        firsts.push(log["answers"][0].clone());
-    }
-    assert_eq!(firsts.len(), 4, "every paused agent finished its episode");
-
-    // Each taken-up episode is two segments; the first holds the tokens sampled before the kill.
-    let first_batch = stored_batches(&root)
-        .into_iter()
-        .find(|b| b.batch_seq == 0)
-        .expect("the first batch");
-    let mut segments: std::collections::BTreeMap<u64, Vec<&keel_store::Trajectory>> =
-        Default::default();
-    for t in &first_batch.trajectories {
-        segments.entry(t.episode_id).or_default().push(t);
-    }
-    assert_eq!(segments.len(), 4, "the first batch's episodes");
-    let mut matched = 0;
-    for first in &firsts {
-        let logged: Vec<f64> = first["logprobs"]
-            .as_array()
-            .expect("logprobs")
-            .iter()
-            .filter_map(serde_json::Value::as_f64)
-            .collect();
-        let sampled = |t: &keel_store::Trajectory| -> Vec<f64> {
-            t.behaviour_logprobs
-                .iter()
-                .zip(&t.loss_mask)
-                .filter(|(_, &m)| m == 1)
-                .map(|(&l, _)| f64::from(l))
-                .collect()
-        };
-        let found = segments.values().any(|episode| {
-            let held = sampled(episode[0]);
-            episode.len() == 2
-                && Some(held.len() as u64) == first["completion_tokens"].as_u64()
-                && held.len() >= logged.len()
-                && held.iter().zip(&logged).all(|(a, b)| (a - b).abs() < 1e-5)
-        });
-        matched += usize::from(found);
-    }
-    assert_eq!(
-        matched, 4,
-        "every first segment holds the tokens its agent was answered with before the kill"
-    );
+    std::fs::write(&cfg, toml).expect("config");
+    let (dir, root, logs) = (run.dir.path(), &run.root, &run.logs);
+    let mut roles = Roles::new(dir, cfg, root.to_str().expect("utf-8"));
+    roles
+        .env
+        .push(("KEEL_TEST_POOL_KEY".into(), POOL_KEY.into()));
+    roles.start_trainer();
+    roles.start_generator(0);
+    let _agents = restart_agents(port, logs);
+    let paused = wait_mid_episode(logs, || {
+        let g = roles.gens[0].as_mut()?;
+        let status = g.try_wait().expect("poll the generator")?;
+        Some(format!("the generator exited {status}:\n{}", roles.logs()))
+    });
+    roles.kill_generator(0);
+    roles.start_generator(0);
+    std::fs::write(logs.join("go"), "").expect("go");
+    roles.finish_ok();
+    let journal = root.join("agent-journal").join(format!("127.0.0.1_{port}"));
+    assert_taken_up(root, logs, &journal, &paused);
 }

@@ -367,7 +367,7 @@ impl<'a> Engine<'a> {
         self.send_to_env(i, EnvOp::Step(turn));
     }
 
-    /// The episode so far with the turn just sampled, as its env journals it (AJ-1, ER-1).
+    /// The episode so far with the turn just sampled, as its env journals it (AJ-1, JR-1).
     fn episode_record(&self, i: usize) -> Result<Vec<u8>, String> {
         let ep = &self.episodes[i];
         let turn = Turn {

@@ -2,19 +2,19 @@
 //! (AJ-1 in keel_envs::agent::journal), and the episode taken up from it after a restart (AJ-3).
 //!
 //! Invariants:
-//! - ER-1 A record is a framed, checksummed rollout batch (FR-1..4) holding the episode's
+//! - JR-1 A record is a framed, checksummed rollout batch (FR-1..4) holding the episode's
 //!   segments in order, the last with the turn just sampled; its ids are 0..n within the record.
 //!   Every token is as sampled, with its log-prob and policy version (RB-5).
-//! - ER-2 A record is taken up only when no token of it is newer than the policy version this
+//! - JR-2 A record is taken up only when no token of it is newer than the policy version this
 //!   process samples with: a resume that went back past a recorded call (its checkpoint is
 //!   older) drops the episode, which is never trained on the calls of a lost timeline.
-//! - ER-3 Taken-up segments keep their tokens, masks, log-probs and turns; their identity
+//! - JR-3 Taken-up segments keep their tokens, masks, log-probs and turns; their identity
 //!   (ids, group, task, source) is the new episode's.
 
 use keel_store::frame::{decode_batch, encode_batch};
 use keel_store::{RolloutBatch, Trajectory, Turn};
 
-/// The record of an episode whose segments are `segments`, then `current` with `turn` (ER-1).
+/// The record of an episode whose segments are `segments`, then `current` with `turn` (JR-1).
 pub(super) fn encode(
     segments: &[Trajectory],
     current: &Trajectory,
@@ -39,7 +39,7 @@ pub(super) fn encode(
     encode_batch(&batch, 1).map_err(|e| e.to_string())
 }
 
-/// The segments of a record, as segments of the episode `fresh` (ER-2, ER-3).
+/// The segments of a record, as segments of the episode `fresh` (JR-2, JR-3).
 pub(super) fn decode(
     record: &[u8],
     fresh: &Trajectory,
@@ -60,7 +60,7 @@ pub(super) fn decode(
         .unwrap_or(0);
     if newest > policy_version {
         return Err(format!(
-            "its recorded calls were sampled by policy version {newest}, newer than the {policy_version} this process resumed from (ER-2): dropped"
+            "its recorded calls were sampled by policy version {newest}, newer than the {policy_version} this process resumed from (JR-2): dropped"
         ));
     }
     Ok(batch
@@ -115,9 +115,9 @@ mod tests {
         }
     }
 
-    /// ER-1, ER-3: what was recorded comes back token for token, under the new identity.
+    /// JR-1, JR-3: what was recorded comes back token for token, under the new identity.
     #[test]
-    fn er1_a_record_round_trips_under_the_new_episode() {
+    fn jr1_a_record_round_trips_under_the_new_episode() {
         let mut first = traj(vec![1, 2, 3, 4], vec![0, 0, 1, 1]);
         first.turns.push(turn(2, 4, 1));
         let current = traj(vec![5, 6, 7, 8, 9], vec![0, 0, 1, 1, 1]);
@@ -143,9 +143,9 @@ mod tests {
             .all(|t| (t.trajectory_id, t.group_id, t.task_id) == (40, 41, 42)));
     }
 
-    /// ER-2: a token newer than the resumed policy drops the record; a corrupt one is refused.
+    /// JR-2: a token newer than the resumed policy drops the record; a corrupt one is refused.
     #[test]
-    fn er2_a_record_from_a_lost_timeline_or_corrupt_is_refused() {
+    fn jr2_a_record_from_a_lost_timeline_or_corrupt_is_refused() {
         let current = traj(vec![5, 6, 7], vec![0, 1, 1]);
         let record = encode(&[], &current, turn(1, 3, 4), 4).expect("encode");
         let fresh = traj(Vec::new(), Vec::new());

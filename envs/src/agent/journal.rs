@@ -279,3 +279,131 @@ impl Journal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::gateway::CallLimits;
+    use crate::agent::Sampling;
+    use std::collections::BTreeMap;
+
+    /// The store as a map, for the journal's own rules.
+    #[derive(Default)]
+    struct Memory(Mutex<BTreeMap<String, Vec<u8>>>);
+
+    impl RecordStore for Memory {
+        fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), String> {
+            self.0.lock().unwrap().insert(name.into(), bytes);
+            Ok(())
+        }
+        fn get(&self, name: &str) -> Result<Vec<u8>, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .get(name)
+                .cloned()
+                .ok_or("absent".into())
+        }
+        fn list(&self, dir: &str) -> Result<Vec<String>, String> {
+            let map = self.0.lock().unwrap();
+            Ok(map.keys().filter(|k| k.starts_with(dir)).cloned().collect())
+        }
+        fn delete(&self, name: &str) -> Result<(), String> {
+            self.0.lock().unwrap().remove(name);
+            Ok(())
+        }
+    }
+
+    fn gateway() -> Gateway {
+        let limits = CallLimits {
+            max_request_bytes: 4096,
+            sampling: Sampling::default(),
+            pool_key: None,
+        };
+        Gateway::start("127.0.0.1:0", limits).expect("gateway")
+    }
+
+    fn record(task_seed: u64) -> EpisodeRecord {
+        EpisodeRecord {
+            task_seed,
+            said: vec![SaidRecord::Answered(Answer::from_text("7", false))],
+            by_key: vec![("k-1".into(), 0, Answer::from_text("7", false))],
+            calls: 1,
+            reward: None,
+            last_text: "7".into(),
+            preamble: Vec::new(),
+            tools: Vec::new(),
+            tokens: vec![1, 2, 3, 250],
+        }
+    }
+
+    const BIND: &str = "127.0.0.1:8600";
+    const LONG: Duration = Duration::from_secs(600);
+
+    /// AJ-1..3: a record put by one process is taken up by the next on the same bind, tokens
+    /// and answers intact, under its key's digest (live again); a task takes each record once.
+    #[test]
+    fn aj3_a_record_is_taken_up_by_the_next_process_on_the_bind() {
+        let store = Arc::new(Memory::default());
+        let (first, key) = (gateway(), "keel-secret");
+        let journal = Journal::open(store.clone(), BIND, &first, true, LONG).expect("open");
+        journal.put(&key_digest(key), &record(5)).expect("put");
+        assert!(!store.0.lock().unwrap().keys().any(|k| k.contains(key)));
+        let next = gateway();
+        let journal = Journal::open(store.clone(), BIND, &next, true, LONG).expect("reopen");
+        assert!(
+            journal.adopt(4).is_none(),
+            "another task's reset takes nothing"
+        );
+        let taken = journal.adopt(5).expect("taken up");
+        assert_eq!(taken.mailbox.digest, key_digest(key));
+        assert_eq!(taken.record.tokens, vec![1, 2, 3, 250]);
+        assert_eq!(
+            taken.record.served_by_key()["k-1"]
+                .answer
+                .content
+                .as_deref(),
+            Some("7")
+        );
+        assert!(journal.adopt(5).is_none(), "each record is taken once");
+        journal.forget(&taken.mailbox.digest);
+        assert!(
+            store.0.lock().unwrap().is_empty(),
+            "AJ-2: an ended episode's record goes"
+        );
+    }
+
+    /// AJ-4: spawned agents' records, records past the deadline and records that do not
+    /// decode are dropped; a gateway on port 0 reads no earlier process's records.
+    #[test]
+    fn aj4_records_nobody_can_take_up_are_dropped() {
+        let store = Arc::new(Memory::default());
+        let gw = gateway();
+        let journal = Journal::open(store.clone(), BIND, &gw, true, LONG).expect("open");
+        journal.put("a", &record(1)).expect("put");
+        journal.put("b", &record(2)).expect("put");
+        store
+            .put("agent-journal/127.0.0.1_8600/c", b"\x05\x00".to_vec())
+            .expect("put");
+        let ephemeral = Journal::open(store.clone(), "127.0.0.1:0", &gw, true, LONG);
+        assert!(ephemeral.expect("open").adopt(1).is_none());
+        assert_eq!(
+            store.0.lock().unwrap().len(),
+            3,
+            "port 0 leaves others' records alone"
+        );
+        let spawn = Journal::open(store.clone(), BIND, &gw, false, LONG).expect("open");
+        assert!(spawn.adopt(1).is_none());
+        assert!(
+            store.0.lock().unwrap().is_empty(),
+            "spawned agents' records are dropped"
+        );
+        journal.put("a", &record(1)).expect("put");
+        let late = Journal::open(store.clone(), BIND, &gw, true, Duration::ZERO).expect("open");
+        assert!(late.adopt(1).is_none(), "past the deadline");
+        assert!(
+            store.0.lock().unwrap().is_empty(),
+            "late records are dropped"
+        );
+    }
+}

@@ -16,7 +16,8 @@
 //!   which are never re-tokenised; the episode's tokens are the ones sampled.
 //! - AGT-2 A call that repeats the previous call's messages exactly, or sends the
 //!   `Idempotency-Key` header of a call already answered in this episode, is a retry: it gets
-//!   the stored answer again, never a second sample.
+//!   the stored answer again, never a second sample (after a restart too: the answers are
+//!   in the journal, AJ-3).
 //! - AGT-3 A call whose messages rewrite the history (drop or change messages, add assistant
 //!   messages: a summarising, trimming or forking agent) starts a new segment of the episode
 //!   (`StepOutcome::segment`): the trajectory so far ends, and the call's whole conversation
