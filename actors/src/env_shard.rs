@@ -70,6 +70,8 @@ pub struct ResetOutcome {
     pub token_logprobs: bool,
     /// What the first turn is asked to be (`Env::next_turn`).
     pub next_turn: TurnLimits,
+    /// The prompt is raw text, encoded without the chat template (`Env::prompt_is_text`).
+    pub text_prompt: bool,
     /// The env keeps the episode's record durable (`Env::journals`, AJ-1).
     pub journals: bool,
     /// The episode was taken up from an earlier process (`Env::take_resumed`, AJ-3).
@@ -312,6 +314,7 @@ fn apply(live: &mut Live, op: EnvOp) -> Result<EnvReply, keel_envs::EnvError> {
                 anchor_state: live.env.anchor_state(),
                 token_logprobs: live.env.wants_token_logprobs(),
                 next_turn: live.env.next_turn(),
+                text_prompt: live.env.prompt_is_text(),
                 journals: live.env.journals(),
                 resumed: live.env.take_resumed(),
             })

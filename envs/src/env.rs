@@ -63,6 +63,11 @@ pub struct StepOutcome {
     /// since its last call); when non-empty it stands for `observation` and its role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<crate::dataset::PromptMessage>,
+    /// The observation as raw text the tokenizer encodes as is, no chat template (the `agent`
+    /// env's text completions, AGT-8: what a call's prompt adds after the last answer); when
+    /// set it stands for `observation` and `messages`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
     /// The episode goes on in a new segment (the `agent` env, AGT-3: the agent rewrote its
     /// history): the trajectory so far ends here, and the next turn answers this whole
     /// conversation, rendered as a fresh prompt. It stands for `observation` and `messages`.
@@ -78,6 +83,10 @@ pub struct Segment {
     /// The OpenAI function tools the chat template renders into the prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<serde_json::Value>,
+    /// A text-completions segment's whole prompt, encoded raw (AGT-8); when set, `messages`
+    /// and `tools` are empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
 }
 
 impl StepOutcome {
@@ -245,6 +254,11 @@ pub trait Env: Send {
     fn next_turn(&self) -> TurnLimits {
         TurnLimits::default()
     }
+    /// Whether the prompt `reset` returned is raw text the model continues, encoded without the
+    /// chat template (an agent calling `/v1/completions`, AGT-8). Asked right after `reset`.
+    fn prompt_is_text(&self) -> bool {
+        false
+    }
     /// Whether [`SampledTurn::record`] should be filled for this episode: the env keeps the
     /// runtime's record of the episode durable before it answers (the `agent` env's journal,
     /// AJ-1). Asked right after `reset`.
@@ -306,6 +320,7 @@ pub(crate) fn outcome_of(
         anchor_state,
         observation_role: String::new(),
         messages: Vec::new(),
+        text: None,
         segment: None,
     }
 }

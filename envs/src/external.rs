@@ -371,6 +371,7 @@ impl Env for ExternalEnv {
                 anchor_state: self.anchor_state(),
                 observation_role: String::new(),
                 messages: Vec::new(),
+                text: None,
                 segment: None,
             });
         }
@@ -390,6 +391,7 @@ impl Env for ExternalEnv {
             anchor_state: self.view.anchor_state.clone(),
             observation_role: String::new(),
             messages: Vec::new(),
+            text: None,
             segment: None,
         })
     }

@@ -9,6 +9,7 @@ pub mod chaos;
 pub mod events;
 pub mod fuzz;
 pub mod procs;
+pub mod real_model;
 pub mod roles;
 pub mod runs;
 

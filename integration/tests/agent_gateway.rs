@@ -822,3 +822,219 @@ fn a_sigkilled_generator_takes_up_its_agents_episodes_from_the_journal() {
     let journal = root.join("agent-journal").join(format!("127.0.0.1_{port}"));
     assert_taken_up(root, logs, &journal, &paused);
 }
+
+/// Held-out success rises on a real pretrained model trained through the gateway: the
+/// unchanged examples/agents/minimal_agent.py (the README's ten-line agent: one
+/// chat-completions call with the row's messages) asks SmolLM2-135M-Instruct "What is A plus
+/// B?"; keel's numeric verifier scores its answer (`reward = "verifier"`). The model knows the
+/// sums but mostly says so at length, so within 16 tokens its last number is rarely the sum;
+/// GRPO steps through the gateway teach it to answer with it.
+#[test]
+fn an_unchanged_agent_teaches_a_real_model_through_the_gateway() {
+    use keel_integration::real_model::{addition_rows, batch_rewards, smollm2};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = smollm2();
+    let (train, eval) = (
+        dir.path().join("train.jsonl"),
+        dir.path().join("test.jsonl"),
+    );
+    addition_rows(&train, 200, 1);
+    addition_rows(&eval, 16, 2);
+    let agent = agent_script("../examples/agents/minimal_agent.py");
+    let cfg = dir.path().join("smollm2-agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[run]
+seed = 5
+steps = 8
+checkpoint_every = 100
+device = "cpu"
+threads = 2
+
+[env]
+name = "agent"
+
+[env.dataset]
+train_file = {train:?}
+eval_file = {eval:?}
+verifier = "numeric"
+
+[env.agent]
+command = ["python3", {agent:?}]
+reward = "verifier"
+timeout_s = 300
+
+[model]
+context_len = 256
+
+[sft]
+steps = 0
+
+[rollout]
+tasks_per_batch = 8
+group_size = 4
+max_turn_tokens = 16
+eval_tasks = 16
+eval_samples = 0
+
+[metrics]
+enabled = false
+
+[guard]
+enabled = false
+
+[learner]
+algo = "grpo"
+lr = 5e-5
+"#
+        ),
+    )
+    .expect("config");
+    let root = dir.path().join("run");
+    let summary = run_train(&cfg, &root, &["--model", &model.to_string_lossy()]);
+    assert_eq!(summary["final_step"], 8, "{summary}");
+    let (before, after) = (
+        summary["eval_before"].as_f64().expect("eval_before"),
+        summary["eval_after"].as_f64().expect("eval_after"),
+    );
+    let rewards = batch_rewards(&root);
+    eprintln!(
+        "SmolLM2 through the gateway: held-out success {before} before RL, {after} after 8 \
+         steps; batch rewards {rewards:.3?}"
+    );
+    assert!(
+        after >= before + 0.2,
+        "RL through the gateway did not teach the model: {before} -> {after}; rewards {rewards:.3?}"
+    );
+}
+
+/// A trajectory as alternating spans: (context tokens, then the sampled tokens' log-probs), in
+/// order; the last context may be empty.
+fn spans(t: &keel_store::Trajectory) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let mut out: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+    let mut i = 0;
+    while i < t.tokens.len() {
+        let sampled = (i..t.tokens.len())
+            .find(|&j| t.loss_mask[j] == 1)
+            .unwrap_or(t.tokens.len());
+        let end = (sampled..t.tokens.len())
+            .find(|&j| t.loss_mask[j] == 0)
+            .unwrap_or(t.tokens.len());
+        out.push((
+            t.tokens[i..sampled].to_vec(),
+            t.behaviour_logprobs[sampled..end].to_vec(),
+        ));
+        i = end;
+    }
+    out
+}
+
+/// Whether `stored` sampled log-probs are the `returned` ones (the content tokens; a stop
+/// token, when the turn stopped at one, is stored after them), bit for bit in f32.
+fn same_logprobs(stored: &[f32], returned: &serde_json::Value) -> bool {
+    let returned: Vec<f32> = returned
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_f64())
+                .map(|x| x as f32)
+                .collect()
+        })
+        .unwrap_or_default();
+    returned.len() <= stored.len()
+        && stored.len() <= returned.len() + 1
+        && returned[..] == stored[..returned.len()]
+}
+
+/// OAI-6, AGT-8: an agent on the text-completions API (examples/agents/text_agent.py, the real
+/// `openai` client's `completions.create`) trains unchanged and token-exact. Its first prompt
+/// is stored as transformers' tokenizer encodes it (no chat template); a retry of the same
+/// call gets the same completion; the follow-up prompt, which extends the first prompt and its
+/// answer, adds exactly its new text's tokens after the sampled ones; the rewritten prompt
+/// starts a second segment; every sampled token's log-prob is the one the agent was given.
+#[test]
+fn a_text_completions_agent_trains_token_exact() {
+    let AgentRun {
+        dir,
+        logs,
+        root,
+        model,
+    } = train_agent(
+        "../examples/agents/text_agent.py",
+        &["--rewrite", "--log"],
+        "",
+        "",
+    );
+    let encoded = dir.path().join("encoded.json");
+    python(&[
+        agent_script("tests/python/text_ids.py").as_os_str(),
+        model.as_os_str(),
+        logs.as_os_str(),
+        encoded.as_os_str(),
+    ]);
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&encoded).expect("encoded")).expect("json");
+    for entry in std::fs::read_dir(&logs).expect("logs").flatten() {
+        let log: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.path()).expect("log")).expect("json");
+        assert_eq!(
+            log["ids"][0], log["ids"][1],
+            "AGT-2: the retry is the same call"
+        );
+        assert_eq!(log["texts"][0], log["texts"][1]);
+        assert!(
+            log["objects"]
+                .as_array()
+                .is_some_and(|o| o.iter().all(|x| x == "text_completion")),
+            "{log}"
+        );
+    }
+    let mut episodes: std::collections::BTreeMap<(u64, u64), Vec<keel_store::Trajectory>> =
+        Default::default();
+    for batch in stored_batches(&root) {
+        for t in batch.trajectories {
+            episodes
+                .entry((batch.batch_seq, t.episode_id))
+                .or_default()
+                .push(t);
+        }
+    }
+    assert!(!episodes.is_empty(), "no episode was stored");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for segments in episodes.values() {
+        assert_eq!(
+            segments.len(),
+            2,
+            "the rewritten prompt is a second segment"
+        );
+        let (first, second) = (spans(&segments[0]), spans(&segments[1]));
+        assert_eq!(first.len(), 2, "two turns in the first segment");
+        assert_eq!(second.len(), 1, "one turn in the second");
+        let found = rows.iter().any(|row| {
+            first[0].0 == ids(&row["first"])
+                && same_logprobs(&first[0].1, &row["logprobs"][0])
+                && first[1].0 == ids(&row["rest"])
+                && same_logprobs(&first[1].1, &row["logprobs"][2])
+                && second[0].0 == ids(&row["fresh"])
+                && same_logprobs(&second[0].1, &row["logprobs"][3])
+        });
+        assert!(
+            found,
+            "no agent's prompts and answers are this episode's tokens: first prompt {} tokens, follow-up {} tokens, fresh prompt {} tokens",
+            first[0].0.len(),
+            first[1].0.len(),
+            second[0].0.len()
+        );
+    }
+}

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use keel_integration::real_model::{addition_rows, batch_rewards, installed, smollm2};
 use keel_integration::{
     checkpoint_file, checkpoints, kill_at_checkpoint, log_tail, python, run_train, spawn_train,
     stored_batches, write_sum_rows,
@@ -27,23 +28,6 @@ fn vllm_python() -> String {
             "vLLM (the vLLM backend is untested without it)",
         )
     })
-}
-
-/// What `scripts/<script>` installs, as the path it prints; `what` names it when it fails.
-fn installed(script: &str, what: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scripts")
-        .join(script);
-    let out = std::process::Command::new("bash")
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("bash runs scripts/{script}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} could not be installed (scripts/{script}):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// The tiny Qwen2 the engine serves (integration/tests/python/vllm_tiny_model.py).
@@ -651,42 +635,6 @@ fn vllm_evaluates_the_trained_policy_as_keel_does() {
     );
 }
 
-/// SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh: `$KEEL_SMOLLM2`, or the script run here).
-fn smollm2() -> PathBuf {
-    PathBuf::from(
-        std::env::var("KEEL_SMOLLM2")
-            .unwrap_or_else(|_| installed("fetch_smollm2.sh", "SmolLM2-135M-Instruct")),
-    )
-}
-
-/// Rows of "What is A plus B?" (A, B in 1..=9) drawn from `seed`, verl-shaped (scored by the
-/// `numeric` verifier: the response's last number).
-fn addition_rows(path: &Path, n: usize, seed: u64) {
-    let mut state = seed;
-    let mut draw = || {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        1 + (state >> 33) % 9
-    };
-    let text: String = (0..n)
-        .map(|i| {
-            let (a, b) = (draw(), draw());
-            let row = serde_json::json!({
-                "data_source": "addition",
-                "prompt": [
-                    {"role": "system", "content": "Answer with one number."},
-                    {"role": "user", "content": format!("What is {a} plus {b}?")},
-                ],
-                "reward_model": {"style": "rule", "ground_truth": (a + b).to_string()},
-                "extra_info": {"index": i},
-            });
-            format!("{row}\n")
-        })
-        .collect();
-    std::fs::write(path, text).expect("write rows");
-}
-
 /// A sync run of `steps` RL steps at learning rate `lr` on SmolLM2: [`config`] with batches of
 /// 8 tasks, 2 threads and no intermediate checkpoints (each is 1.6 GB), then `edits`
 /// (`(from, to)` replacements of its text).
@@ -708,17 +656,6 @@ fn real_model_config(
     }
     std::fs::write(&cfg, text).expect("write config");
     cfg
-}
-
-/// The mean reward of each trained batch of the run at `root`, in step order.
-fn batch_rewards(root: &Path) -> Vec<f64> {
-    keel_integration::events::train_events(root)
-        .into_iter()
-        .filter_map(|ev| match ev {
-            keel_actors::events::TrainEvent::Step { metrics, .. } => Some(metrics.mean_reward),
-            _ => None,
-        })
-        .collect()
 }
 
 /// RL through the engine learns, on a real pretrained model: SmolLM2-135M-Instruct knows that

@@ -112,6 +112,15 @@ fn push_context(traj: &mut Trajectory, ids: &[u32]) {
     traj.tokens.extend_from_slice(ids);
 }
 
+/// The prompt a new segment starts from (RO-12): its conversation rendered by the chat
+/// template, or a text segment's prompt as is (AGT-8).
+fn segment_prompt(codec: &ChatCodec, segment: &keel_envs::Segment) -> Result<Vec<u32>, ActorError> {
+    Ok(match &segment.text {
+        Some(text) => codec.text(text, true)?,
+        None => codec.conversation(&chat_messages(&segment.messages), &segment.tools)?,
+    })
+}
+
 /// The run's sampling parameters as the env asks its next turn to be (`Env::next_turn`): a
 /// smaller token limit, stop strings.
 fn turn_params(run: &SamplingParams, asked: TurnLimits) -> SamplingParams {
@@ -400,9 +409,7 @@ impl<'a> Engine<'a> {
         self.stats.resumed_episodes += 1;
         match resumed.next {
             ResumedNext::Segment(segment) => {
-                let ids = self
-                    .codec
-                    .conversation(&chat_messages(&segment.messages), &segment.tools)?;
+                let ids = segment_prompt(self.codec, &segment)?;
                 self.stats.prompt_tokens += ids.len();
                 let ep = &mut self.episodes[i];
                 ep.segments = restored;
@@ -492,11 +499,14 @@ impl<'a> Engine<'a> {
             Some(render) => render(&start.task_type),
             None => (String::new(), 0),
         };
-        let ids = self.codec.prompt_with_tools(
-            &chat_messages(&start.preamble),
-            &scaffolded_prompt(&scaffold, &start.prompt),
-            &start.tools,
-        )?;
+        let ids = match start.text_prompt {
+            true => self.codec.text(&start.prompt, true)?,
+            false => self.codec.prompt_with_tools(
+                &chat_messages(&start.preamble),
+                &scaffolded_prompt(&scaffold, &start.prompt),
+                &start.tools,
+            )?,
+        };
         self.stats.prompt_tokens += ids.len();
         let ep = &mut self.episodes[i];
         if !scaffold.is_empty() {
@@ -542,9 +552,7 @@ impl<'a> Engine<'a> {
         }
         if let Some(segment) = outcome.segment.take() {
             // RO-12: the trajectory so far is a segment; the next one starts from this prompt.
-            let ids = self
-                .codec
-                .conversation(&chat_messages(&segment.messages), &segment.tools)?;
+            let ids = segment_prompt(self.codec, &segment)?;
             self.stats.prompt_tokens += ids.len();
             let fresh = Trajectory {
                 tokens: Vec::new(),
@@ -558,11 +566,15 @@ impl<'a> Engine<'a> {
             push_context(&mut ep.traj, &ids);
             return Ok(true);
         }
-        // The env's messages: `tool` answers a function call (DS-8), an agent's new ones (AGT-1).
-        let ids = self.codec.observation_messages(
-            ep.traj.tokens.last().copied(),
-            &chat_messages(&outcome.observation_messages()),
-        )?;
+        // The env's messages: `tool` answers a function call (DS-8), an agent's new ones
+        // (AGT-1); a text episode's raw continuation (AGT-8).
+        let ids = match &outcome.text {
+            Some(text) => self.codec.text(text, false)?,
+            None => self.codec.observation_messages(
+                ep.traj.tokens.last().copied(),
+                &chat_messages(&outcome.observation_messages()),
+            )?,
+        };
         push_context(&mut ep.traj, &ids);
         Ok(true)
     }

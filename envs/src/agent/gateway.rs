@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - GTW-1 The server binds `env.agent.bind` (loopback unless configured) and answers
-//!   `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/keel/reward` and the pull routes
+//!   `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions` (OAI-6),
+//!   `POST /v1/keel/reward` and the pull routes
 //!   of GTW-5; anything else is 404 with the list of routes.
 //! - GTW-2 Every episode key is 128 random bits from the OS; a call whose `Authorization: Bearer`
 //!   key names no live episode is 404 (401 without one), so an agent can never write into
@@ -30,7 +31,7 @@ use rand::RngCore;
 use serde_json::{json, Value};
 
 use super::journal::key_digest;
-use super::openai::{error_body, Answer, ChatRequest};
+use super::openai::{error_body, Answer, ChatRequest, TextRequest};
 use super::Sampling;
 use crate::error::EnvError;
 
@@ -254,6 +255,7 @@ fn serve(
         (tiny_http::Method::Post, "/v1/chat/completions") => {
             chat(&mut request, episodes, limits)
         }
+        (tiny_http::Method::Post, "/v1/completions") => text(&mut request, episodes, limits),
         (tiny_http::Method::Post, "/v1/keel/reward") => reward(&mut request, episodes, limits),
         (tiny_http::Method::Post, "/v1/keel/episodes/next") => {
             pull(&mut request, episodes, offers, limits)
@@ -261,7 +263,7 @@ fn serve(
         (tiny_http::Method::Post, "/v1/keel/episodes/end") => end(&mut request, episodes, limits),
         _ => Err(HttpError::new(
             404,
-            format!("no route {path}; the gateway serves GET /v1/models, POST /v1/chat/completions, POST /v1/keel/reward, POST /v1/keel/episodes/next and POST /v1/keel/episodes/end"),
+            format!("no route {path}; the gateway serves GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/keel/reward, POST /v1/keel/episodes/next and POST /v1/keel/episodes/end"),
         )),
     };
     respond(request, answer);
@@ -377,11 +379,46 @@ fn chat(
     limits: &CallLimits,
 ) -> Result<Body, HttpError> {
     let (episode, value) = episode_and_body(request, episodes, limits)?;
-    let mut call: ChatRequest = serde_json::from_value(value)
+    let call: ChatRequest = serde_json::from_value(value)
         .map_err(|e| HttpError::new(400, format!("not a chat-completions request: {e}")))?;
+    let (stream, model) = (call.stream, call.model.clone());
+    let answer = answered(request, &episode, call, limits)?;
+    let created = unix_secs();
+    let id = format!("chatcmpl-{}", answer.call);
+    Ok(match stream {
+        true => Body::Events(answer.answer.sse(&id, &model, created, answer.call)),
+        false => Body::Json(answer.answer.completion(&id, &model, created, answer.call)),
+    })
+}
+
+/// `POST /v1/completions` (OAI-6): a text completion, a turn of a text episode (AGT-8).
+fn text(
+    request: &mut tiny_http::Request,
+    episodes: &Episodes,
+    limits: &CallLimits,
+) -> Result<Body, HttpError> {
+    let (episode, value) = episode_and_body(request, episodes, limits)?;
+    let call: TextRequest = serde_json::from_value(value)
+        .map_err(|e| HttpError::new(400, format!("not a completions request: {e}")))?;
+    let call = call.into_call().map_err(|e| HttpError::new(400, e))?;
+    let (stream, model) = (call.stream, call.model.clone());
+    let answer = answered(request, &episode, call, limits)?;
+    let (created, id) = (unix_secs(), format!("cmpl-{}", answer.call));
+    Ok(match stream {
+        true => Body::Events(answer.answer.text_sse(&id, &model, created)),
+        false => Body::Json(answer.answer.text_completion(&id, &model, created)),
+    })
+}
+
+/// Checks `call` (GTW-3), hands it to its episode and waits for the answer (GTW-4).
+fn answered(
+    request: &tiny_http::Request,
+    episode: &SyncSender<Event>,
+    mut call: ChatRequest,
+    limits: &CallLimits,
+) -> Result<Served, HttpError> {
     call.idempotency_key = header(request, "Idempotency-Key");
     check_call(&call, limits)?;
-    let (stream, model) = (call.stream, call.model.clone());
     let (tx, rx) = mpsc::sync_channel(1);
     episode
         .send(Event::Call {
@@ -389,13 +426,7 @@ fn chat(
             reply: tx,
         })
         .map_err(|_| ended())?;
-    let answer = rx.recv().map_err(|_| ended())??;
-    let created = unix_secs();
-    let id = format!("chatcmpl-{}", answer.call);
-    Ok(match stream {
-        true => Body::Events(answer.answer.sse(&id, &model, created, answer.call)),
-        false => Body::Json(answer.answer.completion(&id, &model, created, answer.call)),
-    })
+    rx.recv().map_err(|_| ended())?
 }
 
 /// Seconds since the Unix epoch (the `created` field of answers).
@@ -431,7 +462,7 @@ fn check_call(call: &ChatRequest, limits: &CallLimits) -> Result<(), HttpError> 
     for m in &call.messages {
         m.text().map_err(|e| HttpError::new(400, e))?;
     }
-    if call.messages.is_empty() {
+    if call.messages.is_empty() && call.prompt.is_none() {
         return bad("messages is empty".into());
     }
     Ok(())

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::gateway::{CallLimits, Event, Gateway, Served};
-use super::openai::Answer;
+use super::openai::{Answer, TokenLogprob};
 use super::Sampling;
 
 fn gateway() -> Gateway {
@@ -292,4 +292,89 @@ fn gtw5_pull_needs_a_pool_key_and_no_command() {
         .unwrap_err()
         .to_string()
         .contains("launch"));
+}
+
+/// OAI-6: `/v1/completions` refuses what keel cannot serve (400 naming the field, the episode
+/// goes on), hands a text call to its episode with the default `max_tokens` of 16 and the
+/// prompt, and answers `text_completion` bodies (JSON and SSE) with the legacy log-probs.
+#[test]
+fn oai6_text_completions_are_served_and_bad_ones_refused() {
+    let gw = gateway();
+    let url = format!("{}/completions", gw.base_url());
+    let mailbox = gw.open();
+    let key = mailbox.key.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            match mailbox.events.recv_timeout(Duration::from_secs(20)) {
+                Ok(Event::Call { request, reply }) => {
+                    seen.push((request.prompt.clone(), request.max_tokens, request.logprobs));
+                    let mut answer = Answer::from_text(" 4", false);
+                    answer.logprobs = Some(vec![TokenLogprob {
+                        token: " 4".into(),
+                        logprob: -0.25,
+                    }]);
+                    (answer.prompt_tokens, answer.completion_tokens) = (5, 2);
+                    let _ = reply.send(Ok(Served {
+                        call: seen.len() - 1,
+                        answer,
+                    }));
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        seen
+    });
+    let cases = [
+        (r#"{"prompt": [1, 2, 3]}"#, "one string"),
+        (r#"{"prompt": ["a", "b"]}"#, "one string"),
+        (r#"{"prompt": "a", "echo": true}"#, "echo"),
+        (r#"{"prompt": "a", "suffix": "z"}"#, "suffix"),
+        (r#"{"prompt": "a", "best_of": 3}"#, "best_of"),
+        (r#"{"prompt": "a", "logprobs": 2}"#, "logprobs = 0"),
+        (
+            r#"{"prompt": "a", "temperature": 0.2}"#,
+            "rollout.temperature",
+        ),
+        (r#"{"messages": []}"#, "not a completions request"),
+    ];
+    for (body, says) in cases {
+        let (status, text) = post(&url, Some(&key), body);
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(says), "{says}: {text}");
+    }
+    let (status, text) = post(&url, Some(&key), r#"{"prompt": "2+2=", "logprobs": 0}"#);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], " 4");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"],
+        serde_json::json!([" 4"])
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["token_logprobs"],
+        serde_json::json!([-0.25])
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["text_offset"],
+        serde_json::json!([0])
+    );
+    assert_eq!(v["usage"]["total_tokens"], 7);
+    let (status, text) = post(&url, Some(&key), r#"{"prompt": ["2+2="], "stream": true}"#);
+    assert_eq!(status, 200);
+    assert!(
+        text.contains(r#""text":" 4""#) && text.ends_with("data: [DONE]\n\n"),
+        "{text}"
+    );
+    let seen = sampler.join().expect("sampler");
+    assert_eq!(
+        seen,
+        vec![
+            (Some("2+2=".into()), Some(16), Some(true)),
+            (Some("2+2=".into()), Some(16), Some(false)),
+        ]
+    );
 }

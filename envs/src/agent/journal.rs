@@ -78,6 +78,9 @@ pub struct EpisodeRecord {
     pub preamble: Vec<PromptMessage>,
     /// The tools the last call offered.
     pub tools: Vec<serde_json::Value>,
+    /// A text episode's transcript (AGT-8).
+    #[serde(default)]
+    pub text: Option<super::Transcript>,
     /// The runtime's record of the episode's tokens (opaque here).
     #[serde(skip)]
     pub tokens: Vec<u8>,
@@ -333,6 +336,7 @@ mod tests {
             last_text: "7".into(),
             preamble: Vec::new(),
             tools: Vec::new(),
+            text: None,
             tokens: vec![1, 2, 3, 250],
         }
     }

@@ -40,6 +40,12 @@
 //!   end the turn at the first one sampled. The tokens sampled up to and including the stop
 //!   text are trained; the answer leaves the stop text and anything after it out, as the
 //!   OpenAI API does, and the next call's conversation extends that answer.
+//! - AGT-8 An episode whose first call is a text completion (`/v1/completions`, OAI-6) is a
+//!   text episode: its prompt is the model's text as is (the agent applied its own template),
+//!   every later call must be a text completion too (a chat call fails the episode with 400),
+//!   and a call whose prompt starts with the last prompt and its answer continues the episode
+//!   with the rest of the prompt encoded as is; any other prompt starts a new segment (AGT-3).
+//!   The same prompt again is a retry (AGT-2).
 
 pub mod gateway;
 pub mod journal;
@@ -289,12 +295,25 @@ struct Live {
     last_text: String,
     preamble: Vec<PromptMessage>,
     tools: Vec<serde_json::Value>,
+    /// A text episode's transcript (AGT-8); `None` for a chat episode.
+    text: Option<Transcript>,
+}
+
+/// A text episode's transcript (AGT-8).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Transcript {
+    /// The last call's prompt.
+    pub asked: String,
+    /// That prompt and the answer given: what the next call's prompt extends.
+    pub so_far: String,
 }
 
 /// How a call after the first goes on from the conversation so far.
 enum WentOn {
     /// It extends it with these messages (AGT-1).
     Extended(Vec<PromptMessage>),
+    /// It extends a text episode's transcript with this text (AGT-8).
+    Continued(String),
     /// It rewrote it: a new segment (AGT-3).
     Rewritten(Segment),
 }
@@ -373,6 +392,7 @@ impl AgentEnv {
             last_text: live.last_text.clone(),
             preamble: live.preamble.clone(),
             tools: live.tools.clone(),
+            text: live.text.clone(),
             tokens: self.record.clone(),
         };
         journal.put(&live.mailbox.digest, &record)
@@ -476,6 +496,7 @@ impl AgentEnv {
             last_text: String::new(),
             preamble: Vec::new(),
             tools: Vec::new(),
+            text: None,
         });
         self.done = false;
         self.solved = false;
@@ -506,6 +527,7 @@ impl AgentEnv {
             last_text: record.last_text,
             preamble: record.preamble,
             tools: record.tools,
+            text: record.text,
         });
         self.record = record.tokens;
         (self.done, self.solved) = (false, false);
@@ -524,6 +546,7 @@ impl AgentEnv {
                     let whole = Segment {
                         messages: request.messages.iter().map(prompt_message).collect(),
                         tools: request.tools.clone().unwrap_or_default(),
+                        text: request.prompt.clone(),
                     };
                     if self.next_call(*request, reply)?.is_some() {
                         self.resumed = Some(Resumed {
@@ -543,6 +566,16 @@ impl AgentEnv {
         request: openai::ChatRequest,
         reply: SyncSender<Reply>,
     ) -> Result<String, EnvError> {
+        if let Some(prompt) = request.prompt.clone() {
+            // AGT-8: a text episode; its prompt is the model's text as is.
+            let live = self.live()?;
+            live.pending = Some(Pending::new(reply, &request));
+            live.text = Some(Transcript {
+                asked: prompt.clone(),
+                so_far: prompt.clone(),
+            });
+            return Ok(prompt);
+        }
         if request.messages.last().map(|m| m.role.as_str()) != Some("user") {
             let m = "the first call of an episode must end with a user message";
             let _ = reply.send(Err(HttpError::new(400, m)));
@@ -604,6 +637,9 @@ impl AgentEnv {
         }
         live.calls += 1;
         live.last_text = text.to_string();
+        if let Some(t) = live.text.as_mut() {
+            t.so_far.push_str(text);
+        }
         live.said.push(Said::Answered(answer));
         if let Some((reply, served)) = reply {
             // AJ-1: recorded before it is answered.
@@ -622,6 +658,7 @@ impl AgentEnv {
                         let mut out = outcome_of(self, String::new(), 0.0, false, false);
                         match went_on {
                             WentOn::Extended(messages) => out.messages = messages,
+                            WentOn::Continued(text) => out.text = Some(text),
                             WentOn::Rewritten(segment) => out.segment = Some(segment),
                         }
                         return Ok(out);
@@ -647,6 +684,15 @@ impl AgentEnv {
         {
             let _ = reply.send(Ok(served.clone()));
             return Ok(None);
+        }
+        if live.text.is_some() != request.prompt.is_some() {
+            let m = "an episode's calls are all chat completions or all text completions (/v1/completions)";
+            let _ = reply.send(Err(HttpError::new(400, m)));
+            live.agent.wait_for_exit(EXIT_GRACE);
+            return Err(self.fail(format!("the agent mixed call kinds: {m}")));
+        }
+        if let Some(prompt) = request.prompt.clone() {
+            return self.next_text_call(request, prompt, reply);
         }
         let pending = Pending::new(reply, &request);
         let (messages, reply) = (request.messages, pending.reply.clone());
@@ -686,11 +732,57 @@ impl AgentEnv {
         let segment = Segment {
             messages: messages.iter().map(prompt_message).collect(),
             tools: request.tools.unwrap_or_default(),
+            text: None,
         };
         live.tools_offered = !segment.tools.is_empty();
         live.tools = segment.tools.clone();
         live.said = messages.into_iter().map(Said::Sent).collect();
         Ok(Some(WentOn::Rewritten(segment)))
+    }
+
+    /// A text episode's call after its first (AGT-8): a retry of the last prompt gets its
+    /// answer; a prompt that extends the transcript continues it; any other starts a segment.
+    fn next_text_call(
+        &mut self,
+        request: openai::ChatRequest,
+        prompt: String,
+        reply: SyncSender<Reply>,
+    ) -> Result<Option<WentOn>, EnvError> {
+        let max_calls = self.cfg.max_calls;
+        let live = self.live()?;
+        let Some(transcript) = live.text.as_mut() else {
+            return Err(self.fail("a text call reached a chat episode".into()));
+        };
+        if prompt == transcript.asked {
+            if let Some(Said::Answered(a)) = live.said.last() {
+                let served = Served {
+                    call: live.calls - 1,
+                    answer: a.clone(),
+                };
+                let _ = reply.send(Ok(served));
+                return Ok(None);
+            }
+        }
+        if live.calls >= max_calls {
+            let m =
+                format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
+            let _ = reply.send(Err(HttpError::new(429, m)));
+            return Ok(None);
+        }
+        live.pending = Some(Pending::new(reply, &request));
+        let went_on = match prompt.strip_prefix(transcript.so_far.as_str()) {
+            Some(rest) => WentOn::Continued(rest.to_string()),
+            None => WentOn::Rewritten(Segment {
+                messages: Vec::new(),
+                tools: Vec::new(),
+                text: Some(prompt.clone()),
+            }),
+        };
+        *transcript = Transcript {
+            asked: prompt.clone(),
+            so_far: prompt,
+        };
+        Ok(Some(went_on))
     }
 
     /// The agent exited: the episode's reward (AGT-4).
@@ -810,6 +902,10 @@ impl Env for AgentEnv {
 
     fn journals(&self) -> bool {
         self.journal.is_some()
+    }
+
+    fn prompt_is_text(&self) -> bool {
+        self.live.as_ref().is_some_and(|l| l.text.is_some())
     }
 
     fn take_resumed(&mut self) -> Option<Resumed> {

@@ -26,6 +26,13 @@
 //!   `top_logprobs` > 0 is refused (400): keel keeps only the sampled token's. `finish_reason`
 //!   is `tool_calls` when calls parsed, `length` when the turn hit `rollout.max_turn_tokens`,
 //!   else `stop`.
+//! - OAI-6 `POST /v1/completions` (text completions) takes one string prompt (or a list of
+//!   one) and answers a `text_completion` with the sampled text; `max_tokens` defaults to 16 as
+//!   in the OpenAI API; `logprobs: 0` returns each sampled token with its log-prob (`tokens`,
+//!   `token_logprobs`, `text_offset`; `top_logprobs` null). Token-id prompts, several prompts,
+//!   `echo`, `suffix`, `best_of` > 1 and `logprobs` > 0 are refused (400) naming the field. The
+//!   SSE form carries the text in one chunk, then a chunk with `finish_reason`, then
+//!   `data: [DONE]`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -70,6 +77,91 @@ pub struct ChatRequest {
     /// The `Idempotency-Key` header: a retry with the same key gets the same answer (AGT-2).
     #[serde(skip)]
     pub idempotency_key: Option<String>,
+    /// The text a `/v1/completions` call continues (OAI-6, AGT-8); `None` for a chat call,
+    /// whose `messages` are then the conversation.
+    #[serde(skip)]
+    pub prompt: Option<String>,
+}
+
+/// The answer length of a text completion that names none (the OpenAI API's default).
+pub const TEXT_DEFAULT_MAX_TOKENS: u64 = 16;
+
+/// A `POST /v1/completions` body (the fields keel reads, OAI-6).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TextRequest {
+    /// The model name (any).
+    #[serde(default)]
+    pub model: String,
+    /// The text to continue: a string, or a list of one string.
+    pub prompt: Value,
+    /// Sampling temperature (must be the run's, or absent).
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Most tokens of the answer ([`TEXT_DEFAULT_MAX_TOKENS`] when absent).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Stop sequences: a string or a list of strings.
+    #[serde(default)]
+    pub stop: Option<Value>,
+    /// Answers per request (only 1).
+    #[serde(default)]
+    pub n: Option<u64>,
+    /// Candidates sampled per answer (only 1).
+    #[serde(default)]
+    pub best_of: Option<u64>,
+    /// Server-sent events instead of one JSON body.
+    #[serde(default)]
+    pub stream: bool,
+    /// `0`: return the sampled tokens' log-probs; more asks for alternatives (not served).
+    #[serde(default)]
+    pub logprobs: Option<u64>,
+    /// Return the prompt before the answer (not served).
+    #[serde(default)]
+    pub echo: bool,
+    /// Text after the insertion point (not served).
+    #[serde(default)]
+    pub suffix: Option<String>,
+}
+
+impl TextRequest {
+    /// The call as its episode takes it: a [`ChatRequest`] with `prompt` set and no messages;
+    /// `Err` names what keel does not serve (OAI-6).
+    pub fn into_call(self) -> Result<ChatRequest, String> {
+        let prompt = match &self.prompt {
+            Value::String(s) => s.clone(),
+            Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+                a[0].as_str().unwrap_or_default().to_string()
+            }
+            _ => return Err("prompt must be one string (token-id prompts and several prompts are not served: a call is one turn of one episode)".into()),
+        };
+        if self.echo {
+            return Err("echo is not served: the answer is the sampled text only".into());
+        }
+        if self.suffix.is_some() {
+            return Err("suffix is not served: the model continues the prompt".into());
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err("best_of > 1 is not served: one answer per call".into());
+        }
+        if self.logprobs.is_some_and(|k| k > 0) {
+            return Err("logprobs > 0 asks for alternatives, which keel does not keep: logprobs = 0 returns each sampled token's log-prob".into());
+        }
+        Ok(ChatRequest {
+            model: self.model,
+            messages: Vec::new(),
+            tools: None,
+            temperature: self.temperature,
+            max_tokens: Some(self.max_tokens.unwrap_or(TEXT_DEFAULT_MAX_TOKENS)),
+            max_completion_tokens: None,
+            stop: self.stop,
+            n: self.n,
+            stream: self.stream,
+            logprobs: Some(self.logprobs.is_some()),
+            top_logprobs: None,
+            idempotency_key: None,
+            prompt: Some(prompt),
+        })
+    }
 }
 
 /// Most stop sequences a call may send (the OpenAI API's limit).
@@ -303,6 +395,70 @@ impl Answer {
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
             },
         })
+    }
+
+    /// The answer's text (a text completion's: no calls are parsed, OAI-6).
+    fn text(&self) -> &str {
+        self.content.as_deref().unwrap_or_default()
+    }
+
+    /// The legacy log-probs object of a text completion (OAI-6).
+    fn text_logprobs(&self) -> Value {
+        let Some(lps) = &self.logprobs else {
+            return Value::Null;
+        };
+        let offsets: Vec<usize> = lps
+            .iter()
+            .scan(0, |at, lp| {
+                let start = *at;
+                *at += lp.token.len();
+                Some(start)
+            })
+            .collect();
+        json!({
+            "tokens": lps.iter().map(|lp| &lp.token).collect::<Vec<_>>(),
+            "token_logprobs": lps.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+            "top_logprobs": null,
+            "text_offset": offsets,
+        })
+    }
+
+    /// The `text_completion` body (OAI-6).
+    pub fn text_completion(&self, id: &str, model: &str, created: u64) -> Value {
+        json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "text": self.text(),
+                "logprobs": self.text_logprobs(),
+                "finish_reason": self.finish_reason(),
+            }],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+        })
+    }
+
+    /// The text completion's event stream (OAI-6).
+    pub fn text_sse(&self, id: &str, model: &str, created: u64) -> String {
+        let chunk = |text: &str, logprobs: Value, finish: Value| {
+            json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            })
+        };
+        let events = [
+            chunk(self.text(), self.text_logprobs(), Value::Null),
+            chunk("", Value::Null, json!(self.finish_reason())),
+        ];
+        let mut out: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        out.push_str("data: [DONE]\n\n");
+        out
     }
 
     /// The `chat.completion.chunk` event stream (OAI-4).

@@ -19,7 +19,7 @@
 //!
 //! ```text
 //! cargo build --release -p keel-envs -p keel-integration --bin keel-echo-agent --bin keel-bench-gateway
-//! target/release/keel-bench-gateway [--steps 4] [--agents 64] [--turn-tokens 16]
+//! target/release/keel-bench-gateway [--steps 4] [--agents 64] [--turn-tokens 16] [--model DIR]
 //! ```
 
 use std::path::Path;
@@ -34,6 +34,8 @@ struct Args {
     steps: u64,
     agents: usize,
     turn_tokens: usize,
+    /// A Hugging Face folder instead of the tiny Qwen2.5 (e.g. scripts/fetch_smollm2.sh's).
+    model: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -41,6 +43,7 @@ fn parse_args() -> Result<Args> {
         steps: 4,
         agents: 64,
         turn_tokens: 16,
+        model: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -54,8 +57,9 @@ fn parse_args() -> Result<Args> {
             "--steps" => args.steps = value("--steps")? as u64,
             "--agents" => args.agents = value("--agents")?,
             "--turn-tokens" => args.turn_tokens = value("--turn-tokens")?,
+            "--model" => args.model = Some(it.next().context("--model needs a folder")?.into()),
             other => bail!(
-                "unknown argument {other:?} (expected --steps N, --agents N, --turn-tokens N)"
+                "unknown argument {other:?} (expected --steps N, --agents N, --turn-tokens N, --model DIR)"
             ),
         }
     }
@@ -92,12 +96,26 @@ fn write_rows(path: &Path, agents: usize) -> Result<()> {
     Ok(std::fs::write(path, rows.join("\n"))?)
 }
 
-fn cell_toml(args: &Args, data: &Path, model: &Path, agent: &[String]) -> Result<String> {
-    let env = match agent.is_empty() {
-        true => "name = \"dataset\"".to_string(),
-        false => format!(
-            "name = \"agent\"\n[env.agent]\ncommand = {:?}\nreward = \"verifier\"\nmax_calls = 1",
-            agent
+/// Who asks for the turns of a cell.
+enum Asker {
+    /// The `dataset` env: the engine itself.
+    Direct,
+    /// The `agent` env starting this command per episode.
+    Spawned(Vec<String>),
+    /// The `agent` env serving a persistent pool that pulls episodes from this port.
+    Pulled(u16),
+}
+
+/// The pool key the pulled cell's gateway reads (from this variable) and its pool sends.
+const POOL_KEY_ENV: &str = "KEEL_BENCH_POOL_KEY";
+
+fn cell_toml(args: &Args, data: &Path, model: &Path, asker: &Asker) -> Result<String> {
+    let agent = "name = \"agent\"\n[env.agent]\nreward = \"verifier\"\nmax_calls = 1";
+    let env = match asker {
+        Asker::Direct => "name = \"dataset\"".to_string(),
+        Asker::Spawned(command) => format!("{agent}\ncommand = {command:?}"),
+        Asker::Pulled(port) => format!(
+            "{agent}\nlaunch = \"pull\"\nbind = \"127.0.0.1:{port}\"\npool_key_env = \"{POOL_KEY_ENV}\""
         ),
     };
     let data = data.to_str().context("utf-8 data path")?;
@@ -175,13 +193,26 @@ fn run_cell(toml: &str) -> Result<(f64, f64)> {
     ))
 }
 
+/// The pool process, killed when its cell is done.
+struct PoolGuard(std::process::Child);
+
+impl Drop for PoolGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     tch::set_num_threads(1);
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("rows.jsonl");
     write_rows(&data, args.agents)?;
-    let model = keel_integration::family_models().join("qwen2.5");
+    let model = match &args.model {
+        Some(dir) => dir.clone(),
+        None => keel_integration::family_models().join("qwen2.5"),
+    };
     let script = dir.path().join("agent.py");
     std::fs::write(&script, PY_AGENT)?;
     let echo = std::env::current_exe()?.with_file_name("keel-echo-agent");
@@ -192,17 +223,33 @@ fn main() -> Result<()> {
         );
     }
     let path = |p: &Path| p.to_str().map(str::to_owned).context("utf-8 path");
-    let (direct, episodes) = run_cell(&cell_toml(&args, &data, &model, &[])?)?;
+    let (direct, episodes) = run_cell(&cell_toml(&args, &data, &model, &Asker::Direct)?)?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let cells = [
-        ("gateway, keel-echo-agent", vec![path(&echo)?]),
         (
-            "gateway, Python urllib agent",
-            vec!["python3".into(), path(&script)?],
+            "gateway, pulled by a keel-echo-agent pool",
+            Asker::Pulled(port),
+        ),
+        (
+            "gateway, keel-echo-agent per episode",
+            Asker::Spawned(vec![path(&echo)?]),
+        ),
+        (
+            "gateway, Python urllib agent per episode",
+            Asker::Spawned(vec!["python3".into(), path(&script)?]),
         ),
     ];
     println!(
-        "{} concurrent episodes per batch, {} steps, turns of up to {} tokens (tiny Qwen2.5, 1 thread)",
-        args.agents, args.steps, args.turn_tokens
+        "{} concurrent episodes per batch, {} steps, turns of up to {} tokens ({}, 1 thread)",
+        args.agents,
+        args.steps,
+        args.turn_tokens,
+        match &args.model {
+            Some(dir) => dir.display().to_string(),
+            None => "tiny Qwen2.5".into(),
+        }
     );
     println!("| cell | sampling s/batch | episodes/batch | vs direct | calls/s |");
     println!("|---|---|---|---|---|");
@@ -210,8 +257,23 @@ fn main() -> Result<()> {
         "| direct (dataset env) | {direct:.3} | {episodes:.1} | 1.000× | {:.1} |",
         episodes / direct
     );
-    for (name, agent) in cells {
-        let (gateway, n) = run_cell(&cell_toml(&args, &data, &model, &agent)?)?;
+    let pool_key = "keel-bench-pool-key-0123456789";
+    std::env::set_var(POOL_KEY_ENV, pool_key);
+    for (name, asker) in cells {
+        // The pool starts first and keeps pulling (no process per episode), as a sandbox pool
+        // on other hosts would; it exits once the gateway is gone.
+        let _pool = match &asker {
+            Asker::Pulled(port) => Some(PoolGuard(
+                std::process::Command::new(&echo)
+                    .args(["--pull", &format!("http://127.0.0.1:{port}/v1")])
+                    .args(["--workers", &args.agents.to_string()])
+                    .env("KEEL_AGENT_POOL_KEY", pool_key)
+                    .spawn()
+                    .context("start the keel-echo-agent pool")?,
+            )),
+            _ => None,
+        };
+        let (gateway, n) = run_cell(&cell_toml(&args, &data, &model, &asker)?)?;
         println!(
             "| {name} | {gateway:.3} | {n:.1} | {:.3}× | {:.1} |",
             gateway / direct,

@@ -191,6 +191,13 @@ impl ChatCodec {
         self.tok.encode(&rendered, false)
     }
 
+    /// Raw text as the tokenizer encodes it, no template: a text completion's prompt or what a
+    /// later prompt adds (an agent calling `/v1/completions`). `first` adds the tokenizer's
+    /// special tokens (its BOS, if it has one), as an inference server encodes a prompt.
+    pub fn text(&self, text: &str, first: bool) -> Result<Vec<u32>, HfError> {
+        self.tok.encode(text, first)
+    }
+
     /// The tokens a user observation appends after a turn whose last token is `last` (CC-2).
     pub fn observation(&self, last: Option<u32>, text: &str) -> Result<Vec<u32>, HfError> {
         self.observation_messages(last, &[ChatMessage::new("user", text)])
