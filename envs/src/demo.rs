@@ -130,6 +130,11 @@ fn demonstrate(
     rng: &mut ChaCha8Rng,
 ) -> Result<Demonstration, EnvError> {
     let prompt = env.try_reset(task_seed)?;
+    if env.prompt_is_text() {
+        return Err(EnvError::Agent {
+            reason: "the agent calls /v1/completions: a text episode has no chat turns to demonstrate (set sft.steps = 0, or demonstrate with a chat agent)".into(),
+        });
+    }
     let preamble = env.preamble();
     let tools = env.tools();
     let mut turns = Vec::new();

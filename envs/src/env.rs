@@ -55,12 +55,9 @@ pub struct StepOutcome {
     /// The canonical text the key hashes ([`Env::anchor_state`]; GiGPO similarity groups).
     #[serde(default)]
     pub anchor_state: String,
-    /// The chat role the observation is shown with: empty for `user`, `tool` for the answer
-    /// to a function call (the chat template renders it, e.g. Qwen's `<tool_response>`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub observation_role: String,
-    /// The observation as several chat messages (the `agent` env: every message an agent added
-    /// since its last call); when non-empty it stands for `observation` and its role.
+    /// The observation as chat messages, when it is not one user message: a function's answer
+    /// as a `tool` message (the dataset env, DS-8), every message an agent added since its
+    /// last call (the `agent` env); when non-empty it stands for `observation` in the prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<crate::dataset::PromptMessage>,
     /// The observation as raw text the tokenizer encodes as is, no chat template (the `agent`
@@ -91,18 +88,14 @@ pub struct Segment {
 
 impl StepOutcome {
     /// The messages the observation adds to the conversation: [`StepOutcome::messages`], or
-    /// the one `observation` with its role (`user` when none is given).
+    /// the one `observation` as a user message.
     pub fn observation_messages(&self) -> Vec<crate::dataset::PromptMessage> {
         if !self.messages.is_empty() {
             return self.messages.clone();
         }
-        let role = match self.observation_role.as_str() {
-            "" => "user",
-            role => role,
-        };
         vec![crate::dataset::PromptMessage {
             tool_calls: Vec::new(),
-            role: role.into(),
+            role: "user".into(),
             content: self.observation.clone(),
         }]
     }
@@ -318,7 +311,6 @@ pub(crate) fn outcome_of(
         agent_id: env.agent_id(),
         anchor_key: fnv1a64(anchor_state.as_bytes()),
         anchor_state,
-        observation_role: String::new(),
         messages: Vec::new(),
         text: None,
         segment: None,

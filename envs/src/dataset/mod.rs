@@ -370,7 +370,14 @@ impl DatasetEnv {
             self.state.done = true;
         }
         let mut out = outcome_of(self, observation, reward, self.state.done, invalid);
-        out.observation_role = role.into();
+        if role == "tool" {
+            // DS-8: a function's answer is a `tool` message (Qwen's `<tool_response>`).
+            out.messages = vec![PromptMessage {
+                role: role.into(),
+                content: out.observation.clone(),
+                tool_calls: Vec::new(),
+            }];
+        }
         Ok(out)
     }
 

@@ -275,16 +275,13 @@ fn ds8_verl_tool_row_is_a_multi_turn_episode_with_verls_tool() {
         "<think>48 + 24</think>\n48/2 = 24, 48 + 24 = 72.\n{CALL_72}"
     ));
     assert_eq!(out.observation, "Current parsed answer='72' reward=1.0");
-    assert_eq!(out.observation_role, "tool");
+    assert_eq!(out.observation_messages()[0].role, "tool");
     assert!(!out.done && out.reward == 0.0 && !out.invalid_action);
     let out = env.step_response("<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"71\"}}\n</tool_call>");
     assert_eq!(out.observation, "Current parsed answer='71' reward=0.0");
     let out = env.step_response("So the answer is 72.\n#### 72");
     assert!(out.done && out.reward == 1.0 && env.success());
-    assert_eq!(
-        out.observation_role, "",
-        "the final turn has no observation"
-    );
+    assert!(out.messages.is_empty(), "the final turn has no observation");
 }
 
 #[test]
@@ -297,7 +294,7 @@ fn ds8_malformed_and_unknown_calls_are_answered_as_verl_answers_them() {
         "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"a\": 1}}\n</tool_call>",
     );
     assert_eq!(out.observation, "Error when executing tool: 'calculator'");
-    assert!(out.invalid_action && !out.done && out.observation_role == "tool");
+    assert!(out.invalid_action && !out.done && out.observation_messages()[0].role == "tool");
     // A call that does not parse is dropped by verl's Hermes parser: with no call left the
     // response is the final answer, scored by the row's verifier (no `#### N`: 0).
     let out = env.step_response("<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}\n</tool_call>");
