@@ -8,9 +8,13 @@
 //!   the training rollouts' success; a collapse event is a guard rewind, a non-finite step the
 //!   learner skipped, or a step whose gradient norm exceeds `arena.spike_ratio` × the median of
 //!   the previous `arena.spike_window` steps (with at least 5 of them).
-//! - AST-3: intervals are two-sided 95% Student-t intervals over seeds (Welch's for a
-//!   difference); with fewer than two seeds on a side there is no interval and no verdict. The
-//!   verdict is `better` / `worse` when the difference's interval excludes 0, else `same`.
+//! - AST-3: intervals are two-sided 95% Student-t intervals over seeds. A method against its
+//!   baseline is a paired comparison when at least two seeds finished on both sides: the cells
+//!   of one seed share their SFT start, so the interval is the paired t-interval of the
+//!   per-seed differences (n − 1 degrees of freedom), over the seeds both sides finished.
+//!   Otherwise it is Welch's unpaired interval over every finished seed; with fewer than two
+//!   seeds on a side there is no interval and no verdict. The verdict is `better` / `worse`
+//!   when the difference's interval excludes 0, else `same`, and it names its test.
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
@@ -161,6 +165,78 @@ impl Verdict {
     }
 }
 
+/// Which test a comparison used (AST-3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// Paired t over this many seeds finished on both sides.
+    Paired(usize),
+    /// Welch's unpaired t.
+    Welch,
+}
+
+impl Test {
+    /// Its name in the table.
+    pub fn name(self) -> String {
+        match self {
+            Test::Paired(n) => format!("paired t, {n} seeds"),
+            Test::Welch => "Welch t (unpaired)".into(),
+        }
+    }
+}
+
+/// A method against its baseline: the difference of held-out success, its 95% half-width, the
+/// verdict and the test (AST-3).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    /// Mean difference, method − baseline.
+    pub delta: f64,
+    /// 95% half-width.
+    pub half: f64,
+    /// What the interval says.
+    pub verdict: Verdict,
+    /// How it was computed.
+    pub test: Test,
+}
+
+/// `a − b` over seeds (values by seed; AST-3): paired when two or more seeds are on both
+/// sides, else Welch's; `None` without two seeds on each side.
+pub fn compare_seeds(
+    a: &std::collections::BTreeMap<u64, f64>,
+    b: &std::collections::BTreeMap<u64, f64>,
+) -> Option<Comparison> {
+    let diffs: Vec<f64> = a
+        .iter()
+        .filter_map(|(seed, x)| b.get(seed).map(|y| x - y))
+        .collect();
+    if diffs.len() >= 2 {
+        let (delta, half) = mean_ci(&diffs);
+        let half = if half.is_nan() { 0.0 } else { half };
+        return Some(Comparison {
+            delta,
+            half,
+            verdict: verdict(delta, half),
+            test: Test::Paired(diffs.len()),
+        });
+    }
+    let values = |m: &std::collections::BTreeMap<u64, f64>| m.values().copied().collect::<Vec<_>>();
+    compare(&values(a), &values(b)).map(|(delta, half, verdict)| Comparison {
+        delta,
+        half,
+        verdict,
+        test: Test::Welch,
+    })
+}
+
+fn verdict(d: f64, half: f64) -> Verdict {
+    if d - half > 0.0 {
+        Verdict::Better
+    } else if d + half < 0.0 {
+        Verdict::Worse
+    } else {
+        Verdict::Same
+    }
+}
+
 /// Difference of means `a − b`, its Welch 95% half-width, and the verdict (AST-3); `None` with
 /// fewer than two seeds on either side.
 pub fn compare(a: &[f64], b: &[f64]) -> Option<(f64, f64, Verdict)> {
@@ -182,20 +258,14 @@ pub fn compare(a: &[f64], b: &[f64]) -> Option<(f64, f64, Verdict)> {
         let df = se2 * se2 / (sa * sa / (na - 1.0) + sb * sb / (nb - 1.0));
         t975(df) * se2.sqrt()
     };
-    let verdict = if d - half > 0.0 {
-        Verdict::Better
-    } else if d + half < 0.0 {
-        Verdict::Worse
-    } else {
-        Verdict::Same
-    };
-    Some((d, half, verdict))
+    Some((d, half, verdict(d, half)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::parse_log;
+    use std::collections::BTreeMap;
 
     fn arena() -> ArenaSection {
         toml::from_str("seeds = [1]\nsteps = 4\nsmooth = 2\nthreshold = 0.5\nspike_window = 10")
@@ -228,6 +298,37 @@ mod tests {
             Some(Verdict::Worse)
         );
         assert!(compare(&[1.0], &[1.0, 2.0]).is_none());
+    }
+
+    /// AST-3: seeds finished on both sides are paired; the paired interval is far narrower
+    /// than Welch's when the seeds differ a lot but the method moves each one alike.
+    #[test]
+    fn as3_paired_seeds_give_the_paired_interval_and_name_it() {
+        let by_seed = |xs: &[(u64, f64)]| xs.iter().copied().collect::<BTreeMap<u64, f64>>();
+        let base = by_seed(&[(1, 0.1), (2, 0.5), (3, 0.9)]);
+        let method = by_seed(&[(1, 0.2), (2, 0.62), (3, 0.98)]);
+        // Differences 0.1, 0.12, 0.08: mean 0.1, sd 0.02, t(0.975, 2) = 4.302653.
+        let c = compare_seeds(&method, &base).expect("paired");
+        assert_eq!(c.test, Test::Paired(3));
+        assert!((c.delta - 0.1).abs() < 1e-12);
+        assert!(
+            (c.half - 4.302653 * 0.02 / 3f64.sqrt()).abs() < 1e-5,
+            "{}",
+            c.half
+        );
+        assert_eq!(c.verdict, Verdict::Better);
+        let welch = compare(&[0.2, 0.62, 0.98], &[0.1, 0.5, 0.9]).expect("welch");
+        assert_eq!(
+            welch.2,
+            Verdict::Same,
+            "unpaired, the spread between seeds hides it"
+        );
+        // One seed in common: Welch over every finished seed.
+        let other = by_seed(&[(3, 0.95), (4, 0.4), (5, 0.7)]);
+        let c = compare_seeds(&other, &base).expect("welch");
+        assert_eq!(c.test, Test::Welch);
+        assert!(compare_seeds(&by_seed(&[(1, 0.5)]), &base).is_none());
+        assert_eq!(Test::Paired(3).name(), "paired t, 3 seeds");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::grid::{Grid, Setting};
-use super::stats::{compare, mean_ci, CellStats};
+use super::stats::{compare_seeds, mean_ci, CellStats, Comparison};
 
 /// Finished cells' stats by cell name.
 pub type Finished = BTreeMap<String, CellStats>;
@@ -38,8 +38,32 @@ fn finite_after(seeds: &[&CellStats]) -> Vec<f64> {
 }
 
 /// The finite held-out successes of one method, env and setting, one per finished seed.
-fn held_out(grid: &Grid, done: &Finished, method: &str, env: &str, setting: Setting) -> Vec<f64> {
-    finite_after(&seeds_of(grid, done, method, env, setting))
+/// The finite held-out successes of a method, env and setting, by seed (AST-3 pairs them).
+fn held_out(
+    grid: &Grid,
+    done: &Finished,
+    method: &str,
+    env: &str,
+    setting: Setting,
+) -> BTreeMap<u64, f64> {
+    grid.cells
+        .iter()
+        .filter(|c| c.method == method && c.env == env && c.setting == setting)
+        .filter_map(|c| done.get(&c.name).map(|s| (c.seed, s.after)))
+        .filter(|(_, x)| x.is_finite())
+        .collect()
+}
+
+/// A method against its baseline in one env and setting (AST-3).
+fn against(
+    grid: &Grid,
+    done: &Finished,
+    (method, baseline): (&str, &str),
+    env: &str,
+    setting: Setting,
+) -> Option<Comparison> {
+    let after = |name| held_out(grid, done, name, env, setting);
+    compare_seeds(&after(method), &after(baseline))
 }
 
 fn fmt(x: f64, digits: usize) -> String {
@@ -158,14 +182,21 @@ pub fn markdown(grid: &Grid, done: &Finished, command: &str) -> String {
                 .filter_map(|m| grid.baseline_of(m).map(|b| (*m, b)))
                 .collect();
             if !pairs.is_empty() {
-                md.push_str("\n| method | baseline | Δ held-out success (95% CI) | verdict |\n|---|---|---|---|\n");
+                md.push_str("\n| method | baseline | Δ held-out success (95% CI) | test | verdict |\n|---|---|---|---|---|\n");
                 for (m, b) in pairs {
-                    let after = |name| held_out(grid, done, name, env, setting);
-                    let (cell, verdict) = match compare(&after(m), &after(b)) {
-                        Some((d, h, v)) => (format!("{d:+.3} ± {h:.3}"), v.word().to_string()),
-                        None => ("—".into(), "— (needs 2 seeds on each side)".into()),
+                    let (cell, test, verdict) = match against(grid, done, (m, b), env, setting) {
+                        Some(c) => (
+                            format!("{:+.3} ± {:.3}", c.delta, c.half),
+                            c.test.name(),
+                            c.verdict.word().to_string(),
+                        ),
+                        None => (
+                            "—".into(),
+                            "—".into(),
+                            "— (needs 2 seeds on each side)".into(),
+                        ),
                     };
-                    let _ = writeln!(md, "| {m} | {b} | {cell} | {verdict} |");
+                    let _ = writeln!(md, "| {m} | {b} | {cell} | {test} | {verdict} |");
                 }
             }
             let _ = writeln!(
@@ -189,20 +220,19 @@ fn csv_num(x: f64) -> String {
 
 /// `table.csv`: one row per method, env and setting (AT-1).
 pub fn csv(grid: &Grid, done: &Finished) -> String {
-    let mut out = String::from("env,setting,method,baseline,seeds_finished,seeds_collapsed,seeds,heldout_success_mean,heldout_success_ci95,before_rl_mean,best_success_mean,seeds_reaching_threshold,steps_to_threshold_mean,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s_mean,delta_vs_baseline,delta_ci95,verdict\n");
+    let mut out = String::from("env,setting,method,baseline,seeds_finished,seeds_collapsed,seeds,heldout_success_mean,heldout_success_ci95,before_rl_mean,best_success_mean,seeds_reaching_threshold,steps_to_threshold_mean,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s_mean,delta_vs_baseline,delta_ci95,verdict,test\n");
     for env in &grid.envs {
         for &setting in &grid.settings {
             for m in grid.methods.iter().filter(|m| m.envs.contains(env)) {
                 let seeds = seeds_of(grid, done, m.name(), env, setting);
                 let r = row(&seeds);
-                let after = |name| held_out(grid, done, name, env, setting);
                 let cmp = m
                     .baseline
                     .as_deref()
-                    .and_then(|b| compare(&after(m.name()), &after(b)));
+                    .and_then(|b| against(grid, done, (m.name(), b), env, setting));
                 let _ = writeln!(
                     out,
-                    "{env},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{env},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     setting.name(),
                     m.name(),
                     m.baseline.as_deref().unwrap_or(""),
@@ -220,9 +250,10 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
                     r.spikes,
                     csv_num(r.kl),
                     csv_num(r.wall),
-                    cmp.map_or(String::new(), |c| csv_num(c.0)),
-                    cmp.map_or(String::new(), |c| csv_num(c.1)),
-                    cmp.map_or("", |c| c.2.word()),
+                    cmp.map_or(String::new(), |c| csv_num(c.delta)),
+                    cmp.map_or(String::new(), |c| csv_num(c.half)),
+                    cmp.map_or("", |c| c.verdict.word()),
+                    cmp.map_or(String::new(), |c| c.test.name()),
                 );
             }
         }
