@@ -57,6 +57,15 @@ pub fn addition_rows(path: &Path, n: usize, seed: u64) {
     std::fs::write(path, text).expect("write rows");
 }
 
+/// A train file of 200 sums and a held-out file of 16 others under `dir` (the real-model
+/// learning tests' data).
+pub fn addition_split(dir: &Path) -> (PathBuf, PathBuf) {
+    let (train, eval) = (dir.join("train.jsonl"), dir.join("test.jsonl"));
+    addition_rows(&train, 200, 1);
+    addition_rows(&eval, 16, 2);
+    (train, eval)
+}
+
 /// The mean reward of each trained batch of the run at `root`, in step order.
 pub fn batch_rewards(root: &Path) -> Vec<f64> {
     crate::events::train_events(root)

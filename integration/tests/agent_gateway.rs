@@ -158,6 +158,19 @@ impl AgentRun {
     }
 }
 
+/// What `python3 SCRIPT MODEL LOGS OUT.json` makes of the agents' logs with transformers (the
+/// reference renderings the stored episodes are checked against), read from OUT.json.
+fn read_agent_logs(script: &str, model: &Path, logs: &Path, dir: &Path) -> Vec<serde_json::Value> {
+    let out = dir.join("reference.json");
+    python(&[
+        agent_script(script).as_os_str(),
+        model.as_os_str(),
+        logs.as_os_str(),
+        out.as_os_str(),
+    ]);
+    serde_json::from_slice(&std::fs::read(&out).expect("reference")).expect("json")
+}
+
 /// Episodes trained and episodes failed, summed over the run's `rollout` events.
 fn rollout_counts(root: &Path) -> (usize, usize) {
     let (mut trained, mut failed) = (0, 0);
@@ -188,16 +201,7 @@ fn an_openai_client_agent_trains_through_the_gateway_token_exact() {
         "",
         "",
     );
-
-    let rendered = dir.path().join("rendered.json");
-    python(&[
-        agent_script("tests/python/agent_prompts.py").as_os_str(),
-        model.as_os_str(),
-        logs.as_os_str(),
-        rendered.as_os_str(),
-    ]);
-    let logged: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&rendered).expect("rendered")).expect("json");
+    let logged = read_agent_logs("tests/python/agent_prompts.py", &model, &logs, dir.path());
     let files = keel_learner::hf::tokenizer::folder_files(&model).expect("files");
     let codec = keel_actors::parts::codec_from_files(&files, &Default::default()).expect("codec");
     let episodes: Vec<_> = stored_batches(&root)
@@ -831,15 +835,10 @@ fn a_sigkilled_generator_takes_up_its_agents_episodes_from_the_journal() {
 /// GRPO steps through the gateway teach it to answer with it.
 #[test]
 fn an_unchanged_agent_teaches_a_real_model_through_the_gateway() {
-    use keel_integration::real_model::{addition_rows, batch_rewards, smollm2};
+    use keel_integration::real_model::{addition_split, batch_rewards, smollm2};
     let dir = tempfile::tempdir().expect("tempdir");
     let model = smollm2();
-    let (train, eval) = (
-        dir.path().join("train.jsonl"),
-        dir.path().join("test.jsonl"),
-    );
-    addition_rows(&train, 200, 1);
-    addition_rows(&eval, 16, 2);
+    let (train, eval) = addition_split(dir.path());
     let agent = agent_script("../examples/agents/minimal_agent.py");
     let cfg = dir.path().join("smollm2-agent.toml");
     std::fs::write(
@@ -967,15 +966,7 @@ fn a_text_completions_agent_trains_token_exact() {
         "",
         "",
     );
-    let encoded = dir.path().join("encoded.json");
-    python(&[
-        agent_script("tests/python/text_ids.py").as_os_str(),
-        model.as_os_str(),
-        logs.as_os_str(),
-        encoded.as_os_str(),
-    ]);
-    let rows: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&encoded).expect("encoded")).expect("json");
+    let rows = read_agent_logs("tests/python/text_ids.py", &model, &logs, dir.path());
     for entry in std::fs::read_dir(&logs).expect("logs").flatten() {
         let log: serde_json::Value =
             serde_json::from_slice(&std::fs::read(entry.path()).expect("log")).expect("json");

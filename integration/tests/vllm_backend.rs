@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use keel_integration::real_model::{addition_rows, batch_rewards, installed, smollm2};
+use keel_integration::real_model::{addition_split, batch_rewards, installed, smollm2};
 use keel_integration::{
     checkpoint_file, checkpoints, kill_at_checkpoint, log_tail, python, run_train, spawn_train,
     stored_batches, write_sum_rows,
@@ -666,12 +666,7 @@ fn real_model_config(
 fn vllm_rl_teaches_a_real_model_to_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = smollm2();
-    let (train, eval) = (
-        dir.path().join("train.jsonl"),
-        dir.path().join("test.jsonl"),
-    );
-    addition_rows(&train, 200, 1);
-    addition_rows(&eval, 16, 2);
+    let (train, eval) = addition_split(dir.path());
     let name = format!("vllm-learns-{}", std::process::id());
     let dataset = format!(
         "[env]\nname = \"dataset\"\n\n[env.dataset]\ntrain_file = {train:?}\neval_file = {eval:?}\nmax_turns = 2\nverifier = \"numeric\"\n"
