@@ -410,4 +410,94 @@ mod tests {
             "late records are dropped"
         );
     }
+
+    /// A store that refuses every write.
+    struct Full;
+
+    impl RecordStore for Full {
+        fn put(&self, _: &str, _: Vec<u8>) -> Result<(), String> {
+            Err("disk full".into())
+        }
+        fn get(&self, _: &str) -> Result<Vec<u8>, String> {
+            Err("absent".into())
+        }
+        fn list(&self, _: &str) -> Result<Vec<String>, String> {
+            Ok(Vec::new())
+        }
+        fn delete(&self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// AJ-1: a call whose record cannot be written is answered 503, never with the unrecorded
+    /// answer, and its episode fails with the store's reason.
+    #[test]
+    fn aj1_an_answer_that_cannot_be_recorded_is_a_503_and_fails_the_episode() {
+        use crate::agent::{AgentConfig, AgentEnv};
+        use crate::dataset::{Dataset, DatasetConfig};
+        use crate::env::{Env, SampledTurn};
+        let rows = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/gsm8k_tool_rows.parquet");
+        let data = Dataset::load(&DatasetConfig {
+            train_file: rows.clone(),
+            eval_file: rows,
+            ..DatasetConfig::default()
+        })
+        .expect("rows");
+        let pool = "pool-secret-0123456789";
+        let limits = CallLimits {
+            max_request_bytes: 1 << 20,
+            sampling: Sampling::default(),
+            pool_key: Some(pool.into()),
+        };
+        let gw = Gateway::start("127.0.0.1:0", limits).expect("gateway");
+        let base = gw.base_url().to_string();
+        let journal = Journal::open(Arc::new(Full), BIND, &gw, true, LONG).expect("journal");
+        let cfg = AgentConfig {
+            launch: "pull".into(),
+            ..AgentConfig::default()
+        };
+        let mut env = AgentEnv::new(
+            Arc::new(cfg),
+            Arc::new(gw),
+            Some(Arc::new(journal)),
+            Arc::new(data),
+            None,
+        );
+        let agent = std::thread::spawn(move || {
+            let http: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into();
+            let mut offer = http
+                .post(&format!("{base}/keel/episodes/next"))
+                .header("Authorization", &format!("Bearer {pool}"))
+                .send_json(serde_json::json!({"wait_s": 30}))
+                .expect("pull");
+            let offer: serde_json::Value = offer.body_mut().read_json().expect("offer");
+            let key = offer["key"].as_str().expect("key").to_string();
+            let mut reply = http
+                .post(&format!("{base}/chat/completions"))
+                .header("Authorization", &format!("Bearer {key}"))
+                .send_json(serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}))
+                .expect("call");
+            let status = reply.status().as_u16();
+            (
+                status,
+                reply.body_mut().read_to_string().unwrap_or_default(),
+            )
+        });
+        let seed = crate::split::task_seed(crate::split::Split::Train, 0);
+        assert_eq!(env.try_reset(seed).expect("the first call"), "hi");
+        let turn = SampledTurn {
+            text: "4".into(),
+            record: vec![1, 2, 3],
+            ..SampledTurn::default()
+        };
+        let err = env.try_step_turn(&turn).expect_err("an unrecorded answer");
+        assert!(err.to_string().contains("disk full"), "{err}");
+        let (status, body) = agent.join().expect("agent");
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("disk full"), "{body}");
+    }
 }
