@@ -39,7 +39,7 @@ use crate::error::EnvError;
 pub type Reply = Result<Served, HttpError>;
 
 /// An answer and the episode call it answers (0-based; names its tool-call ids, OAI-3).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Served {
     /// The episode's call number.
     pub call: usize,

@@ -67,7 +67,7 @@ pub struct EpisodeRecord {
     /// The conversation so far, its last answer included.
     pub said: Vec<SaidRecord>,
     /// The answers given to calls that sent an `Idempotency-Key` (AGT-2).
-    pub by_key: Vec<(String, usize, Answer)>,
+    pub by_key: HashMap<String, Served>,
     /// Calls answered.
     pub calls: usize,
     /// The reward the agent posted, if it has.
@@ -108,20 +108,6 @@ impl EpisodeRecord {
         let mut record: EpisodeRecord = serde_json::from_slice(head).map_err(|e| e.to_string())?;
         record.tokens = bytes[4 + len..].to_vec();
         Ok(record)
-    }
-
-    /// The answers by idempotency key, as the live episode keeps them.
-    pub fn served_by_key(&self) -> HashMap<String, Served> {
-        self.by_key
-            .iter()
-            .map(|(key, call, answer)| {
-                let served = Served {
-                    call: *call,
-                    answer: answer.clone(),
-                };
-                (key.clone(), served)
-            })
-            .collect()
     }
 }
 
@@ -330,7 +316,13 @@ mod tests {
         EpisodeRecord {
             task_seed,
             said: vec![SaidRecord::Answered(Answer::from_text("7", false))],
-            by_key: vec![("k-1".into(), 0, Answer::from_text("7", false))],
+            by_key: HashMap::from([(
+                "k-1".into(),
+                Served {
+                    call: 0,
+                    answer: Answer::from_text("7", false),
+                },
+            )]),
             calls: 1,
             reward: None,
             last_text: "7".into(),
@@ -363,10 +355,7 @@ mod tests {
         assert_eq!(taken.mailbox.digest, key_digest(key));
         assert_eq!(taken.record.tokens, vec![1, 2, 3, 250]);
         assert_eq!(
-            taken.record.served_by_key()["k-1"]
-                .answer
-                .content
-                .as_deref(),
+            taken.record.by_key["k-1"].answer.content.as_deref(),
             Some("7")
         );
         assert!(journal.adopt(5).is_none(), "each record is taken once");

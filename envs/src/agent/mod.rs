@@ -299,6 +299,31 @@ struct Live {
     text: Option<Transcript>,
 }
 
+impl Live {
+    /// Answers a retry of the last call with its answer (AGT-2); false when none was given.
+    fn resend_last(&self, reply: &SyncSender<Reply>) -> bool {
+        let Some(Said::Answered(answer)) = self.said.last() else {
+            return false;
+        };
+        let served = Served {
+            call: self.calls - 1,
+            answer: answer.clone(),
+        };
+        let _ = reply.send(Ok(served));
+        true
+    }
+
+    /// Answers 429 once the episode's call budget is spent (AGT-5); false while it is not.
+    fn refuse_over_budget(&self, max_calls: usize, reply: &SyncSender<Reply>) -> bool {
+        if self.calls < max_calls {
+            return false;
+        }
+        let m = format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
+        let _ = reply.send(Err(HttpError::new(429, m)));
+        true
+    }
+}
+
 /// A text episode's transcript (AGT-8).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Transcript {
@@ -382,11 +407,7 @@ impl AgentEnv {
         let record = EpisodeRecord {
             task_seed: live.task_seed,
             said: live.said.clone(),
-            by_key: live
-                .by_key
-                .iter()
-                .map(|(k, s)| (k.clone(), s.call, s.answer.clone()))
-                .collect(),
+            by_key: live.by_key.clone(),
             calls: live.calls,
             reward: live.reward,
             last_text: live.last_text.clone(),
@@ -519,7 +540,7 @@ impl AgentEnv {
             agent: Agent::Pulled(None),
             deadline: Instant::now() + Duration::from_secs_f64(self.cfg.timeout_s),
             pending: None,
-            by_key: record.served_by_key(),
+            by_key: record.by_key,
             tools_offered: !record.tools.is_empty(),
             said: record.said,
             calls: record.calls,
@@ -699,14 +720,8 @@ impl AgentEnv {
         let said = live.said.len();
         let extends = messages.len() >= said - 1
             && live.said.iter().zip(&messages).all(|(s, m)| s.matches(m));
-        if extends && messages.len() == said - 1 {
-            if let Some(Said::Answered(a)) = live.said.last() {
-                let _ = reply.send(Ok(Served {
-                    call: live.calls - 1,
-                    answer: a.clone(),
-                }));
-                return Ok(None);
-            }
+        if extends && messages.len() == said - 1 && live.resend_last(&reply) {
+            return Ok(None);
         }
         if messages.last().is_none_or(|m| m.role == "assistant") {
             let m = "a call must end with a user or tool message";
@@ -714,10 +729,7 @@ impl AgentEnv {
             live.agent.wait_for_exit(EXIT_GRACE);
             return Err(self.fail(format!("the agent sent a call that does not: {m}")));
         }
-        if live.calls >= max_calls {
-            let m =
-                format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
-            let _ = reply.send(Err(HttpError::new(429, m)));
+        if live.refuse_over_budget(max_calls, &reply) {
             return Ok(None);
         }
         live.pending = Some(pending);
@@ -750,26 +762,14 @@ impl AgentEnv {
     ) -> Result<Option<WentOn>, EnvError> {
         let max_calls = self.cfg.max_calls;
         let live = self.live()?;
-        let Some(transcript) = live.text.as_mut() else {
-            return Err(self.fail("a text call reached a chat episode".into()));
-        };
-        if prompt == transcript.asked {
-            if let Some(Said::Answered(a)) = live.said.last() {
-                let served = Served {
-                    call: live.calls - 1,
-                    answer: a.clone(),
-                };
-                let _ = reply.send(Ok(served));
-                return Ok(None);
-            }
-        }
-        if live.calls >= max_calls {
-            let m =
-                format!("the episode's call budget is spent (env.agent.max_calls = {max_calls})");
-            let _ = reply.send(Err(HttpError::new(429, m)));
+        let retry = live.text.as_ref().is_some_and(|t| t.asked == prompt);
+        if (retry && live.resend_last(&reply)) || live.refuse_over_budget(max_calls, &reply) {
             return Ok(None);
         }
         live.pending = Some(Pending::new(reply, &request));
+        let Some(transcript) = live.text.as_mut() else {
+            return Err(self.fail("a text call reached a chat episode".into()));
+        };
         let went_on = match prompt.strip_prefix(transcript.so_far.as_str()) {
             Some(rest) => WentOn::Continued(rest.to_string()),
             None => WentOn::Rewritten(Segment {
