@@ -13,7 +13,9 @@
 #![deny(missing_docs)]
 
 pub mod algo;
+
 pub mod batch_tensors;
+pub mod collective;
 pub mod error;
 pub mod hf;
 pub mod learner;

@@ -1,0 +1,152 @@
+// keel's binding of PyTorch's own collectives (c10d) for the learner ranks.
+//
+// A C ABI over TCPStore (rendezvous) and ProcessGroupGloo (CPU collectives), compiled against
+// the headers of the same libtorch wheel tch links (learner/build.rs). Every entry point
+// catches C++ exceptions and returns them as a message: nothing throws across the ABI.
+// Tensors cross as tch's handle (`at::Tensor*`, torch-sys's `tensor` typedef).
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace {
+
+struct Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::chrono::milliseconds timeout;
+};
+
+char* copy_message(const std::string& message) {
+  char* out = static_cast<char*>(std::malloc(message.size() + 1));
+  if (out != nullptr) {
+    std::memcpy(out, message.c_str(), message.size() + 1);
+  }
+  return out;
+}
+
+template <typename F>
+int guarded(char** error, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    *error = copy_message(e.what());
+  } catch (...) {
+    *error = copy_message("unknown C++ exception");
+  }
+  return 1;
+}
+
+void finish(Group* group, const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait(group->timeout);
+}
+
+}  // namespace
+
+extern "C" {
+
+void keel_c10d_free_message(char* message) { std::free(message); }
+
+// Rendezvous at host:port (rank 0 serves the TCPStore) and build a Gloo group of `world` ranks.
+int keel_c10d_gloo_new(const char* host, uint16_t port, int rank, int world,
+                       int64_t timeout_ms, Group** out, char** error) {
+  return guarded(error, [&] {
+    std::chrono::milliseconds timeout(timeout_ms);
+    c10d::TCPStoreOptions options;
+    options.port = port;
+    options.isServer = rank == 0;
+    options.numWorkers = static_cast<std::size_t>(world);
+    options.waitWorkers = true;
+    options.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), options);
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::PrefixStore>("keel", tcp);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
+    gloo_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(std::string(host)));
+    gloo_options->threads = 2;
+    auto backend =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
+    *out = new Group{store, backend, timeout};
+  });
+}
+
+void keel_c10d_free(Group* group) { delete group; }
+
+// Sum `tensor` over the ranks, in place.
+int keel_c10d_all_reduce_sum(Group* group, at::Tensor* tensor, char** error) {
+  return guarded(error, [&] {
+    std::vector<at::Tensor> tensors{*tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    options.timeout = group->timeout;
+    finish(group, group->backend->allreduce(tensors, options));
+  });
+}
+
+// Overwrite `tensor` on every rank with its value on `root`.
+int keel_c10d_broadcast(Group* group, at::Tensor* tensor, int root, char** error) {
+  return guarded(error, [&] {
+    std::vector<at::Tensor> tensors{*tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    options.rootTensor = 0;
+    options.timeout = group->timeout;
+    finish(group, group->backend->broadcast(tensors, options));
+  });
+}
+
+// Gather every rank's `input` into `outputs[r]` (one tensor per rank, each shaped as input).
+int keel_c10d_all_gather(Group* group, at::Tensor* input, at::Tensor** outputs, int count,
+                         char** error) {
+  return guarded(error, [&] {
+    std::vector<at::Tensor> inputs{*input};
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    for (int r = 0; r < count; ++r) {
+      gathered[0].push_back(*outputs[r]);
+    }
+    c10d::AllgatherOptions options;
+    options.timeout = group->timeout;
+    finish(group, group->backend->allgather(gathered, inputs, options));
+  });
+}
+
+int keel_c10d_barrier(Group* group, char** error) {
+  return guarded(error, [&] {
+    c10d::BarrierOptions options;
+    options.timeout = group->timeout;
+    finish(group, group->backend->barrier(options));
+  });
+}
+
+// Rendezvous key-value: set `key` to `value` (bytes).
+int keel_c10d_store_set(Group* group, const char* key, const uint8_t* value, size_t len,
+                        char** error) {
+  return guarded(error, [&] {
+    group->store->set(std::string(key), std::vector<uint8_t>(value, value + len));
+  });
+}
+
+// Wait (up to the group's timeout) for `key` and return its value; free with
+// keel_c10d_free_message.
+int keel_c10d_store_get(Group* group, const char* key, uint8_t** value, size_t* len,
+                        char** error) {
+  return guarded(error, [&] {
+    std::vector<uint8_t> bytes = group->store->get(std::string(key));
+    auto* out = static_cast<uint8_t*>(std::malloc(bytes.size() + 1));
+    if (out == nullptr) {
+      throw std::bad_alloc();
+    }
+    std::memcpy(out, bytes.data(), bytes.size());
+    *value = out;
+    *len = bytes.size();
+  });
+}
+
+}  // extern "C"
