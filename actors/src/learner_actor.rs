@@ -577,7 +577,7 @@ impl Handler<Snapshot> for LearnerActor {
 
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut SyncContext<Self>) -> Self::Result {
         let mut files = Vec::new();
-        for (k, l) in self.learners.iter().enumerate() {
+        for (k, l) in self.learners.iter_mut().enumerate() {
             files.extend(
                 l.state_files()?
                     .into_iter()

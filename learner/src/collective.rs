@@ -372,6 +372,29 @@ impl Drop for RankGroup {
     }
 }
 
+/// Loopback rendezvous for tests of several ranks in one process.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::Rendezvous;
+
+    /// A port free at the time of the call (the rendezvous binds it a moment later).
+    pub(crate) fn free_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+        listener.local_addr().expect("local address").port()
+    }
+
+    /// Rank `rank` of `world` meeting on 127.0.0.1:`port`.
+    pub(crate) fn rendezvous(port: u16, rank: usize, world: usize, timeout_s: u64) -> Rendezvous {
+        Rendezvous {
+            host: "127.0.0.1".into(),
+            port,
+            rank,
+            world,
+            timeout: std::time::Duration::from_secs(timeout_s),
+        }
+    }
+}
+
 #[cfg(test)]
 #[path = "collective_tests.rs"]
 mod tests;

@@ -1,25 +1,9 @@
 //! Ranks as threads of one process on loopback: the real Gloo group, TCPStore and sockets.
 
-use std::time::Duration;
-
 use tch::{Kind, Tensor};
 
+use super::test_support::{free_port, rendezvous};
 use super::*;
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local address").port()
-}
-
-fn rendezvous(port: u16, rank: usize, world: usize, timeout_s: u64) -> Rendezvous {
-    Rendezvous {
-        host: "127.0.0.1".into(),
-        port,
-        rank,
-        world,
-        timeout: Duration::from_secs(timeout_s),
-    }
-}
 
 /// Runs `body(rank, group)` on `world` threads that joined one group; returns their results.
 fn on_ranks<T: Send + 'static>(

@@ -20,6 +20,9 @@ pub enum LearnerError {
     /// The Hugging Face model layer failed (config.json, weights, tokenizer, forward).
     #[error(transparent)]
     Hf(Box<crate::hf::HfError>),
+    /// A collective between learner ranks failed (a peer died or hung, a mismatched rank).
+    #[error(transparent)]
+    Collective(#[from] crate::collective::CollectiveError),
     /// A configuration value is out of range; `key` is the config key, e.g. `learner.lr`.
     #[error("{key} {reason}")]
     InvalidConfig {

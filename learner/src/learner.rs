@@ -73,6 +73,8 @@ use crate::algo::value::{
     explained_variance, value_clip_frac, value_loss, CriticModel, CriticSchedule,
 };
 use crate::batch_tensors::TrainBatch;
+use crate::collective::RankGroup;
+use crate::data_parallel::{row_shares, DataParallel};
 use crate::error::LearnerError;
 use crate::hf::{HfModel, TrainPass};
 use crate::learner_config::LearnerConfig;
@@ -115,6 +117,7 @@ struct LearnerState {
 
 const STATE_FORMAT: &str = "keel.learner.v2";
 const REFERENCE_FILE: &str = "reference.safetensors";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Policy + optimizer + counters (+ the reference policy and KL controller when the preset
 /// needs them).
@@ -137,6 +140,8 @@ pub struct Learner {
     lr_horizon: u64,
     /// The separate critic (CR-1): set by the job, or made from the policy at the first update.
     critic: Option<ValueModel>,
+    /// Data-parallel learner ranks (DP-1..4), when this learner is one of several.
+    ranks: Option<DataParallel>,
 }
 
 /// Seeds torch's generator before a training forward of a model with LoRA dropout (LO-5), from
@@ -255,7 +260,21 @@ impl Learner {
             temperature: 1.0,
             lr_horizon: 0,
             critic: None,
+            ranks: None,
         })
+    }
+
+    /// Makes this learner one of `group.world()` data-parallel ranks (LR-9): from now on every
+    /// rank must make the same calls with the same batches, in the same order.
+    pub fn join_ranks(&mut self, group: RankGroup) {
+        self.ranks = Some(DataParallel::new(group, &mut self.opt));
+    }
+
+    /// This learner's (rank, ranks); (0, 1) alone.
+    pub fn rank_place(&self) -> (usize, usize) {
+        self.ranks
+            .as_ref()
+            .map_or((0, 1), |dp| (dp.rank(), dp.ranks()))
     }
 
     /// The separate critic's optimizer settings: AdamW at the preset's weight decay.
@@ -586,6 +605,7 @@ impl Learner {
         let lr = self.current_lr() * c.lr_ratio;
         let (agg, max_norm) = (self.preset.agg, self.cfg.max_grad_norm);
         let checkpoint = self.cfg.activation_checkpointing;
+        let shared = self.critic.is_none();
         let (model, opt) = match self.critic.as_mut() {
             Some(vm) => (&vm.model, &mut vm.opt),
             None => (&self.model, &mut self.opt),
@@ -625,6 +645,9 @@ impl Learner {
                 });
             }
             opt.step_where(|name| c.is_trainable(name));
+            if let (true, Some(dp)) = (shared, self.ranks.as_mut()) {
+                dp.broadcast_weights(opt)?; // DP-2: the policy's own optimizer is sharded
+            }
             self.step += 1;
             m.value_loss = v;
             m.loss = v;
@@ -658,8 +681,10 @@ impl Learner {
         }
         // MB-1: micro-batches of at most `max_tokens_per_microbatch` padded tokens accumulate
         // gradients under the mini-batch's global denominators, then one optimizer step.
-        let micro = self.micro_batches(rows, tg.tokens.size()[1]);
-        let global = if micro.len() > 1 {
+        // DP-1: with ranks, this rank's share of the rows, under the same global denominators.
+        let mine = self.rank_rows(tg, rows)?;
+        let micro = self.micro_batches(&mine, tg.tokens.size()[1]);
+        let global = if micro.len() > 1 || self.ranks.is_some() {
             Some(self.minibatch_denominators(tg, rows)?)
         } else {
             None
@@ -667,14 +692,25 @@ impl Learner {
         self.opt.set_lr(self.current_lr());
         self.opt.zero_grad();
         let mut parts = Vec::with_capacity(micro.len());
-        for m in &micro {
+        let mut failure = None;
+        for m in micro.iter().filter(|m| !m.is_empty()) {
             match self.actor_micro_backward(tg, m, global.as_ref()) {
                 Ok(part) => parts.push(part),
                 Err(e) => {
-                    self.opt.zero_grad();
-                    return Err(e);
+                    failure = Some(e);
+                    break;
                 }
             }
+        }
+        let failed_somewhere = match self.ranks.as_mut() {
+            Some(dp) => dp.reduce_grads(&self.opt, failure.is_some())?,
+            None => failure.is_some(),
+        };
+        if failed_somewhere {
+            self.opt.zero_grad();
+            return Err(failure.unwrap_or_else(|| LearnerError::NonFinite {
+                what: "loss on another learner rank".into(),
+            }));
         }
         let grad_norm = self.clip_and_step()?;
         let mut actor_out = StepMetrics::combine_micro(parts);
@@ -688,6 +724,22 @@ impl Learner {
         actor_out.actor_steps = 1.0;
         self.step += 1;
         Ok(actor_out)
+    }
+
+    /// This rank's rows of the mini-batch `rows` (DP-1); all of them without ranks.
+    fn rank_rows(&self, tg: &Targets, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
+        let Some(dp) = &self.ranks else {
+            return Ok(rows.to_vec());
+        };
+        let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
+        let tokens = tg
+            .mask
+            .f_index_select(0, &idx)?
+            .f_sum_dim_intlist(1, false, Kind::Int64)?
+            .f_to_device(tch::Device::Cpu)?;
+        let tokens = Vec::<i64>::try_from(&tokens)?;
+        let mut shares = row_shares(rows, &tokens, dp.ranks());
+        Ok(std::mem::take(&mut shares[dp.rank()]))
     }
 
     /// Row chunks of `rows` holding at most `learner.max_tokens_per_microbatch` padded tokens
@@ -799,7 +851,16 @@ impl Learner {
             });
         }
         self.opt.step();
+        self.share_weights()?;
         Ok(grad_norm)
+    }
+
+    /// DP-2: after a step of the sharded optimizer, every parameter from its owner.
+    fn share_weights(&mut self) -> Result<(), LearnerError> {
+        match self.ranks.as_mut() {
+            Some(dp) => dp.broadcast_weights(&self.opt),
+            None => Ok(()),
+        }
     }
 
     /// Supervised fine-tuning: token-mean cross-entropy on mask-1 tokens, one AdamW step at `lr`
@@ -856,7 +917,10 @@ impl Learner {
 
     /// Everything `restore` needs (LR-4): `model.safetensors`, `optimizer.safetensors`,
     /// `learner.json`, and `reference.safetensors` once a reference policy exists.
-    pub fn state_files(&self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
+    ///
+    /// With ranks (LR-9) this is a collective: every rank calls it, and each gets the whole
+    /// checkpoint, the optimizer as one `optimizer.rank-R-of-N.safetensors` per rank (OP-7).
+    pub fn state_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
         let state = LearnerState {
             format: STATE_FORMAT.to_string(),
             step: self.step,
@@ -871,20 +935,15 @@ impl Learner {
             critic: self.critic.as_ref().map(ValueModel::identity),
             lora_base: LoraBase::of(&self.model)?,
         };
-        let mut files = vec![
-            (
-                "model.safetensors".to_string(),
-                self.model.to_safetensors()?,
-            ),
-            (
-                "optimizer.safetensors".to_string(),
-                self.opt.to_safetensors()?,
-            ),
-            (
-                "learner.json".to_string(),
-                serde_json::to_vec_pretty(&state)?,
-            ),
-        ];
+        let mut files = vec![(
+            "model.safetensors".to_string(),
+            self.model.to_safetensors()?,
+        )];
+        files.extend(self.optimizer_files()?);
+        files.push((
+            "learner.json".to_string(),
+            serde_json::to_vec_pretty(&state)?,
+        ));
         if let Some(r) = &self.reference {
             files.push((REFERENCE_FILE.to_string(), r.to_safetensors()?));
         }
@@ -892,6 +951,21 @@ impl Learner {
             files.extend(c.state_files()?);
         }
         Ok(files)
+    }
+
+    /// The optimizer's state files: one, or one shard per rank gathered from every rank.
+    fn optimizer_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
+        let mine = self.opt.to_safetensors()?;
+        let Some(dp) = self.ranks.as_mut() else {
+            return Ok(vec![(OPTIMIZER_FILE.to_string(), mine)]);
+        };
+        let n = dp.ranks();
+        Ok(dp
+            .gather_bytes(&mine)?
+            .into_iter()
+            .enumerate()
+            .map(|(r, bytes)| (format!("optimizer.rank-{r}-of-{n}.safetensors"), bytes))
+            .collect())
     }
 
     /// The checkpoint's separate critic (VM-3), when it has one and the running preset trains
@@ -952,7 +1026,7 @@ impl Learner {
             ));
         }
         let weights = self.model.decode_weights(get("model.safetensors")?)?;
-        let (moments, opt_steps) = self.opt.decode_state(get("optimizer.safetensors")?)?;
+        let (moments, opt_steps) = self.decode_optimizer(files)?;
         let reference = match files.iter().find(|(n, _)| n == REFERENCE_FILE) {
             Some((_, bytes)) => {
                 let mut r = self.model.try_clone()?;
@@ -980,6 +1054,36 @@ impl Learner {
         self.seed = state.seed;
         Ok(())
     }
+
+    /// The checkpoint's optimizer state for this rank: from `optimizer.safetensors`, or from the
+    /// shards of a run with any number of ranks (OP-7: resharding is picking by name).
+    fn decode_optimizer(
+        &self,
+        files: &[(String, Vec<u8>)],
+    ) -> Result<(Vec<Tensor>, u64), LearnerError> {
+        if self.ranks.is_none() {
+            if let Ok(bytes) = state_file(files, OPTIMIZER_FILE) {
+                return self.opt.decode_state(bytes);
+            }
+        }
+        let parts: Vec<&[u8]> = files
+            .iter()
+            .filter(|(n, _)| n == OPTIMIZER_FILE || is_optimizer_shard(n))
+            .map(|(_, b)| b.as_slice())
+            .collect();
+        if parts.is_empty() {
+            return Err(LearnerError::mismatch(
+                OPTIMIZER_FILE,
+                "missing from the checkpoint, and so are optimizer.rank-R-of-N shards",
+            ));
+        }
+        self.opt.decode_shards(&parts)
+    }
+}
+
+/// Whether `name` is one rank's optimizer state file (`optimizer.rank-R-of-N.safetensors`).
+pub fn is_optimizer_shard(name: &str) -> bool {
+    name.starts_with("optimizer.rank-") && name.ends_with(".safetensors")
 }
 
 /// A model identity (`ModelSpec::identity`) in a few words: architecture, depth, width, vocab,

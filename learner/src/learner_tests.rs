@@ -232,7 +232,7 @@ fn lr4_restore_continues_bit_identically() {
 #[test]
 fn lr5_restore_rejects_other_models_and_changes_nothing() {
     tch::set_num_threads(1);
-    let a = Learner::new(tiny(true, 1), cfg(Algo::Grpo), 1).expect("a");
+    let mut a = Learner::new(tiny(true, 1), cfg(Algo::Grpo), 1).expect("a");
     let other = test_models::tiny(13, true, 2);
     let mut b = Learner::new(other, cfg(Algo::Grpo), 2).expect("b");
     let before = b.weights_safetensors().expect("w");

@@ -16,6 +16,7 @@ pub mod algo;
 
 pub mod batch_tensors;
 pub mod collective;
+pub mod data_parallel;
 pub mod error;
 pub mod hf;
 pub mod learner;

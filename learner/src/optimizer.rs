@@ -32,10 +32,15 @@
 //!   kind's spacing therefore accumulate instead of being lost. Masters are part of the state
 //!   (`<param>.master`), so a bf16 run resumes bit-identically. An f32 parameter is its own
 //!   master.
+//! - OP-7 (sharded state, ZeRO-1): after [`AdamW::shard`] a rank holds moments, step counters
+//!   and masters only for the parameters it owns; `step_where` moves only those, and the state
+//!   file holds only those (with the shard's place in its metadata). Because the state is keyed
+//!   by parameter name, [`AdamW::load_shards`] restores a rank from the files of any number of
+//!   ranks (or from one unsharded file): resharding is picking by name.
 //! - OP-4: `clip_grad_norm` returns the pre-clip global L2 norm and rescales only when that norm
 //!   is finite and above the bound (coefficient `max_norm / (norm + 1e-6)`, as PyTorch).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tch::{nn, Tensor};
 
@@ -80,6 +85,8 @@ struct ParamState {
     /// Updates applied to this parameter: a 0-dim f32 CPU tensor (OP-1, OP-5).
     step: Tensor,
     decay: bool,
+    /// This rank keeps and steps this parameter's state (OP-7; always true without ranks).
+    owned: bool,
 }
 
 impl ParamState {
@@ -95,11 +102,26 @@ fn reduced(kind: tch::Kind) -> bool {
     !matches!(kind, tch::Kind::Float | tch::Kind::Double)
 }
 
+/// The `steps` entry of a state file's metadata.
+fn state_steps(metadata: &HashMap<String, String>) -> Result<u64, LearnerError> {
+    metadata
+        .get("steps")
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| {
+            LearnerError::mismatch(
+                "optimizer.safetensors",
+                "metadata `steps` is missing or not an integer",
+            )
+        })
+}
+
 /// AdamW with decoupled weight decay and bias correction.
 pub struct AdamW {
     cfg: AdamWConfig,
     params: Vec<ParamState>,
     steps: u64,
+    /// (rank, ranks) once sharded (OP-7).
+    shard_place: Option<(usize, usize)>,
 }
 
 impl AdamW {
@@ -125,6 +147,7 @@ impl AdamW {
                         master,
                         name,
                         param,
+                        owned: true,
                     }
                 })
                 .collect()
@@ -133,6 +156,7 @@ impl AdamW {
             cfg,
             params,
             steps: 0,
+            shard_place: None,
         }
     }
 
@@ -216,7 +240,7 @@ impl AdamW {
         tch::no_grad(|| {
             for p in &mut self.params {
                 let g = p.param.grad();
-                if !g.defined() || !trainable(&p.name) {
+                if !p.owned || !g.defined() || !trainable(&p.name) {
                     continue;
                 }
                 let _ = p.step.g_add_scalar_(1.0);
@@ -241,11 +265,97 @@ impl AdamW {
         });
     }
 
+    /// The parameters in state order (OP-3) with whether this rank owns them (OP-7).
+    pub(crate) fn parameters(&self) -> impl Iterator<Item = (&str, &Tensor, bool)> {
+        self.params
+            .iter()
+            .map(|p| (p.name.as_str(), &p.param, p.owned))
+    }
+
+    /// Keeps the state of the parameters `owns` selects (by index in state order and name) and
+    /// frees the rest (OP-7). `place` = (rank, ranks), recorded in the state file's metadata.
+    pub(crate) fn shard(&mut self, owns: impl Fn(usize, &str) -> bool, place: (usize, usize)) {
+        for (i, p) in self.params.iter_mut().enumerate() {
+            p.owned = owns(i, &p.name);
+            if !p.owned {
+                let empty = Tensor::zeros([0], (tch::Kind::Float, tch::Device::Cpu));
+                p.exp_avg = empty.shallow_clone();
+                p.exp_avg_sq = empty;
+                p.master = None;
+            }
+        }
+        self.shard_place = Some(place);
+    }
+
+    /// Every state name this optimizer can hold, owned or not, with its shape (OP-7).
+    fn known_state(&self) -> HashMap<String, Vec<i64>> {
+        let mut out = HashMap::new();
+        for p in &self.params {
+            let shape = p.param.size();
+            out.insert(format!("{}.exp_avg", p.name), shape.clone());
+            out.insert(format!("{}.exp_avg_sq", p.name), shape.clone());
+            out.insert(format!("{}.step", p.name), Vec::new());
+            if reduced(p.param.kind()) {
+                out.insert(format!("{}.master", p.name), shape);
+            }
+        }
+        out
+    }
+
+    /// Restores this rank's owned state from the state files of any number of ranks, or from
+    /// one unsharded file (OP-7). On error nothing is changed.
+    pub fn load_shards(&mut self, files: &[&[u8]]) -> Result<(), LearnerError> {
+        let (tensors, steps) = self.decode_shards(files)?;
+        self.commit_state(&tensors, steps)
+    }
+
+    /// Checks state files of any sharding against this rank's owned state without changing
+    /// anything (OP-7): each owned tensor must be found exactly once, and every file must
+    /// agree on the step count.
+    pub(crate) fn decode_shards(
+        &self,
+        files: &[&[u8]],
+    ) -> Result<(Vec<Tensor>, u64), LearnerError> {
+        let known = self.known_state();
+        let wanted_list = self.state_names();
+        let wanted: HashSet<String> = wanted_list.iter().map(|(n, _)| n.clone()).collect();
+        let mut found: HashMap<String, Tensor> = HashMap::new();
+        let mut steps: Option<u64> = None;
+        for bytes in files {
+            let (tensors, meta) = tensor_io::decode_subset(bytes, &known, &wanted, "optimizer")?;
+            let file_steps = state_steps(&meta)?;
+            if steps.is_some_and(|s| s != file_steps) {
+                return Err(LearnerError::mismatch(
+                    "optimizer.safetensors",
+                    format!(
+                        "the shard files disagree on the step count ({steps:?} and {file_steps})"
+                    ),
+                ));
+            }
+            steps = Some(file_steps);
+            for (name, t) in tensors {
+                if found.insert(name.clone(), t).is_some() {
+                    return Err(LearnerError::mismatch(
+                        &name,
+                        "held by two optimizer shard files",
+                    ));
+                }
+            }
+        }
+        let mut ordered = Vec::with_capacity(wanted_list.len());
+        for (name, _) in &wanted_list {
+            ordered.push(found.remove(name).ok_or_else(|| {
+                LearnerError::mismatch(name, "missing from every optimizer shard file")
+            })?);
+        }
+        Ok((ordered, steps.unwrap_or(0)))
+    }
+
     /// The state tensors in file order: moments and step counter of every parameter, then its
     /// master (OP-1, OP-6).
     fn state_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::with_capacity(4 * self.params.len());
-        for p in &self.params {
+        for p in self.params.iter().filter(|p| p.owned) {
             out.push((format!("{}.exp_avg", p.name), p.exp_avg.shallow_clone()));
             out.push((
                 format!("{}.exp_avg_sq", p.name),
@@ -271,23 +381,17 @@ impl AdamW {
         let tensors = self.state_tensors();
         // A single key: safetensors writes metadata from a HashMap, so more keys would make
         // the header's byte order vary between runs.
-        let meta = HashMap::from([("steps".to_string(), self.steps.to_string())]);
+        let mut meta = HashMap::from([("steps".to_string(), self.steps.to_string())]);
+        if let Some((rank, ranks)) = self.shard_place {
+            meta.insert("shard".into(), format!("{rank}/{ranks}"));
+        }
         tensor_io::encode(&tensors, Some(meta))
     }
 
     /// Checks a state buffer against this optimizer's parameters without changing anything.
     pub(crate) fn decode_state(&self, bytes: &[u8]) -> Result<(Vec<Tensor>, u64), LearnerError> {
         let decoded = tensor_io::decode_checked(bytes, &self.state_names(), "optimizer")?;
-        let steps = decoded
-            .metadata
-            .get("steps")
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| {
-                LearnerError::mismatch(
-                    "optimizer.safetensors",
-                    "metadata `steps` is missing or not an integer",
-                )
-            })?;
+        let steps = state_steps(&decoded.metadata)?;
         Ok((decoded.tensors, steps))
     }
 

@@ -76,29 +76,68 @@ pub(crate) fn decode_checked(
         let view = st
             .tensor(name)
             .map_err(|_| LearnerError::mismatch(name, format!("missing from the {what} file")))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(LearnerError::mismatch(
-                name,
-                format!("dtype {:?} in the {what} file, expected F32", view.dtype()),
-            ));
-        }
-        let got: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        if &got != shape {
-            return Err(LearnerError::mismatch(
-                name,
-                format!("shape {got:?} in the {what} file, expected {shape:?}"),
-            ));
-        }
-        let values: Vec<f32> = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        tensors.push(Tensor::f_from_slice(&values)?.f_reshape(shape.as_slice())?);
+        tensors.push(decode_view(&view, name, shape, what)?);
     }
     let (_, meta) = SafeTensors::read_metadata(bytes)?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     Ok(Decoded { tensors, metadata })
+}
+
+/// One checked F32 tensor of a buffer (TI-2).
+fn decode_view(
+    view: &TensorView<'_>,
+    name: &str,
+    shape: &[i64],
+    what: &str,
+) -> Result<Tensor, LearnerError> {
+    if view.dtype() != Dtype::F32 {
+        return Err(LearnerError::mismatch(
+            name,
+            format!("dtype {:?} in the {what} file, expected F32", view.dtype()),
+        ));
+    }
+    let got: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+    if got != shape {
+        return Err(LearnerError::mismatch(
+            name,
+            format!("shape {got:?} in the {what} file, expected {shape:?}"),
+        ));
+    }
+    let values: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Tensor::f_from_slice(&values)?.f_reshape(shape)?)
+}
+
+/// The tensors of `bytes` whose names are `wanted`, checked (TI-2); every tensor of the buffer
+/// must be one of `known` (name, shape), and those not wanted are not decoded. For state split
+/// over several files (a sharded optimizer): returns what this file holds of `wanted`, by name.
+pub(crate) fn decode_subset(
+    bytes: &[u8],
+    known: &HashMap<String, Vec<i64>>,
+    wanted: &HashSet<String>,
+    what: &str,
+) -> Result<(HashMap<String, Tensor>, HashMap<String, String>), LearnerError> {
+    let st = SafeTensors::deserialize(bytes)?;
+    let mut out = HashMap::new();
+    let mut names = st.names();
+    names.sort_unstable();
+    for name in names {
+        let Some(shape) = known.get(name) else {
+            return Err(LearnerError::mismatch(
+                name,
+                format!("present in the {what} file but not a tensor of this {what}"),
+            ));
+        };
+        if wanted.contains(name) {
+            let view = st.tensor(name)?;
+            out.insert(name.to_string(), decode_view(&view, name, shape, what)?);
+        }
+    }
+    let (_, meta) = SafeTensors::read_metadata(bytes)?;
+    Ok((out, meta.metadata().clone().unwrap_or_default()))
 }
 
 /// Copies `sources[i]` into `targets[i]` in place, without gradient tracking (TI-3).

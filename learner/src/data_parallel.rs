@@ -1,0 +1,241 @@
+//! Data-parallel learner ranks over a [`RankGroup`]: which rows of a mini-batch a rank trains,
+//! the gradient all-reduce in buckets, and the sharded optimizer's owners and weight broadcast
+//! (ZeRO-1: every rank holds the weights and the whole gradient, each steps only its share).
+//!
+//! Invariants:
+//! - DP-1 (the same update): the ranks split each mini-batch's rows ([`row_shares`], balanced
+//!   by loss tokens), compute their losses under the whole mini-batch's denominators and sum
+//!   their gradients, so the update is the one-rank update up to float reassociation.
+//! - DP-2 (owners): parameter `i`'s owner is fixed by a greedy balance of parameter sizes in
+//!   state order ([`owners`]); only the owner keeps its optimizer state and steps it (OP-7);
+//!   after every step each parameter is broadcast from its owner, so all ranks hold the same
+//!   weights.
+//! - DP-3 (fail together): a rank whose micro-batch failed (a non-finite loss) still takes part
+//!   in the reduce with its failure flagged; then every rank drops the gradients and returns an
+//!   error, so no rank waits for another in a later collective.
+//! - DP-4 (defined gradients): a parameter with a gradient on some rank gets one on every rank
+//!   before the sum; one with a gradient on none stays without, and is skipped as with one rank
+//!   (OP-3).
+
+use tch::{Kind, Tensor};
+
+use crate::collective::{CollectiveError, RankGroup};
+use crate::error::LearnerError;
+use crate::optimizer::AdamW;
+
+/// Gradients are summed in buckets of at most this many elements (f32: 64 MiB).
+const BUCKET_ELEMENTS: i64 = 16 << 20;
+
+/// Each rank's rows of `rows` (DP-1): greedy by decreasing `tokens[i]` (the row's loss
+/// tokens) onto the least-loaded rank, then back in mini-batch order. A rank gets no row when
+/// there are fewer rows than ranks.
+pub fn row_shares(rows: &[i64], tokens: &[i64], ranks: usize) -> Vec<Vec<i64>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(tokens[i]));
+    let mut load = vec![(0i64, 0usize); ranks];
+    let mut picked = vec![Vec::new(); ranks];
+    for i in order {
+        let r = (0..ranks).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        load[r].0 += tokens[i];
+        load[r].1 += 1;
+        picked[r].push(i);
+    }
+    picked
+        .into_iter()
+        .map(|mut idx| {
+            idx.sort_unstable();
+            idx.into_iter().map(|i| rows[i]).collect()
+        })
+        .collect()
+}
+
+/// The owner rank of each parameter (DP-2): greedy onto the rank with the fewest elements so
+/// far, in state order.
+pub fn owners(sizes: &[i64], ranks: usize) -> Vec<usize> {
+    let mut load = vec![0i64; ranks];
+    sizes
+        .iter()
+        .map(|&n| {
+            let r = (0..ranks).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+            load[r] += n;
+            r
+        })
+        .collect()
+}
+
+/// One learner rank's part in a data-parallel group.
+pub struct DataParallel {
+    group: RankGroup,
+    owners: Vec<usize>,
+}
+
+impl DataParallel {
+    /// Joins `opt` to `group`: assigns owners and frees the state this rank does not own.
+    pub fn new(group: RankGroup, opt: &mut AdamW) -> Self {
+        let sizes: Vec<i64> = opt.parameters().map(|(_, p, _)| p.numel() as i64).collect();
+        let owners = owners(&sizes, group.world());
+        let rank = group.rank();
+        opt.shard(|i, _| owners[i] == rank, (rank, group.world()));
+        DataParallel { group, owners }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// The number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.group.world()
+    }
+
+    /// The group, for the caller's own collectives (the command stream, state files).
+    pub fn group(&mut self) -> &mut RankGroup {
+        &mut self.group
+    }
+
+    /// Sums the gradients over the ranks (DP-1, DP-4) and says whether any rank failed its
+    /// micro-batches (DP-3); on `true` the caller drops the gradients.
+    pub fn reduce_grads(&mut self, opt: &AdamW, failed_here: bool) -> Result<bool, LearnerError> {
+        let params: Vec<Tensor> = opt
+            .parameters()
+            .map(|(_, p, _)| p.shallow_clone())
+            .collect();
+        let mut flags: Vec<f32> = params
+            .iter()
+            .map(|p| p.grad().defined() as u8 as f32)
+            .collect();
+        flags.push(failed_here as u8 as f32);
+        let mut flags_t = Tensor::f_from_slice(&flags)?;
+        self.group.all_reduce_sum(&mut flags_t)?;
+        let flags = Vec::<f32>::try_from(&flags_t)?;
+        if flags[params.len()] > 0.0 {
+            return Ok(true);
+        }
+        let missing: Vec<&Tensor> = params
+            .iter()
+            .zip(&flags)
+            .filter(|(p, &f)| f > 0.0 && !p.grad().defined())
+            .map(|(p, _)| p)
+            .collect();
+        if !missing.is_empty() {
+            // DP-4: a zero contribution defines the gradient without changing it.
+            let zero = missing
+                .iter()
+                .map(|p| p.f_sum(Kind::Float).and_then(|s| s.f_mul_scalar(0.0)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Tensor::f_stack(&zero, 0)?
+                .f_sum(Kind::Float)?
+                .f_backward()?;
+        }
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|p| p.grad())
+            .filter(|g| g.defined())
+            .collect();
+        for bucket in buckets(&grads) {
+            self.all_reduce_bucket(bucket)?;
+        }
+        Ok(false)
+    }
+
+    fn all_reduce_bucket(&mut self, grads: &[Tensor]) -> Result<(), LearnerError> {
+        let flat: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.f_to_kind(Kind::Float).and_then(|g| g.f_flatten(0, -1)))
+            .collect::<Result<_, _>>()?;
+        let mut sum = Tensor::f_cat(&flat, 0)?;
+        self.group.all_reduce_sum(&mut sum)?;
+        scatter_back(&sum, grads)
+    }
+
+    /// Broadcasts every parameter from its owner after a step (DP-2), one flat buffer per
+    /// owner.
+    pub fn broadcast_weights(&mut self, opt: &AdamW) -> Result<(), LearnerError> {
+        let params: Vec<Tensor> = opt
+            .parameters()
+            .map(|(_, p, _)| p.shallow_clone())
+            .collect();
+        for owner in 0..self.group.world() {
+            let mine: Vec<Tensor> = params
+                .iter()
+                .zip(&self.owners)
+                .filter(|(_, &o)| o == owner)
+                .map(|(p, _)| p.shallow_clone())
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let flat: Vec<Tensor> = mine
+                .iter()
+                .map(|p| p.f_detach()?.f_to_kind(Kind::Float)?.f_flatten(0, -1))
+                .collect::<Result<_, _>>()?;
+            let mut buffer = Tensor::f_cat(&flat, 0)?;
+            self.group.broadcast(&mut buffer, owner)?;
+            if owner != self.group.rank() {
+                tch::no_grad(|| scatter_back(&buffer, &mine))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank's `bytes`, in rank order (the state files' shards).
+    pub fn gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let len = Tensor::from_slice(&[bytes.len() as i64]);
+        let lens: Vec<i64> = self
+            .group
+            .all_gather(&len)?
+            .iter()
+            .map(|t| t.int64_value(&[0]))
+            .collect();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let mut padded = bytes.to_vec();
+        padded.resize(longest as usize, 0);
+        let all = self.group.all_gather(&Tensor::from_slice(&padded))?;
+        Ok(all
+            .iter()
+            .zip(lens)
+            .map(|(t, n)| {
+                let mut v = vec![0u8; longest as usize];
+                t.copy_data(&mut v, longest as usize);
+                v.truncate(n as usize);
+                v
+            })
+            .collect())
+    }
+}
+
+/// Consecutive runs of `grads` of at most [`BUCKET_ELEMENTS`] elements (a larger tensor is a
+/// bucket of its own).
+fn buckets(grads: &[Tensor]) -> Vec<&[Tensor]> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0i64);
+    for (i, g) in grads.iter().enumerate() {
+        let n = g.numel() as i64;
+        if i > start && size + n > BUCKET_ELEMENTS {
+            out.push(&grads[start..i]);
+            (start, size) = (i, 0);
+        }
+        size += n;
+    }
+    if start < grads.len() {
+        out.push(&grads[start..]);
+    }
+    out
+}
+
+/// Copies consecutive slices of the flat `buffer` into `targets`, in place.
+fn scatter_back(buffer: &Tensor, targets: &[Tensor]) -> Result<(), LearnerError> {
+    let mut offset = 0i64;
+    for t in targets {
+        let n = t.numel() as i64;
+        let part = buffer.f_narrow(0, offset, n)?.f_view(t.size().as_slice())?;
+        t.shallow_clone().f_copy_(&part)?;
+        offset += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "data_parallel_tests.rs"]
+mod tests;
