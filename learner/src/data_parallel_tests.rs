@@ -37,6 +37,9 @@ impl Job {
     }
 }
 
+/// A rank's weights and checkpoint files at the end of a run.
+type RankEnd = (Vec<(String, Vec<f32>)>, Vec<(String, Vec<u8>)>);
+
 /// Runs `steps` updates of `job` on `ranks` ranks (threads), each rank first restoring
 /// `resume` when given; returns every rank's weights and checkpoint files.
 fn run_ranks(
@@ -44,7 +47,7 @@ fn run_ranks(
     ranks: usize,
     steps: usize,
     resume: Option<Vec<(String, Vec<u8>)>>,
-) -> Vec<(Vec<(String, Vec<f32>)>, Vec<(String, Vec<u8>)>)> {
+) -> Vec<RankEnd> {
     let port = free_port();
     let handles: Vec<_> = (0..ranks)
         .map(|rank| {

@@ -111,6 +111,9 @@ fn decode_view(
     Ok(Tensor::f_from_slice(&values)?.f_reshape(shape)?)
 }
 
+/// Tensors by name.
+pub(crate) type NamedTensors = HashMap<String, Tensor>;
+
 /// The tensors of `bytes` whose names are `wanted`, checked (TI-2); every tensor of the buffer
 /// must be one of `known` (name, shape), and those not wanted are not decoded. For state split
 /// over several files (a sharded optimizer): returns what this file holds of `wanted`, by name.
@@ -119,7 +122,7 @@ pub(crate) fn decode_subset(
     known: &HashMap<String, Vec<i64>>,
     wanted: &HashSet<String>,
     what: &str,
-) -> Result<(HashMap<String, Tensor>, HashMap<String, String>), LearnerError> {
+) -> Result<(NamedTensors, HashMap<String, String>), LearnerError> {
     let st = SafeTensors::deserialize(bytes)?;
     let mut out = HashMap::new();
     let mut names = st.names();
