@@ -60,5 +60,15 @@ export KEEL_TEST_S3_ENDPOINT="http://127.0.0.1:$SEAWEED_S3_PORT"
 export KEEL_TEST_S3_BUCKET=keel-test
 export AWS_ACCESS_KEY_ID=keel-test AWS_SECRET_ACCESS_KEY=keel-test-secret AWS_REGION=us-east-1
 export AWS_ENDPOINT_URL="$KEEL_TEST_S3_ENDPOINT" AWS_ALLOW_HTTP=true
-seaweed_stop() { kill "$SEAWEED_PID" 2>/dev/null || true; wait "$SEAWEED_PID" 2>/dev/null || true; rm -rf "$SEAWEED_DIR"; }
+# On a failed run, says whether the server was still alive and what it logged last (an S3 test
+# that times out is otherwise silent about the server side), with the disk it wrote to.
+seaweed_stop() {
+  local status=$?
+  if [ "$status" -ne 0 ]; then
+    if kill -0 "$SEAWEED_PID" 2>/dev/null; then echo "seaweedfs was alive at exit" >&2; else echo "seaweedfs had exited" >&2; fi
+    echo "seaweedfs data: $(du -sh "$SEAWEED_DIR/data" 2>/dev/null | cut -f1); disk: $(df -h "$SEAWEED_DIR" | tail -1)" >&2
+    tail -40 "$SEAWEED_DIR/weed.log" >&2 || true
+  fi
+  kill "$SEAWEED_PID" 2>/dev/null || true; wait "$SEAWEED_PID" 2>/dev/null || true; rm -rf "$SEAWEED_DIR"
+}
 echo "seaweedfs S3 on $KEEL_TEST_S3_ENDPOINT (pid $SEAWEED_PID)" >&2

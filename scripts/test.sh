@@ -23,6 +23,8 @@ export KEEL_VLLM_PYTHON
 KEEL_SMOLLM2=$(bash scripts/fetch_smollm2.sh)
 export KEEL_SMOLLM2
 export RUST_BACKTRACE=1
+# The disk the tests and the S3 server write to (a nearly full one stalls SeaweedFS writes).
+df -h . "${TMPDIR:-/tmp}" >&2
 # Style gates first: a formatting slip or a clippy warning fails the run before any test does.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -48,7 +48,10 @@ use crate::events::{EventSink, TrainEvent};
 use crate::frontier::{plan_resume, Frontier, ResumePlan};
 use crate::jsonl::MetricsLog;
 use crate::learner_actor::LoadReference;
-use crate::learner_actor::{CurrentWeights, InitLearner, LearnerActor, Restore, RunSft};
+use crate::learner_actor::{
+    init_message, CurrentWeights, JoinRanks, LearnerActor, Restore, RunSft,
+};
+use crate::learner_ranks::{self, Followers};
 use crate::method::{MethodIo, MethodRuntime, REFERENCE_RESET_TAG};
 use crate::metrics::TrainMetrics;
 use crate::process::{trainer_writer, Process, StopSignal};
@@ -401,7 +404,8 @@ struct RlStart {
 async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, ActorError> {
     let cfg = job.cfg.clone();
     let model = ModelSetup::prepare(&cfg, &job.io, job.device).await?;
-    let learner = start_learner(&job, &model).await?;
+    // LK-3: the followers live as long as this run's learner.
+    let (learner, _followers) = start_learner(&job, &model).await?;
     let generators = Generators::start(&job, &model)?;
     let (board, handles) = (generators.board(), generators.handles());
     let warm = match start {
@@ -518,36 +522,33 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     Ok(outcome)
 }
 
-/// The learner actor, initialised from the config.
-async fn start_learner(job: &Job, model: &ModelSetup) -> Result<Addr<LearnerActor>, ActorError> {
+/// The learner actor, initialised from the config, and the learner ranks it leads (LK-1):
+/// started here on this machine unless a launcher started them (`WORLD_SIZE`).
+async fn start_learner(
+    job: &Job,
+    model: &ModelSetup,
+) -> Result<(Addr<LearnerActor>, Option<Followers>), ActorError> {
     let cfg = &job.cfg;
     let learner = {
         let (s, io) = (job.store.clone(), job.io.clone());
         SyncArbiter::start(1, move || LearnerActor::new(s.clone(), io.clone()))
     };
-    ask(
-        &learner,
-        InitLearner {
-            model: model.spec.clone(),
-            critic: cfg.critic_spec(job.device)?,
-            cfg: cfg.learner_config(),
-            agent_models: cfg
-                .agent_models
-                .iter()
-                .map(|m| crate::learner_actor::AgentModel {
-                    agents: m.agents.clone(),
-                    cfg: cfg.agent_learner_config(m),
-                })
-                .collect(),
-            seed: cfg.run.seed,
-            temperature: cfg.rollout.temperature,
-            lr_horizon: cfg.run.steps,
-            tokenizer_files: model.tokenizer_files.clone(),
-            faults: cfg.faults.clone(),
-        },
-    )
-    .await??;
-    Ok(learner)
+    ask(&learner, init_message(cfg, model, job.device)?).await??;
+    if cfg.learner.ranks == 1 {
+        return Ok((learner, None));
+    }
+    let followers = match learner_ranks::launched_externally() {
+        true => None,
+        false => Some(Followers::spawn(
+            cfg.learner.ranks,
+            job.store.root_url(),
+            job.store.branch(),
+        )?),
+    };
+    let at = learner_ranks::rendezvous(cfg, 0)?;
+    tracing::info!(ranks = at.world, host = %at.host, port = at.port, "learner rank 0: waiting for the other ranks");
+    ask(&learner, JoinRanks(at, cfg.config_hash())).await??;
+    Ok((learner, followers))
 }
 
 /// Restores the learner from the start checkpoint (JB-1, JB-4, JB-5).

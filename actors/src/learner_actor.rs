@@ -39,8 +39,10 @@ use keel_store::{BatchKey, RunStore};
 
 use crate::error::ActorError;
 use crate::faults::{FaultPlan, FaultsSection};
+use crate::learner_ranks::{RankCommand, RankLink};
 use crate::seeds::mix_seed;
 use crate::weights::{PublishedWeights, WeightsProbe};
+use keel_learner::data_parallel::SharedGroup;
 use keel_learner::hf::model::dtype_name;
 use keel_learner::probe::{device_name, probe_logprobs};
 
@@ -77,6 +79,38 @@ pub struct InitLearner {
     /// Faults to inject (testing aid; `FaultsSection::default()` is none).
     pub faults: FaultsSection,
 }
+
+/// The learner's first message for `cfg` (every learner rank builds the same one, LK-1).
+pub fn init_message(
+    cfg: &crate::config::TrainConfig,
+    model: &crate::setup::ModelSetup,
+    device: tch::Device,
+) -> Result<InitLearner, ActorError> {
+    Ok(InitLearner {
+        model: model.spec.clone(),
+        critic: cfg.critic_spec(device)?,
+        cfg: cfg.learner_config(),
+        agent_models: cfg
+            .agent_models
+            .iter()
+            .map(|m| AgentModel {
+                agents: m.agents.clone(),
+                cfg: cfg.agent_learner_config(m),
+            })
+            .collect(),
+        seed: cfg.run.seed,
+        temperature: cfg.rollout.temperature,
+        lr_horizon: cfg.run.steps,
+        tokenizer_files: model.tokenizer_files.clone(),
+        faults: cfg.faults.clone(),
+    })
+}
+
+/// Makes this learner rank 0 of the learner ranks meeting at the rendezvous, under the
+/// identity (the config hash, LK-4).
+#[derive(Message)]
+#[rtype(result = "Result<(), ActorError>")]
+pub struct JoinRanks(pub keel_learner::collective::Rendezvous, pub String);
 
 /// Supervised warm start on demonstrations `(tokens, loss mask)`: steps `first_step..end_step`
 /// of one SFT run (SF-1, SF-2).
@@ -216,6 +250,8 @@ pub struct LearnerActor {
     faults: FaultPlan,
     /// Set when an update panicked (LA-6): what it was doing, and the panic's message.
     panicked: Option<(&'static str, String)>,
+    /// Learner ranks (LK-1): rank 0 broadcasts its calls through it, followers receive them.
+    ranks: Option<RankLink>,
 }
 
 impl LearnerActor {
@@ -229,12 +265,35 @@ impl LearnerActor {
             filters: Vec::new(),
             faults: FaultPlan::default(),
             panicked: None,
+            ranks: None,
         }
+    }
+
+    /// Joins every learner of this process to the learner ranks' group (LR-9, LK-1).
+    pub(crate) fn join_ranks(&mut self, group: SharedGroup) -> Result<(), ActorError> {
+        for l in &mut self.learners {
+            l.join_ranks(group.clone())?;
+        }
+        self.ranks = Some(RankLink::new(group)?);
+        Ok(())
+    }
+
+    /// Rank 0 tells the followers the call it is about to make (LK-1); alone, nothing.
+    fn mirror(&self, cmd: impl FnOnce() -> RankCommand) -> Result<(), ActorError> {
+        match &self.ranks {
+            Some(link) if link.leads() => link.send(&cmd()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The followers' end of the command stream, when this is one.
+    pub(crate) fn follower_link(&self) -> Option<&RankLink> {
+        self.ranks.as_ref().filter(|l| !l.leads())
     }
 
     /// Sets the main learner's learning rate to `lr` and scales the others by the same factor;
     /// weights, optimizer state and counters are untouched.
-    fn set_lr(&mut self, lr: f64) -> Result<(), ActorError> {
+    pub(crate) fn set_lr(&mut self, lr: f64) -> Result<(), ActorError> {
         let factor = lr / self.learner()?.config().lr;
         if factor == 1.0 {
             return Ok(());
@@ -319,6 +378,13 @@ impl Handler<InitLearner> for LearnerActor {
     type Result = Result<(), ActorError>;
 
     fn handle(&mut self, msg: InitLearner, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.init(msg)
+    }
+}
+
+impl LearnerActor {
+    /// Builds the learners (every rank builds its own from the same config, LK-1).
+    pub(crate) fn init(&mut self, msg: InitLearner) -> Result<(), ActorError> {
         self.learners.clear();
         self.filters.clear();
         let mut main = Learner::new(msg.model.build()?, msg.cfg, msg.seed)?;
@@ -361,6 +427,14 @@ impl Handler<RunSft> for LearnerActor {
     type Result = Result<SftProgress, ActorError>;
 
     fn handle(&mut self, msg: RunSft, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::Sft {
+            demos: msg.demos.as_ref().clone(),
+            first_step: msg.first_step,
+            end_step: msg.end_step,
+            batch_size: msg.batch_size,
+            lr: msg.lr,
+            seed: msg.seed,
+        })?;
         self.caught("fine-tuning on demonstrations", move |this| {
             this.run_sft(msg)
         })
@@ -371,7 +445,7 @@ impl LearnerActor {
     /// SF-1: step k trains on the same demonstrations whether the run got there in one go or
     /// resumed: the order before `first_step` is replayed (no training), then steps run until
     /// `end_step` or a stop request at a step boundary (SF-2).
-    fn run_sft(&mut self, msg: RunSft) -> Result<SftProgress, ActorError> {
+    pub(crate) fn run_sft(&mut self, msg: RunSft) -> Result<SftProgress, ActorError> {
         let device = self.learner()?.model().device();
         let mut order: Vec<usize> = Vec::new();
         let mut progress = SftProgress {
@@ -383,7 +457,11 @@ impl LearnerActor {
             if step < msg.first_step {
                 continue;
             }
-            if msg.stop.requested() {
+            let stop = match &self.ranks {
+                Some(link) => link.agree(msg.stop.requested())?, // LK-2
+                None => msg.stop.requested(),
+            };
+            if stop {
                 tracing::info!(step, "sft stopped on request");
                 break;
             }
@@ -420,12 +498,16 @@ impl Handler<TrainOn> for LearnerActor {
     type Result = Result<Trained, ActorError>;
 
     fn handle(&mut self, msg: TrainOn, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::TrainOn {
+            key: msg.key.0.clone(),
+            bound: msg.bound,
+        })?;
         self.caught("updating the policy", move |this| this.train_on(msg))
     }
 }
 
 impl LearnerActor {
-    fn train_on(&mut self, msg: TrainOn) -> Result<Trained, ActorError> {
+    pub(crate) fn train_on(&mut self, msg: TrainOn) -> Result<Trained, ActorError> {
         let fetch = std::time::Instant::now();
         let buf = self.io.block_on(self.store.get_batch(&msg.key))?;
         let get_seconds = fetch.elapsed().as_secs_f64();
@@ -556,6 +638,22 @@ impl LearnerActor {
     }
 }
 
+impl Handler<JoinRanks> for LearnerActor {
+    type Result = Result<(), ActorError>;
+
+    fn handle(&mut self, msg: JoinRanks, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        let group = crate::learner_ranks::join(&msg.0, &msg.1)?;
+        self.join_ranks(group)
+    }
+}
+
+impl Drop for LearnerActor {
+    fn drop(&mut self) {
+        // LK-3: the followers exit with rank 0's learner (a closed socket ends them too).
+        let _ = self.mirror(|| RankCommand::Stop);
+    }
+}
+
 impl Handler<CurrentWeights> for LearnerActor {
     type Result = Result<PublishedWeights, ActorError>;
 
@@ -568,6 +666,7 @@ impl Handler<SetLearningRate> for LearnerActor {
     type Result = Result<(), ActorError>;
 
     fn handle(&mut self, msg: SetLearningRate, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::SetLr(msg.0))?;
         self.set_lr(msg.0)
     }
 }
@@ -576,6 +675,14 @@ impl Handler<Snapshot> for LearnerActor {
     type Result = Result<Vec<(String, Vec<u8>)>, ActorError>;
 
     fn handle(&mut self, _msg: Snapshot, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::Snapshot)?;
+        self.snapshot()
+    }
+}
+
+impl LearnerActor {
+    /// Every file of a checkpoint (a collective with ranks: optimizer shards are gathered).
+    pub(crate) fn snapshot(&mut self) -> Result<Vec<(String, Vec<u8>)>, ActorError> {
         let mut files = Vec::new();
         for (k, l) in self.learners.iter_mut().enumerate() {
             files.extend(
@@ -593,6 +700,14 @@ impl Handler<Restore> for LearnerActor {
     type Result = Result<u64, ActorError>;
 
     fn handle(&mut self, msg: Restore, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::Restore(msg.0.clone()))?;
+        self.restore(msg)
+    }
+}
+
+impl LearnerActor {
+    /// Restores every model from a checkpoint's files; answers the policy version.
+    pub(crate) fn restore(&mut self, msg: Restore) -> Result<u64, ActorError> {
         let n = self.learners.len();
         // Check that every model's files are there before anything changes.
         for k in 1..n {
@@ -631,6 +746,14 @@ impl Handler<ResetReference> for LearnerActor {
     type Result = Result<Vec<u8>, ActorError>;
 
     fn handle(&mut self, _msg: ResetReference, _ctx: &mut SyncContext<Self>) -> Self::Result {
+        self.mirror(|| RankCommand::ResetReference)?;
+        self.reset_reference()
+    }
+}
+
+impl LearnerActor {
+    /// ARMOR: the current policy becomes the reference; answers its weights.
+    pub(crate) fn reset_reference(&mut self) -> Result<Vec<u8>, ActorError> {
         let learner = self.learner()?;
         let weights = learner.weights_safetensors()?;
         learner.set_reference(&weights)?;
@@ -654,6 +777,14 @@ impl Handler<LoadReference> for LearnerActor {
     type Result = Result<(), ActorError>;
 
     fn handle(&mut self, msg: LoadReference, _ctx: &mut SyncContext<Self>) -> Self::Result {
-        Ok(self.learner()?.set_reference(&msg.0)?)
+        self.mirror(|| RankCommand::LoadReference(msg.0.clone()))?;
+        self.load_reference(&msg.0)
+    }
+}
+
+impl LearnerActor {
+    /// Installs `weights` as the reference policy.
+    pub(crate) fn load_reference(&mut self, weights: &[u8]) -> Result<(), ActorError> {
+        Ok(self.learner()?.set_reference(weights)?)
     }
 }

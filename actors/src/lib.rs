@@ -23,6 +23,7 @@ pub mod guard;
 pub mod job;
 pub mod jsonl;
 pub mod learner_actor;
+pub mod learner_ranks;
 pub mod method;
 pub mod metrics;
 pub mod parts;

@@ -43,8 +43,8 @@ int guarded(char** error, F&& body) {
   return 1;
 }
 
-void finish(Group* group, const c10::intrusive_ptr<c10d::Work>& work) {
-  work->wait(group->timeout);
+void finish(std::chrono::milliseconds timeout, const c10::intrusive_ptr<c10d::Work>& work) {
+  work->wait(timeout);
 }
 
 }  // namespace
@@ -86,19 +86,22 @@ int keel_c10d_all_reduce_sum(Group* group, at::Tensor* tensor, char** error) {
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
     options.timeout = group->timeout;
-    finish(group, group->backend->allreduce(tensors, options));
+    finish(group->timeout, group->backend->allreduce(tensors, options));
   });
 }
 
-// Overwrite `tensor` on every rank with its value on `root`.
-int keel_c10d_broadcast(Group* group, at::Tensor* tensor, int root, char** error) {
+// Overwrite `tensor` on every rank with its value on `root`, waiting up to `timeout_ms`
+// (0: the group's timeout).
+int keel_c10d_broadcast(Group* group, at::Tensor* tensor, int root, int64_t timeout_ms,
+                        char** error) {
   return guarded(error, [&] {
     std::vector<at::Tensor> tensors{*tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     options.rootTensor = 0;
-    options.timeout = group->timeout;
-    finish(group, group->backend->broadcast(tensors, options));
+    options.timeout =
+        timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms) : group->timeout;
+    finish(options.timeout, group->backend->broadcast(tensors, options));
   });
 }
 
@@ -113,7 +116,7 @@ int keel_c10d_all_gather(Group* group, at::Tensor* input, at::Tensor** outputs, 
     }
     c10d::AllgatherOptions options;
     options.timeout = group->timeout;
-    finish(group, group->backend->allgather(gathered, inputs, options));
+    finish(group->timeout, group->backend->allgather(gathered, inputs, options));
   });
 }
 
@@ -121,7 +124,7 @@ int keel_c10d_barrier(Group* group, char** error) {
   return guarded(error, [&] {
     c10d::BarrierOptions options;
     options.timeout = group->timeout;
-    finish(group, group->backend->barrier(options));
+    finish(group->timeout, group->backend->barrier(options));
   });
 }
 

@@ -3,13 +3,13 @@
 //! `csrc/README.md` for why a shim: tch binds no c10d, and c10d is C++).
 //!
 //! Invariants:
-//! - CL-1 (no hang): every call either completes on every rank or fails on each rank within the
+//! - CG-1 (no hang): every call either completes on every rank or fails on each rank within the
 //!   group's timeout; a peer that died or hangs gives an error naming the operation and this
 //!   rank, never a wait without end.
-//! - CL-2 (one job per group): [`RankGroup::join`] publishes this rank's identity (the config
+//! - CG-2 (one job per group): [`RankGroup::join`] publishes this rank's identity (the config
 //!   hash and model, as the caller renders them) and refuses to start when any rank's differs
 //!   from rank 0's, naming that rank and both identities.
-//! - CL-3: tensors handed to a collective are contiguous CPU tensors of the same shape and kind
+//! - CG-3: tensors handed to a collective are contiguous CPU tensors of the same shape and kind
 //!   on every rank; the group is used by one thread at a time (`&mut self`).
 
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -47,6 +47,7 @@ extern "C" {
         group: *mut RawGroup,
         tensor: TensorHandle,
         root: c_int,
+        timeout_ms: i64,
         error: *mut *mut c_char,
     ) -> c_int;
     fn keel_c10d_all_gather(
@@ -88,7 +89,7 @@ pub enum CollectiveError {
         /// c10d's message.
         reason: String,
     },
-    /// A rank was started for another job (CL-2).
+    /// A rank was started for another job (CG-2).
     #[error("rank {rank} was started with another job than rank 0: rank 0 has {expected}, rank {rank} has {found}; start every rank with the same config and model")]
     IdentityMismatch {
         /// The differing rank.
@@ -128,7 +129,7 @@ pub struct Rendezvous {
     pub rank: usize,
     /// The number of ranks.
     pub world: usize,
-    /// The rendezvous and collective timeout (CL-1).
+    /// The rendezvous and collective timeout (CG-1).
     pub timeout: Duration,
 }
 
@@ -141,7 +142,7 @@ pub struct RankGroup {
 }
 
 // SAFETY: the shim's group is a heap object with no thread affinity; `&mut self` on every call
-// keeps it to one thread at a time (CL-3).
+// keeps it to one thread at a time (CG-3).
 unsafe impl Send for RankGroup {}
 
 /// Takes the shim's message and frees it.
@@ -171,7 +172,7 @@ fn cpu_contiguous(t: &Tensor, what: &str) -> Result<(), CollectiveError> {
 
 impl RankGroup {
     /// Meets the other ranks (rank 0 serves the store at `host:port`), builds the Gloo group and
-    /// checks every rank's `identity` against rank 0's (CL-2).
+    /// checks every rank's `identity` against rank 0's (CG-2).
     pub fn join(at: &Rendezvous, identity: &str) -> Result<Self, CollectiveError> {
         if at.world == 0 || at.rank >= at.world {
             return Err(CollectiveError::Invalid(format!(
@@ -244,7 +245,7 @@ impl RankGroup {
         })
     }
 
-    /// CL-2: every rank publishes its identity; each compares every other rank's with rank 0's.
+    /// CG-2: every rank publishes its identity; each compares every other rank's with rank 0's.
     fn check_identity(&mut self, identity: &str) -> Result<(), CollectiveError> {
         self.store_set(&format!("identity/{}", self.rank), identity.as_bytes())?;
         let expected = String::from_utf8_lossy(&self.store_get("identity/0")?).into_owned();
@@ -315,6 +316,18 @@ impl RankGroup {
 
     /// Overwrites `tensor` on every rank with its value on `root`.
     pub fn broadcast(&mut self, tensor: &mut Tensor, root: usize) -> Result<(), CollectiveError> {
+        self.broadcast_within(tensor, root, self.timeout)
+    }
+
+    /// [`RankGroup::broadcast`] waiting up to `timeout` instead of the group's: for a rank
+    /// that idles until the next command (a dead root still fails it at once: its sockets
+    /// close).
+    pub fn broadcast_within(
+        &mut self,
+        tensor: &mut Tensor,
+        root: usize,
+        timeout: Duration,
+    ) -> Result<(), CollectiveError> {
         cpu_contiguous(tensor, "broadcast's tensor")?;
         if root >= self.world {
             return Err(CollectiveError::Invalid(format!(
@@ -329,6 +342,7 @@ impl RankGroup {
                 self.raw.as_ptr(),
                 tensor.as_mut_ptr(),
                 root as c_int,
+                timeout.as_millis().max(1) as i64,
                 &mut error,
             )
         };

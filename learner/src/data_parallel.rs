@@ -3,19 +3,22 @@
 //! (ZeRO-1: every rank holds the weights and the whole gradient, each steps only its share).
 //!
 //! Invariants:
-//! - DP-1 (the same update): the ranks split each mini-batch's rows ([`row_shares`], balanced
+//! - DDP-1 (the same update): the ranks split each mini-batch's rows ([`row_shares`], balanced
 //!   by loss tokens), compute their losses under the whole mini-batch's denominators and sum
 //!   their gradients, so the update is the one-rank update up to float reassociation.
-//! - DP-2 (owners): parameter `i`'s owner is fixed by a greedy balance of parameter sizes in
+//! - DDP-2 (owners): parameter `i`'s owner is fixed by a greedy balance of parameter sizes in
 //!   state order ([`owners`]); only the owner keeps its optimizer state and steps it (OP-7);
 //!   after every step each parameter is broadcast from its owner, so all ranks hold the same
 //!   weights.
-//! - DP-3 (fail together): a rank whose micro-batch failed (a non-finite loss) still takes part
+//! - DDP-3 (fail together): a rank whose micro-batch failed (a non-finite loss) still takes part
 //!   in the reduce with its failure flagged; then every rank drops the gradients and returns an
 //!   error, so no rank waits for another in a later collective.
-//! - DP-4 (defined gradients): a parameter with a gradient on some rank gets one on every rank
+//! - DDP-4 (defined gradients): a parameter with a gradient on some rank gets one on every rank
 //!   before the sum; one with a gradient on none stays without, and is skipped as with one rank
 //!   (OP-3).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use tch::{Kind, Tensor};
 
@@ -26,7 +29,7 @@ use crate::optimizer::AdamW;
 /// Gradients are summed in buckets of at most this many elements (f32: 64 MiB).
 const BUCKET_ELEMENTS: i64 = 16 << 20;
 
-/// Each rank's rows of `rows` (DP-1): greedy by decreasing `tokens[i]` (the row's loss
+/// Each rank's rows of `rows` (DDP-1): greedy by decreasing `tokens[i]` (the row's loss
 /// tokens) onto the least-loaded rank, then back in mini-batch order. A rank gets no row when
 /// there are fewer rows than ranks.
 pub fn row_shares(rows: &[i64], tokens: &[i64], ranks: usize) -> Vec<Vec<i64>> {
@@ -49,7 +52,7 @@ pub fn row_shares(rows: &[i64], tokens: &[i64], ranks: usize) -> Vec<Vec<i64>> {
         .collect()
 }
 
-/// The owner rank of each parameter (DP-2): greedy onto the rank with the fewest elements so
+/// The owner rank of each parameter (DDP-2): greedy onto the rank with the fewest elements so
 /// far, in state order.
 pub fn owners(sizes: &[i64], ranks: usize) -> Vec<usize> {
     let mut load = vec![0i64; ranks];
@@ -63,40 +66,73 @@ pub fn owners(sizes: &[i64], ranks: usize) -> Vec<usize> {
         .collect()
 }
 
+/// A rank group shared by the learners of one process (Dr. MAS agent models) and the
+/// process's command stream: collectives run in the same order on every rank, one at a time.
+pub type SharedGroup = Arc<Mutex<RankGroup>>;
+
 /// One learner rank's part in a data-parallel group.
 pub struct DataParallel {
-    group: RankGroup,
+    group: SharedGroup,
     owners: Vec<usize>,
+    rank: usize,
+    ranks: usize,
+    /// Seconds spent in the gradient reduce and the weight broadcast, packing included.
+    collective_seconds: f64,
 }
 
 impl DataParallel {
     /// Joins `opt` to `group`: assigns owners and frees the state this rank does not own.
-    pub fn new(group: RankGroup, opt: &mut AdamW) -> Self {
+    pub fn new(group: SharedGroup, opt: &mut AdamW) -> Result<Self, LearnerError> {
+        let (rank, ranks) = {
+            let g = lock(&group)?;
+            (g.rank(), g.world())
+        };
         let sizes: Vec<i64> = opt.parameters().map(|(_, p, _)| p.numel() as i64).collect();
-        let owners = owners(&sizes, group.world());
-        let rank = group.rank();
-        opt.shard(|i, _| owners[i] == rank, (rank, group.world()));
-        DataParallel { group, owners }
+        let owners = owners(&sizes, ranks);
+        opt.shard(|i, _| owners[i] == rank, (rank, ranks));
+        Ok(DataParallel {
+            group,
+            owners,
+            rank,
+            ranks,
+            collective_seconds: 0.0,
+        })
+    }
+
+    /// Seconds this rank spent so far in [`Self::reduce_grads`] and
+    /// [`Self::broadcast_weights`] (waiting for the slowest rank included).
+    pub fn collective_seconds(&self) -> f64 {
+        self.collective_seconds
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.group.rank()
+        self.rank
     }
 
     /// The number of ranks.
     pub fn ranks(&self) -> usize {
-        self.group.world()
+        self.ranks
     }
 
-    /// The group, for the caller's own collectives (the command stream, state files).
-    pub fn group(&mut self) -> &mut RankGroup {
-        &mut self.group
+    fn group(&self) -> Result<MutexGuard<'_, RankGroup>, LearnerError> {
+        lock(&self.group)
     }
 
-    /// Sums the gradients over the ranks (DP-1, DP-4) and says whether any rank failed its
-    /// micro-batches (DP-3); on `true` the caller drops the gradients.
+    /// Sums the gradients over the ranks (DDP-1, DDP-4) and says whether any rank failed its
+    /// micro-batches (DDP-3); on `true` the caller drops the gradients.
     pub fn reduce_grads(&mut self, opt: &AdamW, failed_here: bool) -> Result<bool, LearnerError> {
+        let start = Instant::now();
+        let result = self.reduce_grads_untimed(opt, failed_here);
+        self.collective_seconds += start.elapsed().as_secs_f64();
+        result
+    }
+
+    fn reduce_grads_untimed(
+        &mut self,
+        opt: &AdamW,
+        failed_here: bool,
+    ) -> Result<bool, LearnerError> {
         let params: Vec<Tensor> = opt
             .parameters()
             .map(|(_, p, _)| p.shallow_clone())
@@ -107,7 +143,7 @@ impl DataParallel {
             .collect();
         flags.push(failed_here as u8 as f32);
         let mut flags_t = Tensor::f_from_slice(&flags)?;
-        self.group.all_reduce_sum(&mut flags_t)?;
+        self.group()?.all_reduce_sum(&mut flags_t)?;
         let flags = Vec::<f32>::try_from(&flags_t)?;
         if flags[params.len()] > 0.0 {
             return Ok(true);
@@ -119,7 +155,7 @@ impl DataParallel {
             .map(|(p, _)| p)
             .collect();
         if !missing.is_empty() {
-            // DP-4: a zero contribution defines the gradient without changing it.
+            // DDP-4: a zero contribution defines the gradient without changing it.
             let zero = missing
                 .iter()
                 .map(|p| p.f_sum(Kind::Float).and_then(|s| s.f_mul_scalar(0.0)))
@@ -145,18 +181,26 @@ impl DataParallel {
             .map(|g| g.f_to_kind(Kind::Float).and_then(|g| g.f_flatten(0, -1)))
             .collect::<Result<_, _>>()?;
         let mut sum = Tensor::f_cat(&flat, 0)?;
-        self.group.all_reduce_sum(&mut sum)?;
+        self.group()?.all_reduce_sum(&mut sum)?;
         scatter_back(&sum, grads)
     }
 
-    /// Broadcasts every parameter from its owner after a step (DP-2), one flat buffer per
+    /// Broadcasts every parameter from its owner after a step (DDP-2), one flat buffer per
     /// owner.
     pub fn broadcast_weights(&mut self, opt: &AdamW) -> Result<(), LearnerError> {
+        let start = Instant::now();
+        let result = self.broadcast_weights_untimed(opt);
+        self.collective_seconds += start.elapsed().as_secs_f64();
+        result
+    }
+
+    fn broadcast_weights_untimed(&mut self, opt: &AdamW) -> Result<(), LearnerError> {
         let params: Vec<Tensor> = opt
             .parameters()
             .map(|(_, p, _)| p.shallow_clone())
             .collect();
-        for owner in 0..self.group.world() {
+        let mut group = self.group()?;
+        for owner in 0..self.ranks {
             let mine: Vec<Tensor> = params
                 .iter()
                 .zip(&self.owners)
@@ -171,8 +215,8 @@ impl DataParallel {
                 .map(|p| p.f_detach()?.f_to_kind(Kind::Float)?.f_flatten(0, -1))
                 .collect::<Result<_, _>>()?;
             let mut buffer = Tensor::f_cat(&flat, 0)?;
-            self.group.broadcast(&mut buffer, owner)?;
-            if owner != self.group.rank() {
+            group.broadcast(&mut buffer, owner)?;
+            if owner != self.rank {
                 tch::no_grad(|| scatter_back(&buffer, &mine))?;
             }
         }
@@ -180,10 +224,10 @@ impl DataParallel {
     }
 
     /// Every rank's `bytes`, in rank order (the state files' shards).
-    pub fn gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+    pub fn gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, LearnerError> {
+        let mut group = self.group()?;
         let len = Tensor::from_slice(&[bytes.len() as i64]);
-        let lens: Vec<i64> = self
-            .group
+        let lens: Vec<i64> = group
             .all_gather(&len)?
             .iter()
             .map(|t| t.int64_value(&[0]))
@@ -191,7 +235,7 @@ impl DataParallel {
         let longest = lens.iter().copied().max().unwrap_or(0);
         let mut padded = bytes.to_vec();
         padded.resize(longest as usize, 0);
-        let all = self.group.all_gather(&Tensor::from_slice(&padded))?;
+        let all = group.all_gather(&Tensor::from_slice(&padded))?;
         Ok(all
             .iter()
             .zip(lens)
@@ -203,6 +247,15 @@ impl DataParallel {
             })
             .collect())
     }
+}
+
+/// The group, unless a thread panicked while holding it (then its collectives are out of step).
+fn lock(group: &SharedGroup) -> Result<MutexGuard<'_, RankGroup>, LearnerError> {
+    group.lock().map_err(|_| {
+        LearnerError::Collective(CollectiveError::Invalid(
+            "the rank group was poisoned by a panic during a collective".into(),
+        ))
+    })
 }
 
 /// Consecutive runs of `grads` of at most [`BUCKET_ELEMENTS`] elements (a larger tensor is a

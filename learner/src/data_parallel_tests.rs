@@ -1,5 +1,5 @@
 //! Learner ranks as threads of one process over a real Gloo group on loopback: the update of N
-//! ranks against one rank's on the same batches (DP-1..4, OP-7, LR-9).
+//! ranks against one rank's on the same batches (DDP-1..4, OP-7, LR-9).
 
 use crate::collective::test_support::{free_port, rendezvous};
 use crate::collective::RankGroup;
@@ -59,7 +59,8 @@ fn run_ranks(
                 if ranks > 1 {
                     let group =
                         RankGroup::join(&rendezvous(port, rank, ranks, 30), "job").expect("join");
-                    l.join_ranks(group);
+                    l.join_ranks(std::sync::Arc::new(std::sync::Mutex::new(group)))
+                        .expect("join ranks");
                 }
                 if let Some(files) = &resume {
                     l.restore(files).expect("restore");
@@ -141,7 +142,7 @@ fn dp1_two_and_three_ranks_update_as_one_rank() {
             for (rank, (w, _)) in many.iter().enumerate() {
                 assert_eq!(
                     w, &many[0].0,
-                    "{name}: rank {rank} holds other weights than rank 0 (DP-2)"
+                    "{name}: rank {rank} holds other weights than rank 0 (DDP-2)"
                 );
             }
             let rel = max_relative(&many[0].0, &one[0].0);

@@ -54,6 +54,11 @@
 //!   critic is refused (it would be a full copy of the model).
 //! - LR-8 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
+//! - LR-9 (ranks): after `join_ranks` every call that updates or checkpoints is a collective:
+//!   every rank makes the same calls with the same batches in the same order. An actor update
+//!   trains this rank's token-balanced share of each mini-batch (DDP-1); SFT, value-only critic
+//!   steps and targets run whole on every rank; the optimizer is sharded (OP-7) and
+//!   `state_files` holds this run's shards of all ranks, so a checkpoint resumes on any number.
 
 mod actor_loss;
 
@@ -73,8 +78,7 @@ use crate::algo::value::{
     explained_variance, value_clip_frac, value_loss, CriticModel, CriticSchedule,
 };
 use crate::batch_tensors::TrainBatch;
-use crate::collective::RankGroup;
-use crate::data_parallel::{row_shares, DataParallel};
+use crate::data_parallel::{row_shares, DataParallel, SharedGroup};
 use crate::error::LearnerError;
 use crate::hf::{HfModel, TrainPass};
 use crate::learner_config::LearnerConfig;
@@ -140,7 +144,7 @@ pub struct Learner {
     lr_horizon: u64,
     /// The separate critic (CR-1): set by the job, or made from the policy at the first update.
     critic: Option<ValueModel>,
-    /// Data-parallel learner ranks (DP-1..4), when this learner is one of several.
+    /// Data-parallel learner ranks (DDP-1..4), when this learner is one of several.
     ranks: Option<DataParallel>,
 }
 
@@ -266,8 +270,21 @@ impl Learner {
 
     /// Makes this learner one of `group.world()` data-parallel ranks (LR-9): from now on every
     /// rank must make the same calls with the same batches, in the same order.
-    pub fn join_ranks(&mut self, group: RankGroup) {
-        self.ranks = Some(DataParallel::new(group, &mut self.opt));
+    pub fn join_ranks(&mut self, group: SharedGroup) -> Result<(), LearnerError> {
+        self.ranks = Some(DataParallel::new(group, &mut self.opt)?);
+        Ok(())
+    }
+
+    /// Seconds this rank spent in the ranks' gradient reduce and weight broadcast (0 alone).
+    pub fn collective_seconds(&self) -> f64 {
+        self.ranks
+            .as_ref()
+            .map_or(0.0, DataParallel::collective_seconds)
+    }
+
+    /// Bytes of the optimizer state this learner holds (its shard with ranks, OP-7).
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.opt.state_bytes()
     }
 
     /// This learner's (rank, ranks); (0, 1) alone.
@@ -646,7 +663,7 @@ impl Learner {
             }
             opt.step_where(|name| c.is_trainable(name));
             if let (true, Some(dp)) = (shared, self.ranks.as_mut()) {
-                dp.broadcast_weights(opt)?; // DP-2: the policy's own optimizer is sharded
+                dp.broadcast_weights(opt)?; // DDP-2: the policy's own optimizer is sharded
             }
             self.step += 1;
             m.value_loss = v;
@@ -681,7 +698,7 @@ impl Learner {
         }
         // MB-1: micro-batches of at most `max_tokens_per_microbatch` padded tokens accumulate
         // gradients under the mini-batch's global denominators, then one optimizer step.
-        // DP-1: with ranks, this rank's share of the rows, under the same global denominators.
+        // DDP-1: with ranks, this rank's share of the rows, under the same global denominators.
         let mine = self.rank_rows(tg, rows)?;
         let micro = self.micro_batches(&mine, tg.tokens.size()[1]);
         let global = if micro.len() > 1 || self.ranks.is_some() {
@@ -726,7 +743,7 @@ impl Learner {
         Ok(actor_out)
     }
 
-    /// This rank's rows of the mini-batch `rows` (DP-1); all of them without ranks.
+    /// This rank's rows of the mini-batch `rows` (DDP-1); all of them without ranks.
     fn rank_rows(&self, tg: &Targets, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
         let Some(dp) = &self.ranks else {
             return Ok(rows.to_vec());
@@ -855,7 +872,7 @@ impl Learner {
         Ok(grad_norm)
     }
 
-    /// DP-2: after a step of the sharded optimizer, every parameter from its owner.
+    /// DDP-2: after a step of the sharded optimizer, every parameter from its owner.
     fn share_weights(&mut self) -> Result<(), LearnerError> {
         match self.ranks.as_mut() {
             Some(dp) => dp.broadcast_weights(&self.opt),

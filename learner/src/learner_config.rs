@@ -68,6 +68,9 @@ pub struct LearnerConfig {
     /// Most padded tokens (rows × length) in one forward/backward of an update; the
     /// mini-batch's gradients accumulate over such micro-batches (MB-1). 0 = one pass.
     pub max_tokens_per_microbatch: usize,
+    /// Data-parallel learner ranks (LR-9, DDP-1..4): each trains its share of every
+    /// mini-batch, gradients are summed over c10d, AdamW's state is sharded. 1 = alone.
+    pub ranks: usize,
     /// Recompute layer activations in the backward pass instead of keeping them (AC-1):
     /// about one extra forward of compute for activation memory of one layer.
     pub activation_checkpointing: bool,
@@ -202,6 +205,7 @@ impl Default for LearnerConfig {
             lr_schedule: LrSchedule::Constant,
             lr_min_ratio: 0.0,
             max_tokens_per_microbatch: 0,
+            ranks: 1,
             activation_checkpointing: false,
             epochs: 1,
             minibatches: 2,
@@ -524,6 +528,15 @@ impl LearnerConfig {
             return Err(LearnerError::config(
                 "learner.max_tokens_per_microbatch",
                 "cannot be combined with learner.seq_mask_delta yet (its mask, and so the mini-batch's denominators, depend on every row's log-probs)",
+            ));
+        }
+        if self.ranks == 0 {
+            return Err(LearnerError::config("learner.ranks", "must be >= 1, got 0"));
+        }
+        if self.ranks > 1 && self.seq_mask_delta.is_some() {
+            return Err(LearnerError::config(
+                "learner.ranks",
+                "above 1 cannot be combined with learner.seq_mask_delta yet (its mask, and so the mini-batch's denominators, depend on every row's log-probs, which no single rank has)",
             ));
         }
         if self.epochs == 0 {

@@ -287,6 +287,16 @@ impl AdamW {
         self.shard_place = Some(place);
     }
 
+    /// Bytes of the state this rank holds: moments and f32 masters of its owned parameters
+    /// (OP-7: about 1/N of the whole with N ranks).
+    pub fn state_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
+        self.params
+            .iter()
+            .map(|p| bytes(&p.exp_avg) + bytes(&p.exp_avg_sq) + p.master.as_ref().map_or(0, bytes))
+            .sum()
+    }
+
     /// Every state name this optimizer can hold, owned or not, with its shape (OP-7).
     fn known_state(&self) -> HashMap<String, Vec<i64>> {
         let mut out = HashMap::new();

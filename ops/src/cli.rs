@@ -30,6 +30,10 @@ pub enum Command {
     /// One generator rank of a multi-process run: samples the work orders the trainer writes
     /// to the run root for this rank; exits 0 when the trainer has finished the run.
     Generator(GeneratorArgs),
+    /// One learner rank 1..N-1 of a run with `learner.ranks = N` (rank 0 is the trainer): builds
+    /// the learner from the trainer's recorded config and makes rank 0's calls over c10d; exits
+    /// 0 when the trainer's learner stops. `keel train` starts these itself on one machine.
+    Learner(LearnerArgs),
     /// Inspect configuration.
     Config {
         /// What to show.
@@ -143,6 +147,24 @@ pub struct GeneratorArgs {
     pub rank: u32,
     /// The trainer's TOML config; without it the config the trainer recorded in the run root is
     /// used (it must be passed when the config has credentials in URLs, which are stored redacted).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run root: a local directory or s3://bucket/prefix (default runs/<run.name> of --config).
+    #[arg(long)]
+    pub run_root: Option<String>,
+    /// Branch the trainer trains on (default `main`).
+    #[arg(long)]
+    pub branch: Option<String>,
+}
+
+/// `keel learner`.
+#[derive(Args, Debug)]
+pub struct LearnerArgs {
+    /// This process's rank: 1 .. learner.ranks - 1 (a launcher's RANK when not given).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// The trainer's TOML config; without it the config the trainer recorded in the run root is
+    /// used.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Run root: a local directory or s3://bucket/prefix (default runs/<run.name> of --config).

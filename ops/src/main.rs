@@ -185,6 +185,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train(args, Role::Train),
         Command::Trainer(args) => train(args, Role::Trainer),
         Command::Generator(args) => generator(args),
+        Command::Learner(args) => learner_rank(args),
         Command::Config {
             command: ConfigCommand::Show { config },
         } => {
@@ -460,6 +461,38 @@ fn generator(args: cli::GeneratorArgs) -> Result<()> {
         }
         GeneratorExit::Stopped => println!("generator rank {}: stopped on request", args.rank),
     }
+    Ok(())
+}
+
+fn learner_rank(args: cli::LearnerArgs) -> Result<()> {
+    let rank = match args.rank {
+        Some(r) => r,
+        None => std::env::var("RANK")
+            .ok()
+            .and_then(|r| r.parse::<usize>().ok())
+            .context("keel learner needs --rank R (or RANK from a launcher)")?,
+    };
+    let cfg = match &args.config {
+        Some(p) => Some(load_config(Some(p))?),
+        None => None,
+    };
+    let run_root = match (&args.run_root, &cfg) {
+        (Some(r), _) => r.clone(),
+        (None, Some(c)) => format!("runs/{}", c.run.name),
+        (None, None) => anyhow::bail!("keel learner needs --run-root (or --config to derive it)"),
+    };
+    let store =
+        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
+    let store = store.on_branch(branch)?;
+    let stop = preemption::stop_signal(cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s))?;
+    eprintln!(
+        "learner rank {rank} on run root {} (branch {branch})",
+        store.root_url()
+    );
+    keel_actors::learner_ranks::run_learner_rank(rank, cfg, store, stop)
+        .with_context(|| format!("learner rank {rank}"))?;
+    println!("learner rank {rank}: the trainer's learner stopped");
     Ok(())
 }
 

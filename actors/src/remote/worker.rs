@@ -110,7 +110,7 @@ async fn newest_served_life(
 
 /// The served branch and its newest life, once a trainer has claimed one (`None`: stopped
 /// first).
-async fn wait_for_life(
+pub(crate) async fn wait_for_life(
     store: &RunStore,
     stop: &StopSignal,
     poll: Duration,
@@ -136,7 +136,10 @@ async fn wait_for_life(
 }
 
 /// GW-1: the config the generator runs under.
-fn config_of(config: Option<TrainConfig>, life: &LifeRecord) -> Result<TrainConfig, ActorError> {
+pub(crate) fn config_of(
+    config: Option<TrainConfig>,
+    life: &LifeRecord,
+) -> Result<TrainConfig, ActorError> {
     let cfg = match config {
         Some(c) => c,
         None => TrainConfig::from_toml(&life.config_toml).map_err(|e| {

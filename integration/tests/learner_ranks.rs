@@ -1,0 +1,150 @@
+//! Learner ranks end to end (issue 36): `keel train` with `learner.ranks = 2` starts a
+//! `keel learner --rank 1` process, the two learners train over PyTorch's Gloo group on loopback
+//! (LK-1..4, DDP-1..4), and the run ends where one learner's run ends. A follower that dies fails
+//! the trainer's next collective with a clear error instead of hanging it (CG-1, LK-3).
+
+use std::path::Path;
+use std::time::Duration;
+
+use keel_integration::runs::PROGRESS_DEADLINE;
+use keel_integration::{
+    free_port, head_weights, log_tail, spawn_train, test_rt, wait_exit, MethodRun,
+};
+
+/// The tiny GRPO run with `ranks` learner ranks meeting on a free loopback port.
+fn ranked_run(ranks: usize, steps: u64) -> MethodRun {
+    MethodRun {
+        steps,
+        checkpoint_every: steps,
+        learner: format!("ranks = {ranks}"),
+        extra: format!(
+            "[distributed]\nlearner_port = {}\ncollective_timeout_s = 120\n",
+            free_port()
+        ),
+        ..MethodRun::new("grpo")
+    }
+}
+
+/// `(name, f32 values)` of every tensor of a safetensors file, by name.
+fn tensors(bytes: &[u8]) -> Vec<(String, Vec<f32>)> {
+    let st = safetensors::SafeTensors::deserialize(bytes).expect("safetensors");
+    let mut out: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            (name, values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Runs `run` on `root` to its end; answers the head checkpoint's step and weights.
+fn train(dir: &Path, run: &MethodRun, name: &str) -> (u64, Vec<u8>) {
+    let root = dir.join(name);
+    let config = run.write(dir, name);
+    let mut child = spawn_train(&config, &root, &[]);
+    let status = wait_exit(&mut child, PROGRESS_DEADLINE, || log_tail(&root));
+    assert!(
+        status.success(),
+        "{name} failed ({status}):\n{}",
+        log_tail(&root)
+    );
+    head_weights(&test_rt(), &root)
+}
+
+#[test]
+fn two_learner_ranks_train_the_policy_one_learner_trains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (step1, one) = train(dir.path(), &ranked_run(1, 2), "one");
+    let (step2, two) = train(dir.path(), &ranked_run(2, 2), "two");
+    assert_eq!((step1, step2), (2, 2));
+    let (one, two) = (tensors(&one), tensors(&two));
+    assert_eq!(
+        one.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        two.iter().map(|t| &t.0).collect::<Vec<_>>()
+    );
+    // DDP-1: the same gradients up to the order of a sum (measured: identical on this model).
+    for ((name, a), (_, b)) in one.iter().zip(&two) {
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-4, "{name}: relative difference {worst}");
+    }
+}
+
+/// Pids of the live processes whose parent is `parent` and whose command line has `needle`.
+fn children_running(parent: u32, needle: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: the comm may hold spaces, so split after its ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if ppid == Some(parent) && cmdline.contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_killed_learner_rank_fails_the_run_with_a_collective_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("run");
+    // Enough steps that the run is still training when the follower dies.
+    let config = ranked_run(2, 50).write(dir.path(), "run");
+    let mut child = spawn_train(&config, &root, &[]);
+    // Progress, not time: the follower exists once the trainer started it.
+    let deadline = std::time::Instant::now() + PROGRESS_DEADLINE;
+    let follower = loop {
+        if let Some(&pid) = children_running(child.id(), "--rank 1").first() {
+            break pid;
+        }
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "the trainer exited before starting rank 1:\n{}",
+            log_tail(&root)
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no rank 1 within {PROGRESS_DEADLINE:?}:\n{}",
+            log_tail(&root)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Once rank 1 trains with rank 0 (the first RL step is logged), it dies.
+    keel_integration::wait_for("the first RL step", PROGRESS_DEADLINE, || {
+        !keel_integration::events::step_events(&keel_integration::events::train_events(&root))
+            .is_empty()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(follower),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("SIGKILL rank 1");
+    let status = wait_exit(&mut child, PROGRESS_DEADLINE, || log_tail(&root));
+    let log = log_tail(&root);
+    assert!(
+        !status.success(),
+        "the run must fail without its rank:\n{log}"
+    );
+    assert!(
+        log.contains("collective") || log.contains("rank"),
+        "the error must name the collective:\n{log}"
+    );
+}

@@ -1,0 +1,217 @@
+//! keel-bench-learner-ranks: the data-parallel learner's throughput and memory for 1, 2, 4 …
+//! ranks (processes over PyTorch's Gloo group on loopback) on the same model and global batch.
+//!
+//! ```text
+//! keel-bench-learner-ranks [--ranks 1,2,4] [--hidden 512] [--layers 4] [--vocab 16384]
+//!   [--batch 16] [--seq 128] [--steps 3] [--threads 1]
+//! ```
+//! For each N, N child processes of this binary build the same random Llama-shaped model (f32,
+//! CPU, `--threads` torch threads each), join one group and run `--steps` GRPO updates on the
+//! same global batch (random tokens, groups of 4 with rewards 0/1); each trains its
+//! token-balanced share of the rows (DDP-1), gradients are all-reduced in buckets and the
+//! sharded AdamW's owners broadcast the stepped weights (DDP-2, OP-7). The first update is a
+//! warm-up and is not timed. Each child reports its timed seconds, the seconds spent in
+//! collectives, its peak RSS (`VmHWM`) and the bytes of its optimizer shard. The parent prints,
+//! per N, learner tokens/s (global loss tokens over the slowest rank's time), the scaling
+//! efficiency against N = 1 measured in the same run, the collectives' share of step time and
+//! memory per rank.
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_learner::batch_tensors::TrainBatch;
+use keel_learner::collective::{RankGroup, Rendezvous};
+use keel_learner::hf::{HfConfig, HfModel, LoadOptions};
+use keel_learner::{Algo, Learner, LearnerConfig};
+use rand::{Rng, SeedableRng};
+use tch::{Device, Kind};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn flags() -> HashMap<String, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    args.chunks(2)
+        .filter_map(|c| Some((c[0].trim_start_matches("--").to_string(), c.get(1)?.clone())))
+        .collect()
+}
+
+fn num(f: &HashMap<String, String>, k: &str, d: usize) -> Res<usize> {
+    Ok(match f.get(k) {
+        Some(v) => v.parse().map_err(|e| format!("--{k} {v}: {e}"))?,
+        None => d,
+    })
+}
+
+/// The process's peak resident set size in MiB (`VmHWM`).
+fn peak_mib() -> Res<f64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or("no VmHWM in /proc/self/status")?;
+    Ok(kib / 1024.0)
+}
+
+/// The model every rank builds (same seed: the same weights on every rank).
+fn model(f: &HashMap<String, String>) -> Res<HfModel> {
+    let (h, layers, vocab) = (
+        num(f, "hidden", 512)?,
+        num(f, "layers", 4)?,
+        num(f, "vocab", 16384)?,
+    );
+    let cfg = HfConfig::from_value(serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": h, "intermediate_size": 4 * h, "num_hidden_layers": layers,
+        "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false,
+    }))?;
+    Ok(HfModel::random(
+        cfg,
+        LoadOptions::policy(Device::Cpu, Kind::Float),
+        1,
+    )?)
+}
+
+/// The global batch: random prompts and responses, groups of 4 with rewards 0/1.
+fn batch(f: &HashMap<String, String>) -> Res<TrainBatch> {
+    let (rows, seq, vocab) = (
+        num(f, "batch", 16)?,
+        num(f, "seq", 128)?,
+        num(f, "vocab", 16384)?,
+    );
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let seqs: Vec<(Vec<u32>, Vec<u8>)> = (0..rows)
+        .map(|_| {
+            // Responses of different lengths, so that the token balance has work to do.
+            let len = rng.gen_range(seq / 2..=seq);
+            let toks = (0..len).map(|_| rng.gen_range(0..vocab as u32)).collect();
+            let mask = (0..len).map(|t| u8::from(t >= len / 4)).collect();
+            (toks, mask)
+        })
+        .collect();
+    let mut batch = TrainBatch::from_sequences(&seqs, Device::Cpu)?;
+    batch.group_ids = (0..rows as u64).map(|i| i / 4).collect();
+    batch.task_ids = batch.group_ids.clone();
+    batch.final_rewards = (0..rows).map(|i| (i % 2) as f32).collect();
+    Ok(batch)
+}
+
+fn child(f: &HashMap<String, String>) -> Res<()> {
+    tch::set_num_threads(num(f, "threads", 1)? as i32);
+    let (rank, world, port) = (num(f, "rank", 0)?, num(f, "world", 1)?, num(f, "port", 0)?);
+    let cfg = LearnerConfig {
+        minibatches: 1,
+        epochs: 1,
+        ..LearnerConfig::for_preset(keel_learner::Preset::Grpo)
+    };
+    debug_assert_eq!(cfg.algo, Algo::Grpo);
+    let mut learner = Learner::new(model(f)?, cfg, 1)?;
+    let batch = batch(f)?;
+    if world > 1 {
+        let at = Rendezvous {
+            host: "127.0.0.1".into(),
+            port: port as u16,
+            rank,
+            world,
+            timeout: Duration::from_secs(300),
+        };
+        let group = RankGroup::join(&at, "keel-bench-learner-ranks")?;
+        learner.join_ranks(Arc::new(Mutex::new(group)))?;
+    }
+    learner.train_step(&batch)?; // warm-up
+    let collective_before = learner.collective_seconds();
+    let start = Instant::now();
+    let steps = num(f, "steps", 3)?;
+    for _ in 0..steps {
+        learner.train_step(&batch)?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = peak_mib()?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "seconds": seconds,
+            "collective_seconds": learner.collective_seconds() - collective_before,
+            "tokens": batch.n_tokens * steps,
+            "peak_mib": peak,
+            "optimizer_mib": learner.optimizer_state_bytes() as f64 / 1048576.0,
+        })
+    );
+    Ok(())
+}
+
+/// One measurement of `world` ranks: every child's report.
+fn measure(world: usize, passed: &[String]) -> Res<Vec<serde_json::Value>> {
+    let exe = std::env::current_exe()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port()
+        .to_string();
+    let children = (0..world)
+        .map(|rank| {
+            Command::new(&exe)
+                .args(passed)
+                .args(["--child", "1", "--rank", &rank.to_string()])
+                .args(["--world", &world.to_string(), "--port", &port])
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut reports = Vec::new();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output()?;
+        if !out.status.success() {
+            return Err(format!("{world} ranks: rank {rank} failed ({})", out.status).into());
+        }
+        reports.push(serde_json::from_slice(&out.stdout)?);
+    }
+    Ok(reports)
+}
+
+fn main() -> Res<()> {
+    let f = flags();
+    if f.contains_key("child") {
+        return child(&f);
+    }
+    let passed: Vec<String> = std::env::args().skip(1).collect();
+    let ranks: Vec<usize> = f
+        .get("ranks")
+        .map_or("1,2,4", String::as_str)
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let passed: Vec<String> = passed
+        .chunks(2)
+        .filter(|c| c[0] != "--ranks")
+        .flatten()
+        .cloned()
+        .collect();
+    println!("ranks | learner tokens/s | scaling efficiency | collectives / step time | peak RSS per rank | optimizer state per rank");
+    let mut base = None;
+    for world in ranks {
+        let reports = measure(world, &passed)?;
+        let field = |k: &'static str| {
+            reports
+                .iter()
+                .map(|r| r[k].as_f64().unwrap_or(0.0))
+                .fold(0.0, f64::max)
+        };
+        let slowest = field("seconds");
+        let tokens = reports[0]["tokens"].as_f64().unwrap_or(0.0);
+        let tps = tokens / slowest.max(1e-9);
+        let base_tps = *base.get_or_insert(tps / world as f64);
+        let share = field("collective_seconds") / slowest.max(1e-9);
+        println!(
+            "{world} | {tps:.0} | {:.2} | {:.1}% | {:.0} MiB | {:.1} MiB",
+            tps / (base_tps * world as f64),
+            100.0 * share,
+            field("peak_mib"),
+            field("optimizer_mib"),
+        );
+    }
+    Ok(())
+}
