@@ -537,6 +537,7 @@ async fn start_learner(
     if cfg.learner.ranks == 1 {
         return Ok((learner, None));
     }
+    learner_ranks::check_device(job.device)?;
     let followers = match learner_ranks::launched_externally() {
         true => None,
         false => Some(Followers::spawn(

@@ -271,10 +271,21 @@ impl LearnerActor {
 
     /// Joins every learner of this process to the learner ranks' group (LR-9, LK-1).
     pub(crate) fn join_ranks(&mut self, group: SharedGroup) -> Result<(), ActorError> {
+        let whole = self.learner()?.optimizer_state_bytes();
         for l in &mut self.learners {
             l.join_ranks(group.clone())?;
         }
-        self.ranks = Some(RankLink::new(group)?);
+        let link = RankLink::new(group)?;
+        let (rank, ranks) = self.learner()?.rank_place();
+        let mib = |b: usize| b as f64 / 1048576.0;
+        tracing::info!(
+            rank,
+            ranks,
+            optimizer_mib = mib(self.learner()?.optimizer_state_bytes()),
+            unsharded_optimizer_mib = mib(whole),
+            "learner rank joined: this rank's optimizer shard (OP-7)"
+        );
+        self.ranks = Some(link);
         Ok(())
     }
 

@@ -103,6 +103,16 @@ pub fn rendezvous(cfg: &TrainConfig, rank: usize) -> Result<Rendezvous, ActorErr
     })
 }
 
+/// Learner ranks run on CPU: the shim binds Gloo, not yet NCCL (whose tensors live on GPUs).
+pub fn check_device(device: tch::Device) -> Result<(), ActorError> {
+    match device {
+        tch::Device::Cpu => Ok(()),
+        other => Err(ActorError::Internal(format!(
+            "learner.ranks > 1 runs on CPU (c10d's Gloo; NCCL is not bound yet), but the learner is on {other:?}: set run.device = \"cpu\" or learner.ranks = 1"
+        ))),
+    }
+}
+
 /// Whether a launcher started the ranks (`WORLD_SIZE` set): then `keel train` starts none.
 pub fn launched_externally() -> bool {
     std::env::var("WORLD_SIZE").is_ok_and(|v| !v.is_empty())
@@ -198,6 +208,7 @@ pub fn run_learner_rank(
             )));
         }
         let device = Process::torch(&cfg)?;
+        check_device(device)?;
         let model = process.run_actors(ModelSetup::prepare(&cfg, &io, device))?;
         let mut actor = LearnerActor::new(store, io.clone());
         actor.init(init_message(&cfg, &model, device)?)?;

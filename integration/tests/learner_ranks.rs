@@ -102,49 +102,78 @@ fn children_running(parent: u32, needle: &str) -> Vec<i32> {
     pids
 }
 
-#[test]
-fn a_killed_learner_rank_fails_the_run_with_a_collective_error() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("run");
-    // Enough steps that the run is still training when the follower dies.
-    let config = ranked_run(2, 50).write(dir.path(), "run");
-    let mut child = spawn_train(&config, &root, &[]);
-    // Progress, not time: the follower exists once the trainer started it.
+/// The pid of `trainer`'s learner rank 1, once the trainer started it (progress, not time).
+fn rank_one(trainer: &mut std::process::Child, root: &Path) -> i32 {
     let deadline = std::time::Instant::now() + PROGRESS_DEADLINE;
-    let follower = loop {
-        if let Some(&pid) = children_running(child.id(), "--rank 1").first() {
-            break pid;
+    loop {
+        if let Some(&pid) = children_running(trainer.id(), "--rank 1").first() {
+            return pid;
         }
         assert!(
-            child.try_wait().expect("try_wait").is_none(),
+            trainer.try_wait().expect("try_wait").is_none(),
             "the trainer exited before starting rank 1:\n{}",
-            log_tail(&root)
+            log_tail(root)
         );
         assert!(
             std::time::Instant::now() < deadline,
             "no rank 1 within {PROGRESS_DEADLINE:?}:\n{}",
-            log_tail(&root)
+            log_tail(root)
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_learner_rank_fails_the_run_and_a_restart_resumes_it_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Env latency keeps the run busy between its checkpoints, so the kill lands mid-run.
+    let run = MethodRun {
+        checkpoint_every: 3,
+        latency_ms: 5.0,
+        ..ranked_run(2, 9)
     };
-    // Once rank 1 trains with rank 0 (the first RL step is logged), it dies.
-    keel_integration::wait_for("the first RL step", PROGRESS_DEADLINE, || {
-        !keel_integration::events::step_events(&keel_integration::events::train_events(&root))
-            .is_empty()
+    let config = run.write(dir.path(), "run");
+    let whole = dir.path().join("whole");
+    let mut uninterrupted = spawn_train(&config, &whole, &[]);
+    let status = wait_exit(&mut uninterrupted, PROGRESS_DEADLINE, || log_tail(&whole));
+    assert!(status.success(), "{status}:\n{}", log_tail(&whole));
+
+    let root = dir.path().join("run");
+    let mut trainer = spawn_train(&config, &root, &[]);
+    let follower = rank_one(&mut trainer, &root);
+    // Once a checkpoint of the ranks' training is stored, rank 1 dies mid-run.
+    keel_integration::wait_for("the first checkpoint", PROGRESS_DEADLINE, || {
+        keel_integration::head_step(&root).is_some_and(|s| s >= 3)
     });
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(follower),
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("SIGKILL rank 1");
-    let status = wait_exit(&mut child, PROGRESS_DEADLINE, || log_tail(&root));
+    // CG-1: the trainer's next collective fails at once (the peer's sockets closed); the
+    // timeout (120 s here) bounds a hung peer, never reached by a dead one.
+    let status = wait_exit(&mut trainer, PROGRESS_DEADLINE, || log_tail(&root));
     let log = log_tail(&root);
     assert!(
         !status.success(),
         "the run must fail without its rank:\n{log}"
     );
     assert!(
-        log.contains("collective") || log.contains("rank"),
-        "the error must name the collective:\n{log}"
+        log.contains("rank 0 of 2"),
+        "the error must name the collective and the rank:\n{log}"
     );
+    // A restart (a new group) resumes from the last checkpoint and ends where the
+    // uninterrupted run ended, bit for bit.
+    let mut restarted = spawn_train(&config, &root, &[]);
+    let status = wait_exit(&mut restarted, PROGRESS_DEADLINE, || log_tail(&root));
+    assert!(
+        status.success(),
+        "the restart failed ({status}):\n{}",
+        log_tail(&root)
+    );
+    let rt = test_rt();
+    let (step, resumed) = head_weights(&rt, &root);
+    let (whole_step, expected) = head_weights(&rt, &whole);
+    assert_eq!((step, whole_step), (9, 9));
+    assert!(resumed == expected, "the resumed run's weights differ");
 }

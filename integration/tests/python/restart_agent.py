@@ -59,10 +59,12 @@ def main():
     messages.append({"role": "user", "content": "Check it and give only the final number."})
     last = answer(call(key[-12:] + "-2"))
     answers.append(last)
-    truth = str(task["ground_truth"])
-    post_reward(1.0 if (last["content"] or "").strip() == truth else 0.0)
+    # The log is written before the reward: the reward ends the episode, and keel may end the
+    # run (and the test read the logs) before a later write lands.
     with open(os.path.join(logs, key + ".json"), "w") as f:
         json.dump({"split": task["split"], "answers": answers}, f)
+    truth = str(task["ground_truth"])
+    post_reward(1.0 if (last["content"] or "").strip() == truth else 0.0)
 
 
 if __name__ == "__main__":
