@@ -139,12 +139,9 @@ pub struct TrainArgs {
     pub reference: Option<String>,
 }
 
-/// `keel generator`.
+/// Where a role process of a run finds it: `keel generator` and `keel learner`.
 #[derive(Args, Debug)]
-pub struct GeneratorArgs {
-    /// This process's rank: 0 .. rollout.generators - 1 of the trainer's config.
-    #[arg(long)]
-    pub rank: u32,
+pub struct RoleArgs {
     /// The trainer's TOML config; without it the config the trainer recorded in the run root is
     /// used (it must be passed when the config has credentials in URLs, which are stored redacted).
     #[arg(long)]
@@ -157,22 +154,24 @@ pub struct GeneratorArgs {
     pub branch: Option<String>,
 }
 
+/// `keel generator`.
+#[derive(Args, Debug)]
+pub struct GeneratorArgs {
+    /// This process's rank: 0 .. rollout.generators - 1 of the trainer's config.
+    #[arg(long)]
+    pub rank: u32,
+    #[command(flatten)]
+    pub role: RoleArgs,
+}
+
 /// `keel learner`.
 #[derive(Args, Debug)]
 pub struct LearnerArgs {
     /// This process's rank: 1 .. learner.ranks - 1 (a launcher's RANK when not given).
     #[arg(long)]
     pub rank: Option<usize>,
-    /// The trainer's TOML config; without it the config the trainer recorded in the run root is
-    /// used.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Run root: a local directory or s3://bucket/prefix (default runs/<run.name> of --config).
-    #[arg(long)]
-    pub run_root: Option<String>,
-    /// Branch the trainer trains on (default `main`).
-    #[arg(long)]
-    pub branch: Option<String>,
+    #[command(flatten)]
+    pub role: RoleArgs,
 }
 
 /// `keel config ...`.

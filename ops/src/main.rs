@@ -429,28 +429,42 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     Ok(())
 }
 
+/// What a role process (`keel generator`, `keel learner`) starts from: the config when given,
+/// the run root's branch, and the stop signal.
+struct RoleStart {
+    cfg: Option<TrainConfig>,
+    store: RunStore,
+    stop: keel_actors::StopSignal,
+}
+
+impl RoleStart {
+    /// Opens `args`'s run root on its branch; `role` names the process in messages.
+    fn open(args: &cli::RoleArgs, role: &str) -> Result<Self> {
+        let cfg = match &args.config {
+            Some(p) => Some(load_config(Some(p))?),
+            None => None,
+        };
+        let run_root = match (&args.run_root, &cfg) {
+            (Some(r), _) => r.clone(),
+            (None, Some(c)) => format!("runs/{}", c.run.name),
+            (None, None) => {
+                anyhow::bail!("keel {role} needs --run-root (or --config to derive it)")
+            }
+        };
+        let store = RunStore::open(&run_root)
+            .with_context(|| format!("cannot open run root {run_root}"))?;
+        let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
+        let store = store.on_branch(branch)?;
+        let stop = preemption::stop_signal(cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s))?;
+        eprintln!("{role} on run root {} (branch {branch})", store.root_url());
+        Ok(RoleStart { cfg, store, stop })
+    }
+}
+
 /// `keel generator --rank R`: serves the rank's work orders until the run is finished.
 fn generator(args: cli::GeneratorArgs) -> Result<()> {
-    let cfg = match &args.config {
-        Some(p) => Some(load_config(Some(p))?),
-        None => None,
-    };
-    let run_root = match (&args.run_root, &cfg) {
-        (Some(r), _) => r.clone(),
-        (None, Some(c)) => format!("runs/{}", c.run.name),
-        (None, None) => anyhow::bail!("keel generator needs --run-root (or --config to derive it)"),
-    };
-    let store =
-        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
-    let store = store.on_branch(branch)?;
-    let stop = preemption::stop_signal(cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s))?;
-    eprintln!(
-        "generator rank {} on run root {} (branch {branch})",
-        args.rank,
-        store.root_url()
-    );
-    match run_generator(args.rank, cfg, store, stop, None)
+    let start = RoleStart::open(&args.role, &format!("generator rank {}", args.rank))?;
+    match run_generator(args.rank, start.cfg, start.store, start.stop, None)
         .with_context(|| format!("generator rank {}", args.rank))?
     {
         GeneratorExit::Finished { life } => {
@@ -464,6 +478,7 @@ fn generator(args: cli::GeneratorArgs) -> Result<()> {
     Ok(())
 }
 
+/// `keel learner --rank R`: follows the trainer's learner (rank 0) until it stops (LK-1).
 fn learner_rank(args: cli::LearnerArgs) -> Result<()> {
     let rank = match args.rank {
         Some(r) => r,
@@ -472,25 +487,8 @@ fn learner_rank(args: cli::LearnerArgs) -> Result<()> {
             .and_then(|r| r.parse::<usize>().ok())
             .context("keel learner needs --rank R (or RANK from a launcher)")?,
     };
-    let cfg = match &args.config {
-        Some(p) => Some(load_config(Some(p))?),
-        None => None,
-    };
-    let run_root = match (&args.run_root, &cfg) {
-        (Some(r), _) => r.clone(),
-        (None, Some(c)) => format!("runs/{}", c.run.name),
-        (None, None) => anyhow::bail!("keel learner needs --run-root (or --config to derive it)"),
-    };
-    let store =
-        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let branch = args.branch.as_deref().unwrap_or(keel_store::DEFAULT_BRANCH);
-    let store = store.on_branch(branch)?;
-    let stop = preemption::stop_signal(cfg.as_ref().map_or(30, |c| c.run.sigterm_grace_s))?;
-    eprintln!(
-        "learner rank {rank} on run root {} (branch {branch})",
-        store.root_url()
-    );
-    keel_actors::learner_ranks::run_learner_rank(rank, cfg, store, stop)
+    let start = RoleStart::open(&args.role, &format!("learner rank {rank}"))?;
+    keel_actors::learner_ranks::run_learner_rank(rank, start.cfg, start.store, start.stop)
         .with_context(|| format!("learner rank {rank}"))?;
     println!("learner rank {rank}: the trainer's learner stopped");
     Ok(())

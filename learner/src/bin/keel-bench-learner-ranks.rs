@@ -23,52 +23,17 @@ use std::time::{Duration, Instant};
 
 use keel_learner::batch_tensors::TrainBatch;
 use keel_learner::collective::{RankGroup, Rendezvous};
-use keel_learner::hf::{HfConfig, HfModel, LoadOptions};
+use keel_learner::hf::{HfModel, LoadOptions};
 use keel_learner::{Algo, Learner, LearnerConfig};
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn flags() -> HashMap<String, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    args.chunks(2)
-        .filter_map(|c| Some((c[0].trim_start_matches("--").to_string(), c.get(1)?.clone())))
-        .collect()
-}
-
-fn num(f: &HashMap<String, String>, k: &str, d: usize) -> Res<usize> {
-    Ok(match f.get(k) {
-        Some(v) => v.parse().map_err(|e| format!("--{k} {v}: {e}"))?,
-        None => d,
-    })
-}
-
-/// The process's peak resident set size in MiB (`VmHWM`).
-fn peak_mib() -> Res<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or("no VmHWM in /proc/self/status")?;
-    Ok(kib / 1024.0)
-}
+mod bench_common;
+use bench_common::{flags, llama_config, num, peak_mib, Res};
 
 /// The model every rank builds (same seed: the same weights on every rank).
 fn model(f: &HashMap<String, String>) -> Res<HfModel> {
-    let (h, layers, vocab) = (
-        num(f, "hidden", 512)?,
-        num(f, "layers", 4)?,
-        num(f, "vocab", 16384)?,
-    );
-    let cfg = HfConfig::from_value(serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": h, "intermediate_size": 4 * h, "num_hidden_layers": layers,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false,
-    }))?;
+    let cfg = llama_config(f, 4)?;
     Ok(HfModel::random(
         cfg,
         LoadOptions::policy(Device::Cpu, Kind::Float),

@@ -15,52 +15,18 @@ use std::collections::HashMap;
 use std::process::Command;
 
 use keel_learner::batch_tensors::TrainBatch;
-use keel_learner::hf::{HfConfig, HfModel, LoadOptions, LoraConfig};
+use keel_learner::hf::{HfModel, LoadOptions, LoraConfig};
 use keel_learner::{Learner, LearnerConfig};
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn flags() -> HashMap<String, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    args.chunks(2)
-        .filter_map(|c| Some((c[0].trim_start_matches("--").to_string(), c.get(1)?.clone())))
-        .collect()
-}
-
-fn num(f: &HashMap<String, String>, k: &str, d: usize) -> Res<usize> {
-    Ok(match f.get(k) {
-        Some(v) => v.parse().map_err(|e| format!("--{k} {v}: {e}"))?,
-        None => d,
-    })
-}
-
-/// The process's peak resident set size in MiB (`VmHWM`).
-fn peak_mib() -> Res<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or("no VmHWM in /proc/self/status")?;
-    Ok(kib / 1024.0)
-}
+mod bench_common;
+use bench_common::{flags, llama_config, num, peak_mib, Res};
 
 fn child(f: &HashMap<String, String>, mode: &str) -> Res<()> {
     tch::set_num_threads(num(f, "threads", 1)? as i32);
-    let (h, layers, vocab) = (
-        num(f, "hidden", 512)?,
-        num(f, "layers", 8)?,
-        num(f, "vocab", 16384)?,
-    );
-    let cfg = HfConfig::from_value(serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": h, "intermediate_size": 4 * h, "num_hidden_layers": layers,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false,
-    }))?;
+    let cfg = llama_config(f, 8)?;
+    let vocab = cfg.vocab_size as u32;
     let mut model = HfModel::random(cfg, LoadOptions::policy(Device::Cpu, Kind::Float), 1)?;
     if mode == "lora" {
         let rank = num(f, "rank", 16)?;
@@ -82,7 +48,7 @@ fn child(f: &HashMap<String, String>, mode: &str) -> Res<()> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
     let rows: Vec<(Vec<u32>, Vec<u8>)> = (0..batch)
         .map(|_| {
-            let toks = (0..seq).map(|_| rng.gen_range(0..vocab as u32)).collect();
+            let toks = (0..seq).map(|_| rng.gen_range(0..vocab)).collect();
             let mut mask = vec![1u8; seq];
             mask[0] = 0;
             (toks, mask)
