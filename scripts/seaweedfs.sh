@@ -32,7 +32,12 @@ cat > "$SEAWEED_DIR/s3.json" <<JSON
 {"identities":[{"name":"keel","credentials":[{"accessKey":"keel-test","secretKey":"keel-test-secret"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
 JSON
 mkdir -p "$SEAWEED_DIR/data"
+# Volumes sized for tests, not for the disk: left to itself `weed mini` sizes its volumes (64 MB to
+# 1 GB) and their count (free disk / volume size) from the free disk at start, and on a nearly
+# full disk it runs out of writable volumes part-way through a test run and stalls every write
+# after that. A test run stores ~150 MB in all; 100 volumes of 64 MB are sparse files.
 weed mini -dir="$SEAWEED_DIR/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.config="$SEAWEED_DIR/s3.json" \
+  -master.volumeSizeLimitMB=64 -volume.max=100 \
   -admin.ui=false -webdav=false -s3.port.iceberg=0 -s3.port.lance=0 -master.port="$SEAWEED_MASTER_PORT" -volume.port="$SEAWEED_VOLUME_PORT" \
   -filer.port="$SEAWEED_FILER_PORT" \
   -s3.port="$SEAWEED_S3_PORT" >"$SEAWEED_DIR/weed.log" 2>&1 &

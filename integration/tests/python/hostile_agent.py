@@ -94,6 +94,7 @@ def main():
             seen["temperature"] = 200
         except BadRequestError as e:
             seen["temperature"] = e.status_code
+        log()  # what the probe saw so far survives a kill at the episode's timeout
     capped = {"max_tokens": 2, "extra_headers": {"Idempotency-Key": "probe-1"}}
     answer, message, first = chat(client, messages, **(capped if kind == "probe" else {}))
     seen["answer"] = answer
