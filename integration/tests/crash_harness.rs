@@ -114,6 +114,22 @@ fn harness(root: &str, config_toml: &str, kills: usize, delay_ms: (u64, u64), st
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+        if done % 2 == 1 {
+            // Progress, not time: every other life is killed only once it committed a
+            // checkpoint of its own, so the kills land at different steps however slowly a
+            // loaded machine restarts a life; the others die at a random point.
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while head_step(&rt, &store) <= last_step {
+                assert!(
+                    Instant::now() < deadline,
+                    "life {done}: no checkpoint within 300 s"
+                );
+                if child.try_wait().expect("wait").is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         std::thread::sleep(Duration::from_millis(rng.gen_range(delay_ms.0..delay_ms.1)));
         if let Some(status) = child.try_wait().expect("wait") {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -181,6 +197,14 @@ fn sigkill_at_random_points_loses_and_duplicates_nothing_on_local_disk() {
         (300, 2200),
         None,
     );
+}
+
+/// The head checkpoint's step (`None` before the first, or while the head cannot be read).
+fn head_step(rt: &tokio::runtime::Runtime, store: &RunStore) -> Option<u64> {
+    rt.block_on(store.latest_checkpoint())
+        .ok()
+        .flatten()
+        .map(|m| m.step)
 }
 
 /// The streaming engine under SIGKILL: async, two generators and two env shards, long-tailed
