@@ -235,11 +235,6 @@ impl RankLink {
         Ok(RankLink { group, rank })
     }
 
-    /// The shared group (every learner of the process joins it).
-    pub fn group(&self) -> SharedGroup {
-        self.group.clone()
-    }
-
     /// Whether this is rank 0, the one that decides.
     pub fn leads(&self) -> bool {
         self.rank == 0

@@ -132,13 +132,10 @@ fn a_killed_learner_rank_fails_the_run_and_a_restart_resumes_it_exactly() {
         latency_ms: 5.0,
         ..ranked_run(2, 9)
     };
-    let config = run.write(dir.path(), "run");
-    let whole = dir.path().join("whole");
-    let mut uninterrupted = spawn_train(&config, &whole, &[]);
-    let status = wait_exit(&mut uninterrupted, PROGRESS_DEADLINE, || log_tail(&whole));
-    assert!(status.success(), "{status}:\n{}", log_tail(&whole));
+    let (whole_step, expected) = train(dir.path(), &run, "whole");
 
     let root = dir.path().join("run");
+    let config = run.write(dir.path(), "run");
     let mut trainer = spawn_train(&config, &root, &[]);
     let follower = rank_one(&mut trainer, &root);
     // Once a checkpoint of the ranks' training is stored, rank 1 dies mid-run.
@@ -164,16 +161,7 @@ fn a_killed_learner_rank_fails_the_run_and_a_restart_resumes_it_exactly() {
     );
     // A restart (a new group) resumes from the last checkpoint and ends where the
     // uninterrupted run ended, bit for bit.
-    let mut restarted = spawn_train(&config, &root, &[]);
-    let status = wait_exit(&mut restarted, PROGRESS_DEADLINE, || log_tail(&root));
-    assert!(
-        status.success(),
-        "the restart failed ({status}):\n{}",
-        log_tail(&root)
-    );
-    let rt = test_rt();
-    let (step, resumed) = head_weights(&rt, &root);
-    let (whole_step, expected) = head_weights(&rt, &whole);
+    let (step, resumed) = train(dir.path(), &run, "run");
     assert_eq!((step, whole_step), (9, 9));
     assert!(resumed == expected, "the resumed run's weights differ");
 }

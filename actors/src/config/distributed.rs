@@ -64,13 +64,10 @@ impl DistributedSection {
         LEARNER_PORT.check_int(u64::from(self.learner_port))?;
         COLLECTIVE_TIMEOUT_S.check_int(self.collective_timeout_s)?;
         if self.learner_addr.trim().is_empty() || self.learner_addr.contains('\0') {
-            return Err(ConfigError::OutOfRange {
-                key: "distributed.learner_addr".into(),
-                reason: format!(
-                    "must be a host name or address, got {:?}",
-                    self.learner_addr
-                ),
-            });
+            return Err(LEARNER_ADDR.error(format!(
+                "must be a host name or address, got {:?}",
+                self.learner_addr
+            )));
         }
         Ok(())
     }
