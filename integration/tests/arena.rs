@@ -1,5 +1,5 @@
-//! `keel arena` on the shipped smoke grid: every cell runs as its own `keel train`, the table and
-//! plots are written, a grid killed half-way skips its finished cells and resumes the
+//! `keel arena` on the shipped smoke grid: every cell runs as its own `keel train`, the table,
+//! the staleness ladder and the plots are written, a grid killed half-way skips its finished cells and resumes the
 //! interrupted one on a rerun (AR-1, AR-3, AA-2), and a grid whose cells changed is refused
 //! (AR-2).
 
@@ -13,11 +13,13 @@ fn smoke_grid() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../recipes/arena/smoke.toml")
 }
 
-const CELLS: [&str; 4] = [
+const CELLS: [&str; 6] = [
     "grpo.calc.control.s1",
     "grpo.calc.stress.s1",
+    "grpo.calc.stale2.s1",
     "so_grpo.calc.control.s1",
     "so_grpo.calc.stress.s1",
+    "so_grpo.calc.stale2.s1",
 ];
 
 fn arena(grid: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
@@ -88,7 +90,7 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
     let rerun = arena(&smoke_grid(), &out, &["--jobs", "2"]);
     let stderr = String::from_utf8_lossy(&rerun.stderr);
     assert!(rerun.status.success(), "{stderr}");
-    assert!(stderr.contains("1 finished before, 3 to run"), "{stderr}");
+    assert!(stderr.contains("1 finished before, 5 to run"), "{stderr}");
     assert_eq!(
         read(&cells.join(format!("{}.json", CELLS[0]))),
         finished_before,
@@ -108,21 +110,39 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
     );
 
     let table = read(&out.join("table.md"));
-    assert!(table.contains("4 of 4 cells finished"), "{table}");
+    assert!(table.contains("6 of 6 cells finished"), "{table}");
     assert!(
-        table.contains("## calc, control") && table.contains("## calc, stress"),
+        table.contains("## calc, control")
+            && table.contains("## calc, stress")
+            && table.contains("## calc, stale2"),
         "{table}"
     );
-    assert_eq!(table.matches("| so_grpo | grpo |").count(), 2, "{table}");
+    assert_eq!(table.matches("| so_grpo | grpo |").count(), 3, "{table}");
+    // The staleness ladder: the control (sync) is its origin, then bound 2, for both methods,
+    // and SO-GRPO's paired Δ at each point.
+    assert!(
+        table.contains("## calc: held-out success against the staleness bound")
+            && table.contains("| method | control (sync) | 2 |")
+            && table.contains("| so_grpo − grpo | "),
+        "{table}"
+    );
     let csv = read(&out.join("table.csv"));
-    assert_eq!(csv.lines().count(), 1 + 4, "{csv}");
+    assert_eq!(csv.lines().count(), 1 + 6, "{csv}");
     let cells_csv = read(&out.join("cells.csv"));
     for c in CELLS {
         assert!(cells_csv.contains(&format!("\n{c},")), "{cells_csv}");
         let cfg = read(&cells.join(format!("{c}.toml")));
         assert!(cfg.contains("reference_kl = true"), "{cfg}");
     }
-    for fig in ["calc.control.success", "calc.stress.grad_norm"] {
+    assert!(
+        cells_csv.contains(&format!("\n{},", CELLS[2])) && cells_csv.contains(",2,2,1\n"),
+        "the stale2 cell sits at staleness 2 (2 mini-batches, lr factor 1): {cells_csv}"
+    );
+    for fig in [
+        "calc.control.success",
+        "calc.stress.grad_norm",
+        "calc.ladder.staleness",
+    ] {
         let png = std::fs::metadata(out.join("plots").join(format!("{fig}.png"))).expect("png");
         assert!(png.len() > 1000, "{fig}.png");
         assert!(read(&out.join("plots").join(format!("{fig}.svg"))).starts_with("<svg"));
@@ -130,7 +150,7 @@ fn a_grid_killed_half_way_resumes_and_writes_its_table_and_plots() {
     // Every cell is an ordinary run root: keel ckpt list reads it.
     let list = Command::new(keel_bin())
         .args(["ckpt", "list", "--run-root"])
-        .arg(out.join(CELLS[3]))
+        .arg(out.join(CELLS[4]))
         .output()
         .expect("ckpt list");
     assert!(list.status.success());
@@ -149,7 +169,7 @@ fn changed_cells_are_refused_and_table_only_runs_nothing() {
     );
     let table = read(&out.join("table.md"));
     assert!(
-        table.contains("0 of 4 cells finished") && table.contains("| grpo | 0/1 | — |"),
+        table.contains("0 of 6 cells finished") && table.contains("| grpo | 0/1 | — |"),
         "{table}"
     );
     assert!(!out.join(CELLS[0]).exists(), "--table-only trains nothing");
@@ -157,7 +177,7 @@ fn changed_cells_are_refused_and_table_only_runs_nothing() {
     // A cell config left by an earlier run of another version of the grid.
     std::fs::create_dir_all(out.join("cells")).expect("mkdir");
     std::fs::write(
-        out.join("cells").join(format!("{}.toml", CELLS[2])),
+        out.join("cells").join(format!("{}.toml", CELLS[3])),
         "[run]\nsteps = 99\n",
     )
     .expect("write");
@@ -165,7 +185,7 @@ fn changed_cells_are_refused_and_table_only_runs_nothing() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(
-        stderr.contains("changed the config of 1 cell") && stderr.contains(CELLS[2]),
+        stderr.contains("changed the config of 1 cell") && stderr.contains(CELLS[3]),
         "{stderr}"
     );
     assert!(!out.join(CELLS[0]).exists(), "nothing ran");

@@ -1,10 +1,15 @@
 //! A grid file (`recipes/arena/*.toml`) and the cells it expands to.
 //!
-//! A cell is one `keel train` run: a method (a preset with its config) on an env, in a setting
-//! (`control`, or `stress` when the grid has a `[stress]` table), with one seed. Its config is
-//! the built-in defaults, then `[base]`, then the env's table, then the method's `config`, then
-//! (stress only) `[stress]` and the method's own `stress` fragment, with the learning rates times `arena.stress_lr_factor`, then what
-//! the arena owns: `run.name` (the cell's name with `_` for `.`), `run.seed`, `run.steps`, `learner.algo` (the method's preset) and
+//! A cell is one `keel train` run: a method (a preset with its config) on an env, in a setting,
+//! with one seed. The settings are `control`; `stress` when the grid has a `[stress]` table (a
+//! mixed stress); and the rungs of `[ladder]`, each moving one knob away from the control:
+//! `stale<k>` (async, `run.staleness_bound = k`), `mb<m>` (`learner.minibatches = m`) and
+//! `lr<f>x` (learning rates times f; a `.` in f is written `p`). A cell's config is the built-in
+//! defaults, then `[base]`, then the env's table, then the method's `config`, then (stress only)
+//! `[stress]` and the method's own `stress` fragment, then the rung's knob, with the learning
+//! rates times `arena.stress_lr_factor` (stress) or the rung's factor, then what the arena owns:
+//! `run.name` (the cell's name with `_` for `.`), `run.seed`, `run.steps`, `learner.algo` (the
+//! method's preset), `model.path` when `keel arena --model DIR` names one, and
 //! `learner.reference_kl = true` (so every method reports its KL to the SFT reference).
 //!
 //! Invariants:
@@ -12,7 +17,12 @@
 //!   method, a duplicate name or seed, or a fragment that sets a key the arena owns is refused
 //!   before anything runs, naming the entry.
 //! - AGR-2: every cell's config is validated as `keel train` validates it (`TrainConfig`); the
-//!   error names the cell. The cell's config text is a pure function of the grid file.
+//!   error names the cell. The cell's config text is a pure function of the grid file (and
+//!   `--model`).
+//! - AGR-4: a ladder rung is the control with one knob moved, so the control is every ladder's
+//!   origin (staleness 0: sync); a rung of staleness 0, 0 mini-batches or factor 1 (or <= 0, or
+//!   with more than 3 decimals), a rung given twice, and a method that skips an axis the grid
+//!   has no rungs on are refused.
 //! - AGR-3: cell names are `<method>.<env>.<setting>.s<seed>` with method and env names of
 //!   `[A-Za-z0-9_-]`, so a cell name is a safe folder name and never collides with the grid's
 //!   own `cells/` and `plots/` folders.
@@ -69,6 +79,57 @@ fn default_lr_factor() -> f64 {
     1.0
 }
 
+/// `[ladder]`: rungs that each move one knob of the control (AGR-4); one cell per rung, method,
+/// env and seed.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LadderSection {
+    /// Async runs with `run.staleness_bound` = each value (the control, sync, is 0).
+    #[serde(default)]
+    pub staleness: Vec<u64>,
+    /// `learner.minibatches` = each value.
+    #[serde(default)]
+    pub minibatches: Vec<u64>,
+    /// The learning rates times each value (at most 3 decimals).
+    #[serde(default)]
+    pub lr_factor: Vec<f64>,
+}
+
+/// The knob a ladder moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Axis {
+    /// `run.staleness_bound` (async).
+    Staleness,
+    /// `learner.minibatches`.
+    Minibatches,
+    /// The learning rates' factor.
+    LrFactor,
+}
+
+impl Axis {
+    /// Every axis, in table order.
+    pub const ALL: [Axis; 3] = [Axis::Staleness, Axis::Minibatches, Axis::LrFactor];
+
+    /// Its key in `[ladder]` and in file names.
+    pub fn key(self) -> &'static str {
+        match self {
+            Axis::Staleness => "staleness",
+            Axis::Minibatches => "minibatches",
+            Axis::LrFactor => "lr_factor",
+        }
+    }
+
+    /// What its values are, for tables and plots.
+    pub fn label(self) -> &'static str {
+        match self {
+            Axis::Staleness => "staleness bound",
+            Axis::Minibatches => "mini-batches per batch",
+            Axis::LrFactor => "learning-rate factor",
+        }
+    }
+}
+
 /// One `[[methods]]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +149,9 @@ pub struct MethodEntry {
     /// `run.mode = "sync"` there).
     #[serde(default)]
     pub stress: Table,
+    /// Ladder axes it does not run (e.g. RTPO, which cannot run async: `["staleness"]`).
+    #[serde(default)]
+    pub ladder_skip: Vec<Axis>,
 }
 
 impl MethodEntry {
@@ -106,29 +170,70 @@ pub struct GridFile {
     /// Config fragment of every cell.
     #[serde(default)]
     pub base: Table,
-    /// Config fragment of the stress setting; without it only the control runs.
+    /// Config fragment of the stress setting; without it no stress cells run.
     pub stress: Option<Table>,
+    /// The ladder's rungs; empty by default.
+    #[serde(default)]
+    pub ladder: LadderSection,
     /// Config fragment per env name.
     pub envs: BTreeMap<String, Table>,
     /// The methods.
     pub methods: Vec<MethodEntry>,
 }
 
-/// `control` or `stress`.
+/// A cell's setting: the control, the mixed stress, or one ladder rung.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Setting {
-    /// The grid without `[stress]`.
+    /// The grid without `[stress]` or a rung.
     Control,
     /// With `[stress]`.
     Stress,
+    /// The control with one knob at a value (`LrFactor` in thousandths).
+    Rung(Axis, u64),
 }
 
 impl Setting {
-    /// Its name in cell names and tables.
-    pub fn name(self) -> &'static str {
+    /// Its name in cell names and tables (`control`, `stress`, `stale4`, `mb8`, `lr0p5x`).
+    pub fn name(self) -> String {
         match self {
-            Setting::Control => "control",
-            Setting::Stress => "stress",
+            Setting::Control => "control".into(),
+            Setting::Stress => "stress".into(),
+            Setting::Rung(Axis::Staleness, k) => format!("stale{k}"),
+            Setting::Rung(Axis::Minibatches, m) => format!("mb{m}"),
+            Setting::Rung(Axis::LrFactor, t) => {
+                format!("lr{}x", (t as f64 / 1000.0).to_string().replace('.', "p"))
+            }
+        }
+    }
+
+    /// The rung's axis and value (the factor as a number), if it is one.
+    pub fn rung(self) -> Option<(Axis, f64)> {
+        match self {
+            Setting::Rung(Axis::LrFactor, t) => Some((Axis::LrFactor, t as f64 / 1000.0)),
+            Setting::Rung(axis, v) => Some((axis, v as f64)),
+            _ => None,
+        }
+    }
+}
+
+/// Where a cell sits on each ladder axis (the control is every axis's origin, AGR-4).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Knobs {
+    /// `run.staleness_bound` when async, else 0.
+    pub staleness: f64,
+    /// `learner.minibatches`.
+    pub minibatches: f64,
+    /// The learning rates over the control's.
+    pub lr_factor: f64,
+}
+
+impl Knobs {
+    /// The value on `axis`.
+    pub fn on(&self, axis: Axis) -> f64 {
+        match axis {
+            Axis::Staleness => self.staleness,
+            Axis::Minibatches => self.minibatches,
+            Axis::LrFactor => self.lr_factor,
         }
     }
 }
@@ -142,10 +247,12 @@ pub struct Cell {
     pub method: String,
     /// The env's name.
     pub env: String,
-    /// Control or stress.
+    /// Control, stress or a ladder rung.
     pub setting: Setting,
     /// `run.seed`.
     pub seed: u64,
+    /// Where it sits on the ladder axes.
+    pub knobs: Knobs,
     /// The config `keel train` gets, as TOML text (AGR-2).
     pub config_text: String,
 }
@@ -161,13 +268,32 @@ pub struct Grid {
     pub methods: Vec<MethodEntry>,
     /// Env names in file order of first use.
     pub envs: Vec<String>,
-    /// Settings run.
+    /// Settings run: control, stress, then the rungs by axis and value.
     pub settings: Vec<Setting>,
     /// Every cell.
     pub cells: Vec<Cell>,
 }
 
 impl Grid {
+    /// The axes the grid has rungs on.
+    pub fn ladder_axes(&self) -> Vec<Axis> {
+        Axis::ALL
+            .into_iter()
+            .filter(|a| {
+                self.settings
+                    .iter()
+                    .any(|s| s.rung().map(|r| r.0) == Some(*a))
+            })
+            .collect()
+    }
+
+    /// Whether `method` has cells in `setting` (a method may skip a ladder axis).
+    pub fn runs(&self, method: &str, setting: Setting) -> bool {
+        self.cells
+            .iter()
+            .any(|c| c.method == method && c.setting == setting)
+    }
+
     /// The baseline of `method`, if it has one.
     pub fn baseline_of(&self, method: &str) -> Option<&str> {
         self.methods
@@ -223,8 +349,8 @@ fn owned_key_in(fragment: &Table) -> Option<String> {
     })
 }
 
-/// Reads and expands a grid file (AGR-1..3).
-pub fn load(path: &Path) -> Result<Grid> {
+/// Reads and expands a grid file (AGR-1..4); `model` is `keel arena --model`.
+pub fn load(path: &Path, model: Option<&Path>) -> Result<Grid> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read grid {}", path.display()))?;
     let file: GridFile =
@@ -234,7 +360,41 @@ pub fn load(path: &Path) -> Result<Grid> {
         .and_then(|s| s.to_str())
         .unwrap_or("grid")
         .to_string();
-    expand(file, &stem).with_context(|| format!("in grid {}", path.display()))
+    let model = model.map(|m| m.to_string_lossy().into_owned());
+    expand(file, &stem, model.as_deref()).with_context(|| format!("in grid {}", path.display()))
+}
+
+/// The ladder's rungs, checked (AGR-4).
+fn rungs(ladder: &LadderSection) -> Result<Vec<Setting>> {
+    let mut out = Vec::new();
+    for &k in &ladder.staleness {
+        if k == 0 {
+            bail!("ladder.staleness: 0 is the control (sync); list only bounds >= 1");
+        }
+        out.push(Setting::Rung(Axis::Staleness, k));
+    }
+    for &m in &ladder.minibatches {
+        if m == 0 {
+            bail!("ladder.minibatches: values must be at least 1");
+        }
+        out.push(Setting::Rung(Axis::Minibatches, m));
+    }
+    for &f in &ladder.lr_factor {
+        let t = (f * 1000.0).round();
+        if !(f.is_finite() && f > 0.0) || (t - f * 1000.0).abs() > 1e-6 || t == 1000.0 {
+            bail!(
+                "ladder.lr_factor: {f} is not a factor > 0, other than 1, with at most 3 decimals"
+            );
+        }
+        out.push(Setting::Rung(Axis::LrFactor, t as u64));
+    }
+    let n = out.len();
+    out.sort();
+    out.dedup();
+    if out.len() != n {
+        bail!("[ladder] lists a rung twice");
+    }
+    Ok(out)
 }
 
 fn check_arena(a: &ArenaSection) -> Result<()> {
@@ -286,6 +446,20 @@ fn check_methods(file: &GridFile) -> Result<()> {
         if let Some(key) = owned_key_in(&m.config).or_else(|| owned_key_in(&m.stress)) {
             bail!("method {name:?} sets {key}, which the arena sets (preset, arena.seeds, arena.steps)");
         }
+        let ladder = &file.ladder;
+        for axis in &m.ladder_skip {
+            let values = match axis {
+                Axis::Staleness => ladder.staleness.len(),
+                Axis::Minibatches => ladder.minibatches.len(),
+                Axis::LrFactor => ladder.lr_factor.len(),
+            };
+            if values == 0 {
+                bail!(
+                    "method {name:?} skips ladder axis {:?}, which [ladder] does not list",
+                    axis.key()
+                );
+            }
+        }
     }
     for m in &file.methods {
         let Some(b) = &m.baseline else { continue };
@@ -305,7 +479,7 @@ fn check_methods(file: &GridFile) -> Result<()> {
     Ok(())
 }
 
-fn expand(file: GridFile, stem: &str) -> Result<Grid> {
+fn expand(file: GridFile, stem: &str, model: Option<&str>) -> Result<Grid> {
     check_arena(&file.arena)?;
     let name = file.arena.name.clone().unwrap_or_else(|| stem.to_string());
     if !valid_label(&name) {
@@ -328,6 +502,7 @@ fn expand(file: GridFile, stem: &str) -> Result<Grid> {
     }
     let settings: Vec<Setting> = std::iter::once(Setting::Control)
         .chain(file.stress.as_ref().map(|_| Setting::Stress))
+        .chain(rungs(&file.ladder)?)
         .collect();
     let mut envs: Vec<String> = Vec::new();
     let mut cells = Vec::new();
@@ -336,9 +511,10 @@ fn expand(file: GridFile, stem: &str) -> Result<Grid> {
             if !envs.contains(env) {
                 envs.push(env.clone());
             }
-            for &setting in &settings {
+            let skipped = |s: &Setting| s.rung().is_some_and(|(a, _)| m.ladder_skip.contains(&a));
+            for &setting in settings.iter().filter(|s| !skipped(s)) {
                 for &seed in &file.arena.seeds {
-                    cells.push(cell(&file, m, env, setting, seed)?);
+                    cells.push(cell(&file, m, env, setting, seed, model)?);
                 }
             }
         }
@@ -353,7 +529,14 @@ fn expand(file: GridFile, stem: &str) -> Result<Grid> {
     })
 }
 
-fn cell(file: &GridFile, m: &MethodEntry, env: &str, setting: Setting, seed: u64) -> Result<Cell> {
+fn cell(
+    file: &GridFile,
+    m: &MethodEntry,
+    env: &str,
+    setting: Setting,
+    seed: u64,
+    model: Option<&str>,
+) -> Result<Cell> {
     let name = format!("{}.{env}.{}.s{seed}", m.name(), setting.name());
     let mut t = Table::new();
     set(&mut t, "learner", "reference_kl", Value::Boolean(true));
@@ -362,13 +545,28 @@ fn cell(file: &GridFile, m: &MethodEntry, env: &str, setting: Setting, seed: u64
         overlay(&mut t, e);
     }
     overlay(&mut t, &m.config);
-    let stress = match (setting, &file.stress) {
+    let lr_factor = match (setting, &file.stress) {
         (Setting::Stress, Some(s)) => {
             overlay(&mut t, s);
             overlay(&mut t, &m.stress);
-            true
+            file.arena.stress_lr_factor
         }
-        _ => false,
+        (Setting::Rung(axis, v), _) => {
+            let v = i64::try_from(v).context("a ladder value is too large")?;
+            match axis {
+                Axis::Staleness => {
+                    set(&mut t, "run", "mode", Value::String("async".into()));
+                    set(&mut t, "run", "staleness_bound", Value::Integer(v));
+                    1.0
+                }
+                Axis::Minibatches => {
+                    set(&mut t, "learner", "minibatches", Value::Integer(v));
+                    1.0
+                }
+                Axis::LrFactor => v as f64 / 1000.0,
+            }
+        }
+        _ => 1.0,
     };
     // run.name allows no '.': the cell's name with '_' (a label of its metrics and trackers).
     set(&mut t, "run", "name", Value::String(name.replace('.', "_")));
@@ -376,32 +574,45 @@ fn cell(file: &GridFile, m: &MethodEntry, env: &str, setting: Setting, seed: u64
     let steps = i64::try_from(file.arena.steps).context("arena.steps is too large")?;
     set(&mut t, "run", "steps", Value::Integer(steps));
     set(&mut t, "learner", "algo", Value::String(m.preset.clone()));
+    if let Some(path) = model {
+        set(&mut t, "model", "path", Value::String(path.to_string()));
+    }
     let parse = |t: &Table| {
         let text = toml::to_string(t).context("cannot render the cell's config")?;
         let cfg = TrainConfig::from_toml(&text).with_context(|| format!("cell {name}"))?;
         Ok::<_, anyhow::Error>((text, cfg))
     };
-    let (mut text, cfg) = parse(&t)?;
-    if stress && file.arena.stress_lr_factor != 1.0 {
-        let k = file.arena.stress_lr_factor;
-        set(&mut t, "learner", "lr", Value::Float(cfg.learner.lr * k));
-        if let Some(Value::Array(models)) = t.get_mut("agent_models") {
-            for am in models.iter_mut().filter_map(Value::as_table_mut) {
-                if let Some(lr) = am.get("lr").and_then(Value::as_float) {
-                    am.insert("lr".into(), Value::Float(lr * k));
-                }
-            }
-        }
-        text = parse(&t)?.0;
+    let (mut text, mut cfg) = parse(&t)?;
+    if lr_factor != 1.0 {
+        scale_lrs(&mut t, cfg.learner.lr, lr_factor);
+        (text, cfg) = parse(&t)?;
     }
+    let knobs = Knobs {
+        staleness: cfg.staleness_bound() as f64,
+        minibatches: cfg.learner.minibatches as f64,
+        lr_factor,
+    };
     Ok(Cell {
         name,
         method: m.name().to_string(),
         env: env.to_string(),
         setting,
         seed,
+        knobs,
         config_text: text,
     })
+}
+
+/// The learner's and every agent model's learning rate times `k` (`lr` is the learner's).
+fn scale_lrs(t: &mut Table, lr: f64, k: f64) {
+    set(t, "learner", "lr", Value::Float(lr * k));
+    if let Some(Value::Array(models)) = t.get_mut("agent_models") {
+        for am in models.iter_mut().filter_map(Value::as_table_mut) {
+            if let Some(lr) = am.get("lr").and_then(Value::as_float) {
+                am.insert("lr".into(), Value::Float(lr * k));
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -435,7 +646,7 @@ config = { learner = { epochs = 2 } }
 "#;
 
     fn grid(text: &str) -> Result<Grid> {
-        expand(toml::from_str(text)?, "g")
+        expand(toml::from_str(text)?, "g", None)
     }
 
     #[test]
@@ -506,6 +717,68 @@ config = { learner = { epochs = 2 } }
         for (text, want) in cases {
             let err = format!("{:#}", grid(&text).expect_err(want));
             assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+
+    /// AGR-4: each rung moves one knob of the control; a method can skip an axis.
+    #[test]
+    fn agr4_ladder_rungs_move_one_knob_and_methods_may_skip_an_axis() {
+        let text =
+            format!("{GRID}\n[ladder]\nstaleness = [1, 8]\nminibatches = [4]\nlr_factor = [0.5]\n")
+                .replace(
+                    "config = { learner = { epochs = 2 } }",
+                    "config = { learner = { epochs = 2 } }\nladder_skip = [\"staleness\"]",
+                );
+        let g = expand(toml::from_str(&text).expect("toml"), "g", Some("/m")).expect("grid");
+        let names: Vec<String> = g.settings.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            ["control", "stress", "stale1", "stale8", "mb4", "lr0p5x"]
+        );
+        assert_eq!(
+            g.ladder_axes(),
+            [Axis::Staleness, Axis::Minibatches, Axis::LrFactor]
+        );
+        // grpo: 6 settings; so_grpo skips the 2 staleness rungs; 2 seeds each.
+        assert_eq!(g.cells.len(), (6 + 4) * 2);
+        assert!(!g.runs("so_grpo", Setting::Rung(Axis::Staleness, 1)));
+        let find = |name: &str| {
+            let c = g.cells.iter().find(|c| c.name == name).expect(name);
+            (
+                c.knobs,
+                TrainConfig::from_toml(&c.config_text).expect("valid"),
+            )
+        };
+        let (k0, control) = find("grpo.calc.control.s1");
+        assert_eq!((k0.staleness, k0.lr_factor), (0.0, 1.0));
+        assert_eq!(
+            control.model.path, "/m",
+            "--model is every cell's model.path"
+        );
+        let (k, cfg) = find("grpo.calc.stale8.s1");
+        assert_eq!((k.staleness, cfg.staleness_bound()), (8.0, 8));
+        assert_eq!(cfg.learner.lr, control.learner.lr);
+        let (k, cfg) = find("so_grpo.calc.mb4.s2");
+        assert_eq!((k.minibatches, cfg.learner.minibatches), (4.0, 4));
+        assert_eq!(cfg.learner.epochs, 2, "the method's own keys stay");
+        assert_eq!(cfg.staleness_bound(), 0, "only the one knob moves");
+        let (k, cfg) = find("grpo.calc.lr0p5x.s1");
+        assert_eq!(k.lr_factor, 0.5);
+        assert_eq!(cfg.learner.lr, control.learner.lr * 0.5);
+        for (ladder, want) in [
+            ("staleness = [0]", "0 is the control"),
+            ("staleness = [2, 2]", "twice"),
+            ("staleness = [2]\nminibatches = [0]", "at least 1"),
+            ("staleness = [2]\nlr_factor = [1.0]", "other than 1"),
+            ("staleness = [2]\nlr_factor = [0.0005]", "3 decimals"),
+            ("lr_factor = [2.0]", "skips ladder axis \"staleness\""),
+        ] {
+            let text = format!("{GRID}\n[ladder]\n{ladder}\n").replace(
+                "config = { learner = { epochs = 2 } }",
+                "config = { learner = { epochs = 2 } }\nladder_skip = [\"staleness\"]",
+            );
+            let err = format!("{:#}", grid(&text).expect_err(want));
+            assert!(err.contains(want), "{ladder}: {err}");
         }
     }
 

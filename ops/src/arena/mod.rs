@@ -3,7 +3,7 @@
 //!
 //! `grid` expands the grid file into cells, `runner` runs them as `keel train` processes (each
 //! an ordinary run root, so a cell resumes like any run), `stats` reads each finished cell's
-//! metrics log, `table` and `plots` write what a user compares.
+//! metrics log, `table`, `ladder` and `plots` write what a user compares.
 //!
 //! Invariants:
 //! - AA-1: the table and plots are written from the finished cells whatever happened to the
@@ -14,6 +14,7 @@
 //!   (AR-1); `--table-only` only reads.
 
 pub mod grid;
+pub mod ladder;
 pub mod plots;
 pub mod runner;
 pub mod stats;
@@ -44,6 +45,10 @@ pub struct ArenaArgs {
     /// Run nothing: write the table and plots from the cells already finished.
     #[arg(long)]
     pub table_only: bool,
+    /// A Hugging Face model folder every cell trains (`model.path`, as `keel train --model`;
+    /// e.g. `$(bash scripts/fetch_smollm2.sh)`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
 }
 
 /// Runs `keel arena`.
@@ -51,7 +56,7 @@ pub fn run(args: ArenaArgs) -> Result<()> {
     if args.jobs == 0 {
         bail!("--jobs must be at least 1");
     }
-    let grid = grid::load(&args.grid)?;
+    let grid = grid::load(&args.grid, args.model.as_deref())?;
     let layout = Layout {
         dir: args
             .out
@@ -103,7 +108,10 @@ pub fn run(args: ArenaArgs) -> Result<()> {
         stopped = !summary.stopped.is_empty();
     }
     let done = read_finished(&grid, &layout)?;
-    let command = format!("keel arena {}", args.grid.display());
+    let command = match &args.model {
+        Some(m) => format!("keel arena {} --model {}", args.grid.display(), m.display()),
+        None => format!("keel arena {}", args.grid.display()),
+    };
     let md = table::markdown(&grid, &done, &command);
     let files = [
         ("table.md", md),

@@ -1,6 +1,7 @@
 //! The arena's figures: per env and setting, training success (moving mean) vs step and
-//! log10 gradient norm vs step, one line per method (mean over its finished seeds) with a band
-//! from the lowest to the highest seed. PNG and SVG, text as `keel report` draws it (RP-2).
+//! log10 gradient norm vs step; per env and ladder axis, held-out success vs the knob (ALD-1).
+//! One line per method (mean over its finished seeds) with a band from the lowest to the
+//! highest seed. PNG and SVG, text as `keel report` draws it (RP-2).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,11 +11,12 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::grid::Grid;
+use super::ladder;
 use super::table::{seeds_of, Finished};
 use crate::report::PALETTE;
 
-/// One method's line: `(step, mean, low, high)` over seeds.
-type Band = Vec<(u64, f64, f64, f64)>;
+/// One method's line: `[x, mean, low, high]` over seeds.
+type Band = Vec<[f64; 4]>;
 
 fn band(series: &[&[(u64, f64)]]) -> Band {
     let mut by_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
@@ -31,37 +33,47 @@ fn band(series: &[&[(u64, f64)]]) -> Band {
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            (step, mean, lo, hi)
+            [step as f64, mean, lo, hi]
         })
         .collect()
 }
 
-fn draw<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    title: &str,
-    lines: &[(String, Band)],
-    text: bool,
-) -> Result<()>
+/// What one figure shows.
+struct Figure<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    lines: &'a [(String, Band)],
+    /// Mark each point (a ladder has a few).
+    markers: bool,
+}
+
+fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure, text: bool) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
     root.fill(&WHITE).map_err(e)?;
+    let lines = fig.lines;
     let pts = lines.iter().flat_map(|(_, b)| b.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (u64::MAX, 0u64, f64::INFINITY, f64::NEG_INFINITY);
-    for &(x, _, lo, hi) in pts {
+    let (mut x0, mut x1, mut y0, mut y1) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
+    for &[x, _, lo, hi] in pts {
         (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(lo), y1.max(hi));
     }
     if x0 > x1 {
-        (x0, x1, y0, y1) = (0, 1, 0.0, 1.0);
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
     }
-    x1 = x1.max(x0 + 1);
+    x1 = x1.max(x0 + 1.0);
     let pad = ((y1 - y0) * 0.05).max(1e-9);
     let mut builder = ChartBuilder::on(root);
     builder.margin(12);
     if text {
         builder
-            .caption(title, ("sans-serif", 20))
+            .caption(fig.title, ("sans-serif", 20))
             .x_label_area_size(30)
             .y_label_area_size(50);
     }
@@ -69,16 +81,17 @@ where
         .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
         .map_err(e)?;
     let mut mesh = chart.configure_mesh();
+    mesh.x_label_formatter(&|x| format!("{x}"));
     if text {
-        mesh.x_desc("step");
+        mesh.x_desc(fig.x_desc);
     }
     mesh.draw().map_err(e)?;
     for (i, (name, b)) in lines.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
-        let outline: Vec<(u64, f64)> = b
+        let outline: Vec<(f64, f64)> = b
             .iter()
-            .map(|p| (p.0, p.3))
-            .chain(b.iter().rev().map(|p| (p.0, p.2)))
+            .map(|p| (p[0], p[3]))
+            .chain(b.iter().rev().map(|p| (p[0], p[2])))
             .collect();
         chart
             .draw_series(std::iter::once(Polygon::new(
@@ -86,9 +99,17 @@ where
                 color.mix(0.18).filled(),
             )))
             .map_err(e)?;
+        if fig.markers {
+            chart
+                .draw_series(
+                    b.iter()
+                        .map(|p| Circle::new((p[0], p[1]), 4, color.filled())),
+                )
+                .map_err(e)?;
+        }
         let series = chart
             .draw_series(LineSeries::new(
-                b.iter().map(|p| (p.0, p.1)),
+                b.iter().map(|p| (p[0], p[1])),
                 color.stroke_width(2),
             ))
             .map_err(e)?;
@@ -110,27 +131,26 @@ where
     Ok(())
 }
 
-fn write(dir: &Path, stem: &str, title: &str, lines: &[(String, Band)], text: bool) -> Result<()> {
+fn write(dir: &Path, stem: &str, fig: &Figure, text: bool) -> Result<()> {
     let png = dir.join(format!("{stem}.png"));
     draw(
         &BitMapBackend::new(&png, (900, 500)).into_drawing_area(),
-        title,
-        lines,
+        fig,
         text,
     )
     .with_context(|| format!("cannot draw {}", png.display()))?;
     let svg = dir.join(format!("{stem}.svg"));
     draw(
         &SVGBackend::new(&svg, (900, 500)).into_drawing_area(),
-        title,
-        lines,
+        fig,
         text,
     )
     .with_context(|| format!("cannot draw {}", svg.display()))?;
     Ok(())
 }
 
-/// Writes `<env>.<setting>.success` and `<env>.<setting>.grad_norm` (PNG + SVG) into `dir`.
+/// Writes `<env>.<setting>.success`, `<env>.<setting>.grad_norm` and `<env>.ladder.<axis>`
+/// (PNG + SVG) into `dir`.
 pub fn write_all(grid: &Grid, done: &Finished, dir: &Path, text: bool) -> Result<usize> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut figures = 0;
@@ -157,21 +177,34 @@ pub fn write_all(grid: &Grid, done: &Finished, dir: &Path, text: bool) -> Result
                 grad.push((m.name().to_string(), band(&g)));
             }
             let key = format!("{env}.{}", setting.name());
-            write(
-                dir,
-                &format!("{key}.success"),
-                &format!("{env} ({}): training success, moving mean", setting.name()),
-                &success,
-                text,
-            )?;
-            write(
-                dir,
-                &format!("{key}.grad_norm"),
-                &format!("{env} ({}): log10 gradient norm", setting.name()),
-                &grad,
-                text,
-            )?;
+            let title = format!("{env} ({}): training success, moving mean", setting.name());
+            let fig = Figure {
+                title: &title,
+                x_desc: "step",
+                lines: &success,
+                markers: false,
+            };
+            write(dir, &format!("{key}.success"), &fig, text)?;
+            let title = format!("{env} ({}): log10 gradient norm", setting.name());
+            let fig = Figure {
+                title: &title,
+                lines: &grad,
+                ..fig
+            };
+            write(dir, &format!("{key}.grad_norm"), &fig, text)?;
             figures += 2;
+        }
+        for axis in grid.ladder_axes() {
+            let lines = ladder::lines(grid, done, env, axis);
+            let title = format!("{env}: held-out success against the {}", axis.label());
+            let fig = Figure {
+                title: &title,
+                x_desc: axis.label(),
+                lines: &lines,
+                markers: true,
+            };
+            write(dir, &format!("{env}.ladder.{}", axis.key()), &fig, text)?;
+            figures += 1;
         }
     }
     Ok(figures)

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::grid::{Grid, Setting};
+use super::grid::{Grid, MethodEntry, Setting};
 use super::stats::{compare_seeds, mean_ci, CellStats, Comparison};
 
 /// Finished cells' stats by cell name.
@@ -144,11 +144,12 @@ pub fn markdown(grid: &Grid, done: &Finished, command: &str) -> String {
     );
     let ns = a.seeds.len();
     for env in &grid.envs {
+        md.push_str(&super::ladder::markdown(grid, done, env));
         for &setting in &grid.settings {
             let methods: Vec<&str> = grid
                 .methods
                 .iter()
-                .filter(|m| m.envs.contains(env))
+                .filter(|m| m.envs.contains(env) && grid.runs(m.name(), setting))
                 .map(|m| m.name())
                 .collect();
             let _ = writeln!(md, "## {env}, {}\n", setting.name());
@@ -223,7 +224,8 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
     let mut out = String::from("env,setting,method,baseline,seeds_finished,seeds_collapsed,seeds,heldout_success_mean,heldout_success_ci95,before_rl_mean,best_success_mean,seeds_reaching_threshold,steps_to_threshold_mean,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s_mean,delta_vs_baseline,delta_ci95,verdict,test\n");
     for env in &grid.envs {
         for &setting in &grid.settings {
-            for m in grid.methods.iter().filter(|m| m.envs.contains(env)) {
+            let runs = |m: &&MethodEntry| m.envs.contains(env) && grid.runs(m.name(), setting);
+            for m in grid.methods.iter().filter(runs) {
                 let seeds = seeds_of(grid, done, m.name(), env, setting);
                 let r = row(&seeds);
                 let cmp = m
@@ -263,12 +265,12 @@ pub fn csv(grid: &Grid, done: &Finished) -> String {
 
 /// `cells.csv`: one row per finished cell.
 pub fn cells_csv(grid: &Grid, done: &Finished) -> String {
-    let mut out = String::from("cell,method,env,setting,seed,collapsed,before_rl,heldout_success,best_success,steps_to_threshold,collapse_events,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s\n");
+    let mut out = String::from("cell,method,env,setting,seed,collapsed,before_rl,heldout_success,best_success,steps_to_threshold,collapse_events,rewinds,nonfinite_steps,grad_norm_spikes,kl_ref_mean,wall_s,staleness,minibatches,lr_factor\n");
     for c in &grid.cells {
         let Some(s) = done.get(&c.name) else { continue };
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             c.name,
             c.method,
             c.env,
@@ -285,7 +287,10 @@ pub fn cells_csv(grid: &Grid, done: &Finished) -> String {
             s.nonfinite,
             s.spikes,
             csv_num(s.kl_ref),
-            csv_num(s.wall_s)
+            csv_num(s.wall_s),
+            c.knobs.staleness,
+            c.knobs.minibatches,
+            c.knobs.lr_factor
         );
     }
     out
