@@ -16,6 +16,9 @@
 //! - DDP-4 (defined gradients): a parameter with a gradient on some rank gets one on every rank
 //!   before the sum; one with a gradient on none stays without, and is skipped as with one rank
 //!   (OP-3).
+//! - DDP-5 (shards meet on rank 0 only): at a checkpoint every rank's optimizer shard goes to
+//!   rank 0, which writes them all; another rank holds its own shard and at most one other at a
+//!   time, so no rank but 0 ever holds the whole optimizer state.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -223,8 +226,10 @@ impl DataParallel {
         Ok(())
     }
 
-    /// Every rank's `bytes`, in rank order (the state files' shards).
-    pub fn gather_bytes(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, LearnerError> {
+    /// Every rank's `bytes` in rank order on rank 0, nothing on the others (the optimizer's
+    /// shards at a checkpoint, DDP-5). One broadcast per rank, so a rank other than 0 holds at
+    /// most one other shard at a time, never the whole optimizer state.
+    pub fn gather_to_root(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, LearnerError> {
         let mut group = self.group()?;
         let len = Tensor::from_slice(&[bytes.len() as i64]);
         let lens: Vec<i64> = group
@@ -232,20 +237,21 @@ impl DataParallel {
             .iter()
             .map(|t| t.int64_value(&[0]))
             .collect();
-        let longest = lens.iter().copied().max().unwrap_or(0);
-        let mut padded = bytes.to_vec();
-        padded.resize(longest as usize, 0);
-        let all = group.all_gather(&Tensor::from_slice(&padded))?;
-        Ok(all
-            .iter()
-            .zip(lens)
-            .map(|(t, n)| {
-                let mut v = vec![0u8; longest as usize];
-                t.copy_data(&mut v, longest as usize);
-                v.truncate(n as usize);
-                v
-            })
-            .collect())
+        let mut shards = Vec::new();
+        for (root, n) in lens.into_iter().enumerate() {
+            let mut buffer = if root == self.rank {
+                Tensor::from_slice(bytes)
+            } else {
+                Tensor::f_zeros([n], (Kind::Uint8, tch::Device::Cpu))?
+            };
+            group.broadcast(&mut buffer, root)?;
+            if self.rank == 0 {
+                let mut v = vec![0u8; n as usize];
+                buffer.copy_data(&mut v, n as usize);
+                shards.push(v);
+            }
+        }
+        Ok(shards)
     }
 }
 

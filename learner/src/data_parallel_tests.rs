@@ -174,8 +174,15 @@ fn op7_each_rank_keeps_a_share_of_the_optimizer_state() {
     let one = optimizer_sizes(&run_ranks(&job, 1, 1, None)[0].1);
     let whole = one[0].1 as f64;
     for ranks in [2usize, 3] {
-        let shards = optimizer_sizes(&run_ranks(&job, ranks, 1, None)[0].1);
+        let run = run_ranks(&job, ranks, 1, None);
+        let shards = optimizer_sizes(&run[0].1);
         assert_eq!(shards.len(), ranks, "{shards:?}");
+        for (rank, (_, files)) in run.iter().enumerate().skip(1) {
+            assert!(
+                optimizer_sizes(files).is_empty(),
+                "DDP-5: rank {rank} of {ranks} gathered optimizer shards"
+            );
+        }
         for (name, size) in &shards {
             let share = *size as f64 / whole;
             assert!(

@@ -970,7 +970,8 @@ impl Learner {
         Ok(files)
     }
 
-    /// The optimizer's state files: one, or one shard per rank gathered from every rank.
+    /// The optimizer's state files: one, or with ranks one shard per rank, gathered on rank 0
+    /// only (DDP-5; the other ranks' files hold no optimizer state).
     fn optimizer_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
         let mine = self.opt.to_safetensors()?;
         let Some(dp) = self.ranks.as_mut() else {
@@ -978,7 +979,7 @@ impl Learner {
         };
         let n = dp.ranks();
         Ok(dp
-            .gather_bytes(&mine)?
+            .gather_to_root(&mine)?
             .into_iter()
             .enumerate()
             .map(|(r, bytes)| (format!("optimizer.rank-{r}-of-{n}.safetensors"), bytes))
