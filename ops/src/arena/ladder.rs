@@ -95,11 +95,19 @@ fn short(word: &str) -> &str {
     word.split(' ').next().unwrap_or(word)
 }
 
-fn column_name(axis: Axis, s: Setting) -> String {
-    match s.rung() {
-        Some((_, v)) => format!("{v}"),
-        None if axis == Axis::Staleness => "control (sync)".into(),
-        None => "control".into(),
+/// A column's head: the rung's value, or the control with its own value on the axis (that of
+/// the env's first control cell).
+fn column_name(grid: &Grid, env: &str, axis: Axis, s: Setting) -> String {
+    let control = grid
+        .cells
+        .iter()
+        .find(|c| c.env == env && c.setting == Setting::Control)
+        .map(|c| c.knobs.on(axis));
+    match (s.rung(), control) {
+        (Some((_, v)), _) => format!("{v}"),
+        (None, _) if axis == Axis::Staleness => "control (sync)".into(),
+        (None, Some(x)) => format!("control ({x})"),
+        (None, None) => "control".into(),
     }
 }
 
@@ -115,7 +123,10 @@ pub fn markdown(grid: &Grid, done: &Finished, env: &str) -> String {
         .collect();
     for axis in grid.ladder_axes() {
         let cols = settings_on(grid, axis);
-        let head: Vec<String> = cols.iter().map(|s| column_name(axis, *s)).collect();
+        let head: Vec<String> = cols
+            .iter()
+            .map(|s| column_name(grid, env, axis, *s))
+            .collect();
         let _ = writeln!(
             md,
             "## {env}: held-out success against the {}\n\n| method | {} |\n|---|{}",

@@ -43,7 +43,7 @@ struct Figure<'a> {
     title: &'a str,
     x_desc: &'a str,
     lines: &'a [(String, Band)],
-    /// Mark each point (a ladder has a few).
+    /// Mark each point and show the whole [0, 1] (a ladder: a few success rates).
     markers: bool,
 }
 
@@ -66,6 +66,10 @@ where
     }
     if x0 > x1 {
         (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if fig.markers {
+        // A ladder shows a success rate: the whole [0, 1], so two ladders compare by eye.
+        (y0, y1) = (y0.min(0.0), y1.max(1.0));
     }
     x1 = x1.max(x0 + 1.0);
     let pad = ((y1 - y0) * 0.05).max(1e-9);
