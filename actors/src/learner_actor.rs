@@ -283,7 +283,8 @@ impl LearnerActor {
             ranks,
             optimizer_mib = mib(self.learner()?.optimizer_state_bytes()),
             unsharded_optimizer_mib = mib(whole),
-            "learner rank joined: this rank's optimizer shard (OP-7)"
+            peak_rss_mib = keel_learner::host_memory::peak_rss_mib(),
+            "learner rank joined: this rank's optimizer shard (OP-7) and memory so far"
         );
         self.ranks = Some(link);
         Ok(())

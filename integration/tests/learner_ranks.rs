@@ -78,6 +78,19 @@ fn two_learner_ranks_train_the_policy_one_learner_trains() {
             .fold(0f32, f32::max);
         assert!(worst <= 1e-4, "{name}: relative difference {worst}");
     }
+    // Every step reports the largest peak memory of the ranks' processes (RSS-1).
+    let peaks: Vec<f64> = keel_integration::events::train_events(&dir.path().join("two"))
+        .into_iter()
+        .filter_map(|ev| match ev {
+            keel_actors::events::TrainEvent::Step { metrics, .. } => Some(metrics.peak_rss_mib),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(peaks.len(), 2, "{peaks:?}");
+    assert!(
+        peaks.iter().all(|p| p.is_finite() && *p > 50.0),
+        "{peaks:?}"
+    );
 }
 
 /// Pids of the live processes whose parent is `parent` and whose command line has `needle`.

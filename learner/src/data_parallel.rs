@@ -226,6 +226,16 @@ impl DataParallel {
         Ok(())
     }
 
+    /// The largest of every rank's `value` (each rank's peak memory).
+    pub fn max_over_ranks(&mut self, value: f64) -> Result<f64, LearnerError> {
+        let mut group = self.group()?;
+        let all = group.all_gather(&Tensor::from_slice(&[value]))?;
+        Ok(all
+            .iter()
+            .map(|t| t.double_value(&[0]))
+            .fold(f64::NAN, f64::max))
+    }
+
     /// Every rank's `bytes` in rank order on rank 0, nothing on the others (the optimizer's
     /// shards at a checkpoint, DDP-5). One broadcast per rank, so a rank other than 0 holds at
     /// most one other shard at a time, never the whole optimizer state.

@@ -275,6 +275,16 @@ impl Learner {
         Ok(())
     }
 
+    /// Peak resident memory of this process in MiB; with ranks, the largest of any rank's (a
+    /// collective: every rank calls it at the same point of a step).
+    pub fn peak_rss_mib(&mut self) -> Result<f64, LearnerError> {
+        let mine = crate::host_memory::peak_rss_mib();
+        match self.ranks.as_mut() {
+            Some(dp) => dp.max_over_ranks(mine),
+            None => Ok(mine),
+        }
+    }
+
     /// Seconds this rank spent in the ranks' gradient reduce and weight broadcast (0 alone).
     pub fn collective_seconds(&self) -> f64 {
         self.ranks
@@ -602,6 +612,7 @@ impl Learner {
             / batch.len() as f64;
         sum.step_seconds = start.elapsed().as_secs_f64();
         sum.tokens_per_s = sum.tokens as f64 / sum.step_seconds.max(1e-9);
+        sum.peak_rss_mib = self.peak_rss_mib()?;
         self.updates += 1;
         Ok(sum)
     }
@@ -923,6 +934,7 @@ impl Learner {
             tokens: batch.n_tokens,
             tokens_per_s: batch.n_tokens as f64 / step_seconds.max(1e-9),
             step_seconds,
+            peak_rss_mib: self.peak_rss_mib()?,
             ..StepMetrics::default()
         })
     }

@@ -19,6 +19,7 @@ pub mod collective;
 pub mod data_parallel;
 pub mod error;
 pub mod hf;
+pub mod host_memory;
 pub mod learner;
 pub mod learner_config;
 pub mod logprobs;

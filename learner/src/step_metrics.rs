@@ -278,6 +278,10 @@ step_stats! {
     mean_reward: f64, MeanReward, Batch;
     /// Wall time of the whole call.
     step_seconds: f64, StepSeconds, Batch;
+    /// Peak resident memory (the kernel's high-water mark, MiB) of the learner's process; with
+    /// learner ranks, the largest of any rank's.
+    peak_rss_mib: f64, PeakRssMib, Batch
+        => "keel_learner_peak_rss_mib", "Peak resident memory of the learner process, the largest over learner ranks (MiB)";
 }
 
 /// A number of the metrics log; `null` (how JSON writes a non-finite float) reads as NaN.

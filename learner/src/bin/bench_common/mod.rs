@@ -24,15 +24,13 @@ pub fn num(f: &HashMap<String, String>, k: &str, d: usize) -> Res<usize> {
     })
 }
 
-/// The process's peak resident set size in MiB (`VmHWM`).
+/// Peak resident memory of this process, MiB (`keel_learner::host_memory`).
 pub fn peak_mib() -> Res<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or("no VmHWM in /proc/self/status")?;
-    Ok(kib / 1024.0)
+    let mib = keel_learner::host_memory::peak_rss_mib();
+    if mib.is_nan() {
+        return Err("no VmHWM in /proc/self/status".into());
+    }
+    Ok(mib)
 }
 
 /// A Llama-shaped config of `--hidden` (512), `--layers` (`layers`) and `--vocab` (16384):
