@@ -283,7 +283,7 @@ impl LearnerActor {
             ranks,
             optimizer_mib = mib(self.learner()?.optimizer_state_bytes()),
             unsharded_optimizer_mib = mib(whole),
-            peak_rss_mib = keel_learner::host_memory::peak_rss_mib(),
+            peak_rss_mib = keel_learner::host_memory::peak_rss_mib().unwrap_or(0.0),
             "learner rank joined: this rank's optimizer shard (OP-7) and memory so far"
         );
         self.ranks = Some(link);

@@ -230,10 +230,7 @@ impl DataParallel {
     pub fn max_over_ranks(&mut self, value: f64) -> Result<f64, LearnerError> {
         let mut group = self.group()?;
         let all = group.all_gather(&Tensor::from_slice(&[value]))?;
-        Ok(all
-            .iter()
-            .map(|t| t.double_value(&[0]))
-            .fold(f64::NAN, f64::max))
+        Ok(all.iter().map(|t| t.double_value(&[0])).fold(0.0, f64::max))
     }
 
     /// Every rank's `bytes` in rank order on rank 0, nothing on the others (the optimizer's

@@ -275,10 +275,11 @@ impl Learner {
         Ok(())
     }
 
-    /// Peak resident memory of this process in MiB; with ranks, the largest of any rank's (a
-    /// collective: every rank calls it at the same point of a step).
+    /// Peak resident memory of this process in MiB (0 where the kernel does not report it,
+    /// SM-1); with ranks, the largest of any rank's (a collective: every rank calls it at the
+    /// same point of a step).
     pub fn peak_rss_mib(&mut self) -> Result<f64, LearnerError> {
-        let mine = crate::host_memory::peak_rss_mib();
+        let mine = crate::host_memory::peak_rss_mib().unwrap_or(0.0);
         match self.ranks.as_mut() {
             Some(dp) => dp.max_over_ranks(mine),
             None => Ok(mine),

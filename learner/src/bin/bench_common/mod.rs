@@ -26,11 +26,7 @@ pub fn num(f: &HashMap<String, String>, k: &str, d: usize) -> Res<usize> {
 
 /// Peak resident memory of this process, MiB (`keel_learner::host_memory`).
 pub fn peak_mib() -> Res<f64> {
-    let mib = keel_learner::host_memory::peak_rss_mib();
-    if mib.is_nan() {
-        return Err("no VmHWM in /proc/self/status".into());
-    }
-    Ok(mib)
+    keel_learner::host_memory::peak_rss_mib().ok_or_else(|| "no VmHWM in /proc/self/status".into())
 }
 
 /// A Llama-shaped config of `--hidden` (512), `--layers` (`layers`) and `--vocab` (16384):
