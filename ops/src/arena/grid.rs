@@ -19,13 +19,13 @@
 //! - AGR-2: every cell's config is validated as `keel train` validates it (`TrainConfig`); the
 //!   error names the cell. The cell's config text is a pure function of the grid file (and
 //!   `--model`).
+//! - AGR-3: cell names are `<method>.<env>.<setting>.s<seed>` with method and env names of
+//!   `[A-Za-z0-9_-]`, so a cell name is a safe folder name and never collides with the grid's
+//!   own `cells/` and `plots/` folders.
 //! - AGR-4: a ladder rung is the control with one knob moved, so the control is every ladder's
 //!   origin (staleness 0: sync); a rung of staleness 0, 0 mini-batches or factor 1 (or <= 0, or
 //!   with more than 3 decimals), a rung given twice, and a method that skips an axis the grid
 //!   has no rungs on are refused.
-//! - AGR-3: cell names are `<method>.<env>.<setting>.s<seed>` with method and env names of
-//!   `[A-Za-z0-9_-]`, so a cell name is a safe folder name and never collides with the grid's
-//!   own `cells/` and `plots/` folders.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
