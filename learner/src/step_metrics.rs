@@ -432,7 +432,7 @@ mod tests {
         }
         assert!(text.starts_with("{\"loss\":1.5,"), "{text}");
         assert!(text.contains("\"tokens\":7,"), "{text}");
-        assert_eq!(keys.len(), 45);
+        assert_eq!(keys.len(), 46);
     }
 
     #[test]
