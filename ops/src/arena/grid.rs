@@ -95,6 +95,17 @@ pub struct LadderSection {
     pub lr_factor: Vec<f64>,
 }
 
+impl LadderSection {
+    /// Whether it lists rungs on `axis`.
+    pub fn has(&self, axis: Axis) -> bool {
+        match axis {
+            Axis::Staleness => !self.staleness.is_empty(),
+            Axis::Minibatches => !self.minibatches.is_empty(),
+            Axis::LrFactor => !self.lr_factor.is_empty(),
+        }
+    }
+}
+
 /// The knob a ladder moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -446,14 +457,8 @@ fn check_methods(file: &GridFile) -> Result<()> {
         if let Some(key) = owned_key_in(&m.config).or_else(|| owned_key_in(&m.stress)) {
             bail!("method {name:?} sets {key}, which the arena sets (preset, arena.seeds, arena.steps)");
         }
-        let ladder = &file.ladder;
         for axis in &m.ladder_skip {
-            let values = match axis {
-                Axis::Staleness => ladder.staleness.len(),
-                Axis::Minibatches => ladder.minibatches.len(),
-                Axis::LrFactor => ladder.lr_factor.len(),
-            };
-            if values == 0 {
+            if !file.ladder.has(*axis) {
                 bail!(
                     "method {name:?} skips ladder axis {:?}, which [ladder] does not list",
                     axis.key()

@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::grid::{Axis, Grid, Setting};
+use super::plots::spread;
 use super::stats::{compare_seeds, mean_ci};
-use super::table::Finished;
+use super::table::{held_out, with_ci, Finished};
 
 /// One point of a method's ladder.
 pub struct Point {
@@ -41,21 +42,17 @@ fn settings_on(grid: &Grid, axis: Axis) -> Vec<Setting> {
 pub fn points(grid: &Grid, done: &Finished, method: &str, env: &str, axis: Axis) -> Vec<Point> {
     let mut out: Vec<Point> = Vec::new();
     for setting in settings_on(grid, axis) {
-        let cells: Vec<_> = grid
+        let Some(first) = grid
             .cells
             .iter()
-            .filter(|c| c.method == method && c.env == env && c.setting == setting)
-            .collect();
-        let Some(first) = cells.first() else { continue };
-        let by_seed = cells
-            .iter()
-            .filter_map(|c| done.get(&c.name).map(|s| (c.seed, s.after)))
-            .filter(|(_, x)| x.is_finite())
-            .collect();
+            .find(|c| c.method == method && c.env == env && c.setting == setting)
+        else {
+            continue;
+        };
         out.push(Point {
             x: first.knobs.on(axis),
             setting,
-            by_seed,
+            by_seed: held_out(grid, done, method, env, setting),
         });
     }
     if out.len() < 2 {
@@ -63,10 +60,6 @@ pub fn points(grid: &Grid, done: &Finished, method: &str, env: &str, axis: Axis)
     }
     out.sort_by(|a, b| a.x.total_cmp(&b.x));
     out
-}
-
-fn values(p: &Point) -> Vec<f64> {
-    p.by_seed.values().copied().collect()
 }
 
 /// One line per method for the ladder plot: `(x, mean, lowest, highest)` over seeds.
@@ -79,10 +72,8 @@ pub fn lines(grid: &Grid, done: &Finished, env: &str, axis: Axis) -> Vec<(String
                 .iter()
                 .filter(|p| !p.by_seed.is_empty())
                 .map(|p| {
-                    let v = values(p);
-                    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    [p.x, mean_ci(&v).0, lo, hi]
+                    let [mean, lo, hi] = spread(p.by_seed.values().copied());
+                    [p.x, mean, lo, hi]
                 })
                 .collect();
             (!pts.is_empty()).then(|| (m.name().to_string(), pts))
@@ -146,12 +137,7 @@ pub fn markdown(grid: &Grid, done: &Finished, env: &str) -> String {
                 .iter()
                 .map(|s| match l.get(s) {
                     Some(v) if !v.is_empty() => {
-                        let (mean, half) = mean_ci(&v.values().copied().collect::<Vec<_>>());
-                        if half.is_finite() {
-                            format!("{mean:.3} ± {half:.3}")
-                        } else {
-                            format!("{mean:.3}")
-                        }
+                        with_ci(mean_ci(&v.values().copied().collect::<Vec<_>>()))
                     }
                     _ => "—".into(),
                 })

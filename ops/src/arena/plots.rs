@@ -18,6 +18,15 @@ use crate::report::PALETTE;
 /// One method's line: `[x, mean, low, high]` over seeds.
 type Band = Vec<[f64; 4]>;
 
+/// `[mean, lowest, highest]` of some values (NaN mean when there are none).
+pub fn spread(values: impl IntoIterator<Item = f64>) -> [f64; 3] {
+    let (mut sum, mut n, mut lo, mut hi) = (0.0, 0usize, f64::INFINITY, f64::NEG_INFINITY);
+    for v in values {
+        (sum, n, lo, hi) = (sum + v, n + 1, lo.min(v), hi.max(v));
+    }
+    [sum / n as f64, lo, hi]
+}
+
 fn band(series: &[&[(u64, f64)]]) -> Band {
     let mut by_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
     for s in series {
@@ -30,9 +39,7 @@ fn band(series: &[&[(u64, f64)]]) -> Band {
     by_step
         .into_iter()
         .map(|(step, v)| {
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let [mean, lo, hi] = spread(v);
             [step as f64, mean, lo, hi]
         })
         .collect()

@@ -37,9 +37,8 @@ fn finite_after(seeds: &[&CellStats]) -> Vec<f64> {
         .collect()
 }
 
-/// The finite held-out successes of one method, env and setting, one per finished seed.
 /// The finite held-out successes of a method, env and setting, by seed (AST-3 pairs them).
-fn held_out(
+pub(super) fn held_out(
     grid: &Grid,
     done: &Finished,
     method: &str,
@@ -74,7 +73,7 @@ fn fmt(x: f64, digits: usize) -> String {
     }
 }
 
-fn with_ci((m, h): (f64, f64)) -> String {
+pub(super) fn with_ci((m, h): (f64, f64)) -> String {
     match (m.is_finite(), h.is_finite()) {
         (true, true) => format!("{m:.3} ± {h:.3}"),
         (true, false) => format!("{m:.3}"),
