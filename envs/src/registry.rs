@@ -252,11 +252,12 @@ impl EnvBuilder {
             "agent" => {
                 let (rows, reward) = load_dataset(cfg)?;
                 let agent = cfg.agent.clone().unwrap_or_default();
-                let gateway = Arc::new(agent.start_gateway()?);
+                let gateway = Arc::new(agent.bind_gateway()?);
                 let journal = match records {
                     Some(store) => Some(Arc::new(agent.open_journal(store, &gateway)?)),
                     None => None,
                 };
+                gateway.serve()?;
                 Shared::Agent(Arc::new(agent), gateway, journal, rows, reward)
             }
             _ => Shared::Nothing,

@@ -690,8 +690,11 @@ fn assert_taken_up(root: &Path, logs: &Path, journal: &Path, paused: &[String]) 
     );
     let mut firsts = Vec::new();
     for key in paused {
-        let text = std::fs::read(logs.join(format!("{key}.json")))
-            .expect("an agent that lived through the kill logged its episode");
+        let text = std::fs::read(logs.join(format!("{key}.json"))).unwrap_or_else(|e| {
+            let why = std::fs::read_to_string(logs.join(format!("{key}.error")))
+                .unwrap_or_else(|_| "it wrote no error".into());
+            panic!("an agent that lived through the kill did not log its episode ({e}): {why}")
+        });
         let log: serde_json::Value = serde_json::from_slice(&text).expect("json");
         assert_eq!(
             log["answers"][0], log["answers"][1],

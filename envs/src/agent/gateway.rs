@@ -21,6 +21,9 @@
 //!   not yet taken (`{"key", "task"}`; each is handed out once) or 204 after `wait_s`; the agent
 //!   then calls with that key as any agent does and ends with `POST /v1/keel/episodes/end`
 //!   (`{"reward"}` or `{"error"}`). Without a pool key (`launch = "spawn"`) pulls are 404.
+//! - GTW-6 The gateway binds before it serves: a run's journal takes up its earlier process's
+//!   episodes (AJ-3) between the two, so an agent that retries across a restart never meets a
+//!   gateway that does not know its key yet; its connection waits in the queue instead.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -112,11 +115,14 @@ const MAX_PULL_WAIT_S: f64 = 60.0;
 
 type Episodes = Mutex<HashMap<String, SyncSender<Event>>>;
 
-/// The running server; dropping it stops the accept loop.
+/// The server; dropping it stops the accept loop.
 pub struct Gateway {
     server: Arc<tiny_http::Server>,
     episodes: Arc<Episodes>,
     offers: Arc<Offers>,
+    limits: Arc<CallLimits>,
+    /// Set once the accept loop runs (GTW-6).
+    serving: std::sync::Once,
     base_url: String,
 }
 
@@ -145,8 +151,17 @@ fn lock(m: &Episodes) -> std::sync::MutexGuard<'_, HashMap<String, SyncSender<Ev
 }
 
 impl Gateway {
-    /// Binds `bind` and starts serving (GTW-1).
+    /// Binds `bind` and starts serving (GTW-1): [`Gateway::bind`] then [`Gateway::serve`].
     pub fn start(bind: &str, limits: CallLimits) -> Result<Gateway, EnvError> {
+        let gateway = Gateway::bind(bind, limits)?;
+        gateway.serve()?;
+        Ok(gateway)
+    }
+
+    /// Binds `bind` without answering anything yet (GTW-6): connections wait in the server's
+    /// queue until [`Gateway::serve`], so keys taken up from the journal are live before any
+    /// call is looked up.
+    pub fn bind(bind: &str, limits: CallLimits) -> Result<Gateway, EnvError> {
         let server = tiny_http::Server::http(bind).map_err(|e| EnvError::Agent {
             reason: format!("cannot bind the gateway to {bind} (env.agent.bind): {e}"),
         })?;
@@ -157,23 +172,35 @@ impl Gateway {
             .unwrap_or_default();
         let host = bind.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
         let host = if host == "0.0.0.0" { "127.0.0.1" } else { host };
-        let server = Arc::new(server);
-        let episodes: Arc<Episodes> = Arc::default();
-        let offers: Arc<Offers> = Arc::default();
-        let (s, e, o) = (server.clone(), episodes.clone(), offers.clone());
-        let limits = Arc::new(limits);
-        std::thread::Builder::new()
-            .name("keel-gateway".into())
-            .spawn(move || accept(&s, &e, &o, &limits))
-            .map_err(|e| EnvError::Agent {
-                reason: format!("cannot start the gateway thread: {e}"),
-            })?;
         Ok(Gateway {
-            server,
-            episodes,
-            offers,
+            server: Arc::new(server),
+            episodes: Arc::default(),
+            offers: Arc::default(),
+            limits: Arc::new(limits),
+            serving: std::sync::Once::new(),
             base_url: format!("http://{host}:{port}/v1"),
         })
+    }
+
+    /// Starts answering calls (GTW-6); a second call does nothing.
+    pub fn serve(&self) -> Result<(), EnvError> {
+        let mut started = Ok(());
+        self.serving.call_once(|| {
+            let (s, e, o, l) = (
+                self.server.clone(),
+                self.episodes.clone(),
+                self.offers.clone(),
+                self.limits.clone(),
+            );
+            started = std::thread::Builder::new()
+                .name("keel-gateway".into())
+                .spawn(move || accept(&s, &e, &o, &l))
+                .map(drop)
+                .map_err(|e| EnvError::Agent {
+                    reason: format!("cannot start the gateway thread: {e}"),
+                });
+        });
+        started
     }
 
     /// The base URL agents are given (`OPENAI_BASE_URL`).

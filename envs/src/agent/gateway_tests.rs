@@ -171,6 +171,74 @@ fn gtw_a_call_whose_episode_ends_unanswered_gets_410() {
     ender.join().expect("ender");
 }
 
+/// GTW-6: a call sent to a bound gateway before its key is live (a restarted keel that has
+/// not taken up its journal yet) waits, and reaches its episode once the gateway serves.
+#[test]
+fn gtw6_a_call_sent_before_the_gateway_serves_waits_for_its_key() {
+    use std::io::{Read, Write};
+    let gw = Gateway::bind(
+        "127.0.0.1:0",
+        CallLimits {
+            max_request_bytes: 4096,
+            sampling: Sampling {
+                temperature: 1.0,
+                max_turn_tokens: 16,
+                model: "policy".into(),
+            },
+            pool_key: None,
+        },
+    )
+    .expect("bind");
+    let key = "keel-taken-up-from-the-journal";
+    let addr = gw
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{CALL}",
+        CALL.len()
+    )
+    .expect("send the call");
+    // Not served yet: no answer comes (a serving gateway would answer 404 at once). A slow
+    // machine can only make this pass, never fail.
+    let mut first = [0u8; 1];
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    assert!(
+        stream.read(&mut first).is_err(),
+        "a gateway that does not serve yet answered"
+    );
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mailbox = gw.reopen(&super::journal::key_digest(key));
+    gw.serve().expect("serve");
+    let sampler =
+        std::thread::spawn(
+            move || match mailbox.events.recv_timeout(Duration::from_secs(20)) {
+                Ok(Event::Call { reply, .. }) => {
+                    let _ = reply.send(Ok(Served {
+                        call: 0,
+                        answer: Answer::from_text("4", false),
+                    }));
+                    true
+                }
+                _ => false,
+            },
+        );
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    assert!(
+        sampler.join().expect("sampler"),
+        "the call reached its episode"
+    );
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+}
+
 #[test]
 fn gtw_max_tokens_stop_and_the_idempotency_key_reach_the_episode() {
     let gw = gateway();
@@ -276,7 +344,7 @@ fn gtw5_pull_needs_a_pool_key_and_no_command() {
         ..AgentConfig::default()
     };
     assert!(pull.validate().is_ok());
-    let err = pull.start_gateway().err().expect("no pool key").to_string();
+    let err = pull.bind_gateway().err().expect("no pool key").to_string();
     assert!(err.contains("pool_key_env"), "{err}");
     let both = AgentConfig {
         command: vec!["python3".into()],

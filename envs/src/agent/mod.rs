@@ -214,9 +214,10 @@ impl AgentConfig {
         }
     }
 
-    /// Starts the gateway every episode of this config shares.
-    pub fn start_gateway(&self) -> Result<Gateway, EnvError> {
-        Gateway::start(
+    /// Binds the gateway every episode of this config shares; it answers nothing until
+    /// [`Gateway::serve`] (GTW-6).
+    pub fn bind_gateway(&self) -> Result<Gateway, EnvError> {
+        Gateway::bind(
             &self.bind,
             CallLimits {
                 max_request_bytes: self.max_request_bytes,

@@ -5,7 +5,7 @@ LOGS/<key>.first (the test's progress condition: that answer is in keel's journa
 waits for LOGS/go, which the test writes once it has SIGKILLed keel and started it again. It
 retries its first call with the same key (the restarted keel must give back the recorded
 answer, never a second sample), asks a follow-up, posts its reward and exits. Every answer it
-got is in LOGS/<key>.json. Evaluation episodes run straight through.
+got is in LOGS/<key>.json; an agent that fails writes why to LOGS/<key>.error. Evaluation episodes run straight through.
 
 The client retries a refused connection for minutes (max_retries=40), as an agent that should
 outlive a trainer restart must.
@@ -68,4 +68,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as e:  # the test names why an agent did not finish
+        with open(os.path.join(sys.argv[1], os.environ["OPENAI_API_KEY"] + ".error"), "w") as f:
+            f.write(repr(e))
+        raise
