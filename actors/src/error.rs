@@ -63,6 +63,14 @@ pub enum ActorError {
     /// restart budget) and the batch's tasks are sampled again.
     #[error("the vLLM server died and restarts: {0}")]
     EngineRestarted(String),
+    /// A learner rank exited and the ranked run failed with it (LK-5).
+    #[error("{ranks}; the run failed with it: {cause}")]
+    RankExited {
+        /// Which followers exited, and how.
+        ranks: String,
+        /// The error rank 0 saw.
+        cause: Box<ActorError>,
+    },
     /// A stop request (SIGTERM) ended an evaluation between two decode steps (RO-13).
     #[error("the evaluation was interrupted by a stop request")]
     Interrupted,

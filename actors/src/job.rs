@@ -402,20 +402,34 @@ struct RlStart {
 }
 
 async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, ActorError> {
-    let cfg = job.cfg.clone();
-    let model = ModelSetup::prepare(&cfg, &job.io, job.device).await?;
+    let model = ModelSetup::prepare(&job.cfg, &job.io, job.device).await?;
     // LK-3: the followers live as long as this run's learner.
-    let (learner, _followers) = start_learner(&job, &model).await?;
-    let generators = Generators::start(&job, &model)?;
+    let (learner, mut followers) = start_learner(&job, &model).await?;
+    let result = run_with_learner(job, &model, learner, start).await;
+    match (result, followers.as_mut()) {
+        (Err(e), Some(followers)) => Err(followers.blame(e)),
+        (result, _) => result,
+    }
+}
+
+/// The run on a started learner (and its ranks): warm start or restore, RL, the last evaluation.
+async fn run_with_learner(
+    job: Job,
+    model: &ModelSetup,
+    learner: Addr<LearnerActor>,
+    start: Option<StartPoint>,
+) -> Result<JobOutcome, ActorError> {
+    let cfg = job.cfg.clone();
+    let generators = Generators::start(&job, model)?;
     let (board, handles) = (generators.board(), generators.handles());
     let warm = match start {
         // SF-1: a run stopped or killed during SFT continues it from its last SFT checkpoint.
         Some(start) if start.manifest.tags.iter().any(|t| t == SFT_PARTIAL_TAG) => {
             let resume = sft_resume(&job, &learner, start).await?;
-            warm_start(&job, &model, &learner, &board, &handles, Some(resume)).await?
+            warm_start(&job, model, &learner, &board, &handles, Some(resume)).await?
         }
         Some(start) => WarmStart::Ready(Box::new(restore(&job, &learner, start).await?)),
-        None => warm_start(&job, &model, &learner, &board, &handles, None).await?,
+        None => warm_start(&job, model, &learner, &board, &handles, None).await?,
     };
     let mut rl = match warm {
         WarmStart::Ready(rl) => *rl,
@@ -447,7 +461,7 @@ async fn run_roles(job: Job, start: Option<StartPoint>) -> Result<JobOutcome, Ac
     let mut method = crate::method::select(&cfg);
     let method_io = method_io(&job, &learner, &board);
     method
-        .start(&method_io, &model, &rl.method_state, rl.version)
+        .start(&method_io, model, &rl.method_state, rl.version)
         .await?;
     let (reuse, dropped_on_resume, quarantined) =
         plan_reuse(&job, &mut rl, method.as_ref()).await?;
@@ -548,8 +562,11 @@ async fn start_learner(
     };
     let at = learner_ranks::rendezvous(cfg, 0)?;
     tracing::info!(ranks = at.world, host = %at.host, port = at.port, "learner rank 0: waiting for the other ranks");
-    ask(&learner, JoinRanks(at, cfg.config_hash())).await??;
-    Ok((learner, followers))
+    let joined = ask(&learner, JoinRanks(at, cfg.config_hash())).await?;
+    match (joined, followers) {
+        (Err(e), Some(mut followers)) => Err(followers.blame(e)),
+        (joined, followers) => joined.map(|()| (learner, followers)),
+    }
 }
 
 /// Restores the learner from the start checkpoint (JB-1, JB-4, JB-5).

@@ -13,7 +13,11 @@
 //!   Followers started by `keel train` are killed when the trainer's learner goes away.
 //! - LK-4 (one job): the rendezvous identity is the config hash, so a rank started with
 //!   another config is refused by name (CG-2).
+//! - LK-5 (the dead are named): when a ranked run started by `keel train` fails, its error names
+//!   every follower that exited and how (status or signal), not only the rank whose collective
+//!   noticed; followers write their stdout to the trainer's stderr.
 
+use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -295,10 +299,16 @@ impl Followers {
             .map_err(|e| ActorError::Internal(format!("cannot find the keel binary: {e}")))?;
         let mut children = Followers(Vec::new());
         for rank in 1..ranks {
+            // A follower's one result line is a log line here: the trainer's stdout is its own.
+            let stdout = std::io::stderr()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_or_else(|_| Stdio::null(), Stdio::from);
             let child = Command::new(&exe)
                 .args(["learner", "--rank", &rank.to_string()])
                 .args(["--run-root", run_root, "--branch", branch])
                 .stdin(Stdio::null())
+                .stdout(stdout)
                 .spawn()
                 .map_err(|e| {
                     ActorError::Internal(format!("cannot start learner rank {rank}: {e}"))
@@ -306,6 +316,64 @@ impl Followers {
             children.0.push(child);
         }
         Ok(children)
+    }
+}
+
+impl Followers {
+    /// `error` ended the ranked run: names the followers that exited and how (a dead peer's
+    /// collective error names only the rank that saw it, LK-5). A follower whose exit is not
+    /// visible yet (its sockets close a moment before it can be reaped) is waited for briefly.
+    pub fn blame(&mut self, error: ActorError) -> ActorError {
+        let deadline = std::time::Instant::now() + EXIT_VISIBLE;
+        let mut exited = vec![None; self.0.len()];
+        loop {
+            for (child, status) in self.0.iter_mut().zip(exited.iter_mut()) {
+                if status.is_none() {
+                    *status = child.try_wait().ok().flatten();
+                }
+            }
+            if exited.iter().any(Option::is_some) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dead: Vec<String> = exited
+            .iter()
+            .zip(&self.0)
+            .enumerate()
+            .filter_map(|(i, (status, child))| {
+                let status = status.as_ref()?;
+                Some(format!(
+                    "learner rank {} (pid {}) {}",
+                    i + 1,
+                    child.id(),
+                    how(status)
+                ))
+            })
+            .collect();
+        match dead.is_empty() {
+            true => error,
+            false => ActorError::RankExited {
+                ranks: dead.join("; "),
+                cause: Box::new(error),
+            },
+        }
+    }
+}
+
+/// How long [`Followers::blame`] waits for a dead follower to be reapable.
+const EXIT_VISIBLE: Duration = Duration::from_secs(1);
+
+/// A follower's exit, in words: its code, or the signal that killed it.
+fn how(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("was killed by {name} (signal {sig})"),
+            Err(_) => format!("was killed by signal {sig}"),
+        },
+        (None, None) => format!("ended ({status})"),
     }
 }
 

@@ -718,15 +718,24 @@ impl Drop for PythonServer {
 
 /// The step and `model.safetensors` bytes of the head checkpoint of the run root `root`.
 pub fn head_weights(rt: &tokio::runtime::Runtime, root: &std::path::Path) -> (u64, Vec<u8>) {
+    head_file(rt, root, "model.safetensors")
+}
+
+/// The head checkpoint's step and its file `name`.
+pub fn head_file(
+    rt: &tokio::runtime::Runtime,
+    root: &std::path::Path,
+    name: &str,
+) -> (u64, Vec<u8>) {
     let store = keel_store::RunStore::open(root.to_str().expect("utf8")).expect("open");
     let m = rt
         .block_on(store.latest_checkpoint())
         .expect("head")
         .expect("a checkpoint");
-    let w = rt
-        .block_on(store.read_checkpoint_file(&m, "model.safetensors"))
-        .expect("weights");
-    (m.step, w.to_vec())
+    let bytes = rt
+        .block_on(store.read_checkpoint_file(&m, name))
+        .unwrap_or_else(|e| panic!("{name} of the head checkpoint: {e}"));
+    (m.step, bytes.to_vec())
 }
 
 /// Tiny random models of four families with their real chat templates, special tokens and eos

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keel_integration::runs::PROGRESS_DEADLINE;
 use keel_integration::{
-    free_port, head_weights, log_tail, spawn_train, test_rt, wait_exit, MethodRun,
+    free_port, head_file, head_weights, log_tail, spawn_train, test_rt, wait_exit, MethodRun,
 };
 
 /// The tiny GRPO run with `ranks` learner ranks meeting on a free loopback port.
@@ -58,26 +58,32 @@ fn train(dir: &Path, run: &MethodRun, name: &str) -> (u64, Vec<u8>) {
     head_weights(&test_rt(), &root)
 }
 
-#[test]
-fn two_learner_ranks_train_the_policy_one_learner_trains() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (step1, one) = train(dir.path(), &ranked_run(1, 2), "one");
-    let (step2, two) = train(dir.path(), &ranked_run(2, 2), "two");
-    assert_eq!((step1, step2), (2, 2));
-    let (one, two) = (tensors(&one), tensors(&two));
+/// DDP-1 between two safetensors files: the same tensors, equal up to the order of a sum.
+fn assert_same_update(one: &[u8], two: &[u8], what: &str) {
+    let (one, two) = (tensors(one), tensors(two));
     assert_eq!(
         one.iter().map(|t| &t.0).collect::<Vec<_>>(),
-        two.iter().map(|t| &t.0).collect::<Vec<_>>()
+        two.iter().map(|t| &t.0).collect::<Vec<_>>(),
+        "{what}"
     );
-    // DDP-1: the same gradients up to the order of a sum (measured: identical on this model).
     for ((name, a), (_, b)) in one.iter().zip(&two) {
         let worst = a
             .iter()
             .zip(b)
             .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
             .fold(0f32, f32::max);
-        assert!(worst <= 1e-4, "{name}: relative difference {worst}");
+        assert!(worst <= 1e-4, "{what} {name}: relative difference {worst}");
     }
+}
+
+#[test]
+fn two_learner_ranks_train_the_policy_one_learner_trains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (step1, one) = train(dir.path(), &ranked_run(1, 2), "one");
+    let (step2, two) = train(dir.path(), &ranked_run(2, 2), "two");
+    assert_eq!((step1, step2), (2, 2));
+    // DDP-1: the same gradients up to the order of a sum (measured: identical on this model).
+    assert_same_update(&one, &two, "the policy");
     // Every step reports the largest peak memory of the ranks' processes (RSS-1).
     let peaks: Vec<f64> = keel_integration::events::train_events(&dir.path().join("two"))
         .into_iter()
@@ -91,6 +97,41 @@ fn two_learner_ranks_train_the_policy_one_learner_trains() {
         peaks.iter().all(|p| p.is_finite() && *p > 50.0),
         "{peaks:?}"
     );
+}
+
+/// Dr. MAS with a model of its own for agent 1 (LA-4): on 2 ranks both models end where a
+/// one-rank run leaves them; every learner of the actor joins the ranks.
+#[test]
+fn dr_mas_agent_models_train_on_two_ranks_as_on_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |ranks: usize| {
+        MethodRun {
+        steps: 2,
+        checkpoint_every: 2,
+        env: "solver-verifier",
+        difficulty: 2,
+        context_len: 128,
+        learner: format!("ranks = {ranks}"),
+        extra: format!(
+            "[[agent_models]]\nagents = [1]\nlr = 0.0005\n\n[distributed]\nlearner_port = {}\ncollective_timeout_s = 120\n",
+            free_port()
+        ),
+        ..MethodRun::new("dr_mas")
+    }
+    };
+    let rt = test_rt();
+    let mut ends = Vec::new();
+    for (ranks, name) in [(1, "one"), (2, "two")] {
+        let (step, _) = train(dir.path(), &run(ranks), name);
+        assert_eq!(step, 2, "{name}");
+        let root = dir.path().join(name);
+        ends.push([
+            head_file(&rt, &root, "model.safetensors").1,
+            head_file(&rt, &root, "agent-model-1.model.safetensors").1,
+        ]);
+    }
+    assert_same_update(&ends[0][0], &ends[1][0], "Dr. MAS's main model");
+    assert_same_update(&ends[0][1], &ends[1][1], "Dr. MAS's agent-1 model");
 }
 
 /// Pids of the live processes whose parent is `parent` and whose command line has `needle`.
@@ -171,6 +212,12 @@ fn a_killed_learner_rank_fails_the_run_and_a_restart_resumes_it_exactly() {
     assert!(
         log.contains("rank 0 of 2"),
         "the error must name the collective and the rank:\n{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "learner rank 1 (pid {follower}) was killed by SIGKILL"
+        )),
+        "LK-5: the error must name the dead rank and how it died:\n{log}"
     );
     // A restart (a new group) resumes from the last checkpoint and ends where the
     // uninterrupted run ended, bit for bit.

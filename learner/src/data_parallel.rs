@@ -19,6 +19,9 @@
 //! - DDP-5 (shards meet on rank 0 only): at a checkpoint every rank's optimizer shard goes to
 //!   rank 0, which writes them all; another rank holds its own shard and at most one other at a
 //!   time, so no rank but 0 ever holds the whole optimizer state.
+//! - DDP-6 (reduce dtype): gradients are summed in [`ReduceDtype`] (f32 by default; bf16 halves
+//!   the bytes); the optimizer's master weights and moments stay f32 either way, and every rank
+//!   ends the reduce with the same (rounded) sum, so the ranks' weights stay equal.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -31,6 +34,27 @@ use crate::optimizer::AdamW;
 
 /// Gradients are summed in buckets of at most this many elements (f32: 64 MiB).
 const BUCKET_ELEMENTS: i64 = 16 << 20;
+
+/// The element type gradients travel in (`learner.reduce_dtype`, DDP-6).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceDtype {
+    /// f32: the sum is the one-rank gradient up to reassociation (DDP-1).
+    #[default]
+    F32,
+    /// bf16: half the bytes on the wire; each rank's gradient is rounded to bf16 before the
+    /// sum and the sum is rounded again, then widened back.
+    Bf16,
+}
+
+impl ReduceDtype {
+    fn kind(self) -> Kind {
+        match self {
+            ReduceDtype::F32 => Kind::Float,
+            ReduceDtype::Bf16 => Kind::BFloat16,
+        }
+    }
+}
 
 /// Each rank's rows of `rows` (DDP-1): greedy by decreasing `tokens[i]` (the row's loss
 /// tokens) onto the least-loaded rank, then back in mini-batch order. A rank gets no row when
@@ -81,11 +105,20 @@ pub struct DataParallel {
     ranks: usize,
     /// Seconds spent in the gradient reduce and the weight broadcast, packing included.
     collective_seconds: f64,
+    /// The element type of the gradient buckets (DDP-6).
+    reduce: ReduceDtype,
+    /// Bytes of gradient buckets this rank has all-reduced.
+    reduced_bytes: u64,
 }
 
 impl DataParallel {
-    /// Joins `opt` to `group`: assigns owners and frees the state this rank does not own.
-    pub fn new(group: SharedGroup, opt: &mut AdamW) -> Result<Self, LearnerError> {
+    /// Joins `opt` to `group`: assigns owners and frees the state this rank does not own;
+    /// gradients will travel as `reduce`.
+    pub fn new(
+        group: SharedGroup,
+        opt: &mut AdamW,
+        reduce: ReduceDtype,
+    ) -> Result<Self, LearnerError> {
         let (rank, ranks) = {
             let g = lock(&group)?;
             (g.rank(), g.world())
@@ -99,7 +132,14 @@ impl DataParallel {
             rank,
             ranks,
             collective_seconds: 0.0,
+            reduce,
+            reduced_bytes: 0,
         })
+    }
+
+    /// Bytes of gradient buckets this rank has all-reduced so far (DDP-6).
+    pub fn reduced_bytes(&self) -> u64 {
+        self.reduced_bytes
     }
 
     /// Seconds this rank spent so far in [`Self::reduce_grads`] and
@@ -181,10 +221,14 @@ impl DataParallel {
     fn all_reduce_bucket(&mut self, grads: &[Tensor]) -> Result<(), LearnerError> {
         let flat: Vec<Tensor> = grads
             .iter()
-            .map(|g| g.f_to_kind(Kind::Float).and_then(|g| g.f_flatten(0, -1)))
+            .map(|g| {
+                g.f_to_kind(self.reduce.kind())
+                    .and_then(|g| g.f_flatten(0, -1))
+            })
             .collect::<Result<_, _>>()?;
         let mut sum = Tensor::f_cat(&flat, 0)?;
         self.group()?.all_reduce_sum(&mut sum)?;
+        self.reduced_bytes += (sum.numel() * sum.kind().elt_size_in_bytes()) as u64;
         scatter_back(&sum, grads)
     }
 

@@ -271,7 +271,11 @@ impl Learner {
     /// Makes this learner one of `group.world()` data-parallel ranks (LR-9): from now on every
     /// rank must make the same calls with the same batches, in the same order.
     pub fn join_ranks(&mut self, group: SharedGroup) -> Result<(), LearnerError> {
-        self.ranks = Some(DataParallel::new(group, &mut self.opt)?);
+        self.ranks = Some(DataParallel::new(
+            group,
+            &mut self.opt,
+            self.cfg.reduce_dtype,
+        )?);
         Ok(())
     }
 
@@ -291,6 +295,11 @@ impl Learner {
         self.ranks
             .as_ref()
             .map_or(0.0, DataParallel::collective_seconds)
+    }
+
+    /// Bytes of gradient buckets this rank has all-reduced (DDP-6; 0 alone).
+    pub fn reduced_bytes(&self) -> u64 {
+        self.ranks.as_ref().map_or(0, DataParallel::reduced_bytes)
     }
 
     /// Bytes of the optimizer state this learner holds (its shard with ranks, OP-7).

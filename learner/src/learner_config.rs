@@ -23,6 +23,7 @@ use crate::algo::presets::{
 };
 use crate::algo::rollout_correction::{IsLevel, RejectLevel, RolloutCorrection};
 use crate::algo::value::CriticModel;
+use crate::data_parallel::ReduceDtype;
 use crate::error::LearnerError;
 use crate::lr_schedule::LrSchedule;
 
@@ -71,6 +72,8 @@ pub struct LearnerConfig {
     /// Data-parallel learner ranks (LR-9, DDP-1..4): each trains its share of every
     /// mini-batch, gradients are summed over c10d, AdamW's state is sharded. 1 = alone.
     pub ranks: usize,
+    /// The element type gradients are summed in over the ranks (DDP-6).
+    pub reduce_dtype: ReduceDtype,
     /// Recompute layer activations in the backward pass instead of keeping them (AC-1):
     /// about one extra forward of compute for activation memory of one layer.
     pub activation_checkpointing: bool,
@@ -206,6 +209,7 @@ impl Default for LearnerConfig {
             lr_min_ratio: 0.0,
             max_tokens_per_microbatch: 0,
             ranks: 1,
+            reduce_dtype: ReduceDtype::F32,
             activation_checkpointing: false,
             epochs: 1,
             minibatches: 2,

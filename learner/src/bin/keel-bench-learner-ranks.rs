@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! keel-bench-learner-ranks [--ranks 1,2,4] [--hidden 512] [--layers 4] [--vocab 16384]
-//!   [--batch 16] [--seq 128] [--steps 3] [--threads 1]
+//!   [--batch 16] [--seq 128] [--steps 3] [--threads 1] [--reduce f32|bf16]
 //! ```
 //! For each N, N child processes of this binary build the same random Llama-shaped model (f32,
 //! CPU, `--threads` torch threads each), join one group and run `--steps` GRPO updates on the
@@ -14,7 +14,8 @@
 //! collectives, its peak RSS (`VmHWM`) and the bytes of its optimizer shard. The parent prints,
 //! per N, learner tokens/s (global loss tokens over the slowest rank's time), the scaling
 //! efficiency against N = 1 measured in the same run, the collectives' share of step time and
-//! memory per rank.
+//! memory per rank. `--reduce bf16` sums the gradients in bf16 (`learner.reduce_dtype`, DDP-6);
+//! the gradient MiB each rank all-reduced per step is printed with the rest.
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use keel_learner::batch_tensors::TrainBatch;
 use keel_learner::collective::{RankGroup, Rendezvous};
+use keel_learner::data_parallel::ReduceDtype;
 use keel_learner::hf::{HfModel, LoadOptions};
 use keel_learner::{Algo, Learner, LearnerConfig};
 use rand::{Rng, SeedableRng};
@@ -68,9 +70,15 @@ fn batch(f: &HashMap<String, String>) -> Res<TrainBatch> {
 fn child(f: &HashMap<String, String>) -> Res<()> {
     tch::set_num_threads(num(f, "threads", 1)? as i32);
     let (rank, world, port) = (num(f, "rank", 0)?, num(f, "world", 1)?, num(f, "port", 0)?);
+    let reduce_dtype = match f.get("reduce").map_or("f32", String::as_str) {
+        "f32" => ReduceDtype::F32,
+        "bf16" => ReduceDtype::Bf16,
+        other => return Err(format!("--reduce {other}: expected f32 or bf16").into()),
+    };
     let cfg = LearnerConfig {
         minibatches: 1,
         epochs: 1,
+        reduce_dtype,
         ..LearnerConfig::for_preset(keel_learner::Preset::Grpo)
     };
     debug_assert_eq!(cfg.algo, Algo::Grpo);
@@ -89,6 +97,7 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
     }
     learner.train_step(&batch)?; // warm-up
     let collective_before = learner.collective_seconds();
+    let reduced_before = learner.reduced_bytes();
     let start = Instant::now();
     let steps = num(f, "steps", 3)?;
     for _ in 0..steps {
@@ -104,6 +113,9 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
             "tokens": batch.n_tokens * steps,
             "peak_mib": peak,
             "optimizer_mib": learner.optimizer_state_bytes() as f64 / 1048576.0,
+            "reduced_mib_per_step": (learner.reduced_bytes() - reduced_before) as f64
+                / 1048576.0
+                / steps as f64,
         })
     );
     Ok(())
@@ -155,7 +167,7 @@ fn main() -> Res<()> {
         .flatten()
         .cloned()
         .collect();
-    println!("ranks | learner tokens/s | scaling efficiency | collectives / step time | peak RSS per rank | optimizer state per rank");
+    println!("ranks | learner tokens/s | scaling efficiency | collectives / step time | peak RSS per rank | optimizer state per rank | gradients reduced per step");
     let mut base = None;
     for world in ranks {
         let reports = measure(world, &passed)?;
@@ -171,11 +183,12 @@ fn main() -> Res<()> {
         let base_tps = *base.get_or_insert(tps / world as f64);
         let share = field("collective_seconds") / slowest.max(1e-9);
         println!(
-            "{world} | {tps:.0} | {:.2} | {:.1}% | {:.0} MiB | {:.1} MiB",
+            "{world} | {tps:.0} | {:.2} | {:.1}% | {:.0} MiB | {:.1} MiB | {:.1} MiB",
             tps / (base_tps * world as f64),
             100.0 * share,
             field("peak_mib"),
             field("optimizer_mib"),
+            field("reduced_mib_per_step"),
         );
     }
     Ok(())
