@@ -14,6 +14,10 @@
 //!   same effective config whatever the trainer's flags; only a config with credentials in a
 //!   URL, which the record holds redacted (RD-1), is given to them as well, and then no trainer
 //!   flag may change the config (the generator would refuse the different hash).
+//! - LH-7: the trainer's resources are per learner rank: with `learner.ranks = N` the trainer
+//!   starts ranks 1..N-1 on its own machine (LK-3), so the engine is asked for N times
+//!   `--num-cpus-trainer` and `--num-gpus-trainer`, in the one task, pod or actor it places on
+//!   one node.
 
 use std::path::{Path, PathBuf};
 
@@ -43,10 +47,11 @@ pub struct CommonArgs {
     /// Restarts of each role the engine may make after a failure.
     #[arg(long, default_value_t = 3)]
     pub max_restarts: u32,
-    /// CPUs of the trainer.
+    /// CPUs of the trainer per learner rank (learner.ranks = N asks for N times as many: the
+    /// trainer starts its ranks on its own machine).
     #[arg(long, default_value_t = 1.0)]
     pub num_cpus_trainer: f64,
-    /// GPUs of the trainer.
+    /// GPUs of the trainer per learner rank (as --num-cpus-trainer).
     #[arg(long, default_value_t = 0.0)]
     pub num_gpus_trainer: f64,
     /// CPUs of each generator.
@@ -196,6 +201,7 @@ impl Plan {
             }
         };
         let cwd = std::env::current_dir().context("cannot read the current directory")?;
+        let learner_ranks = cfg.learner.ranks as f64; // LH-7
         Ok(Plan {
             keel,
             run_root: absolute_run_root(&args.run_root)?,
@@ -205,8 +211,8 @@ impl Plan {
             grace_s: cfg.run.sigterm_grace_s,
             max_restarts: args.max_restarts,
             trainer: Resources {
-                cpus: args.num_cpus_trainer,
-                gpus: args.num_gpus_trainer,
+                cpus: args.num_cpus_trainer * learner_ranks,
+                gpus: args.num_gpus_trainer * learner_ranks,
             },
             generator: Resources {
                 cpus: args.num_cpus_generator,
@@ -369,6 +375,22 @@ mod tests {
         a.generators = Some(2);
         let e = Plan::resolve(&a, KeelDefault::OnPath).unwrap_err();
         assert!(e.to_string().contains("rollout.generators = 3"), "{e}");
+    }
+
+    #[test]
+    fn lh7_the_trainer_is_given_the_resources_of_its_learner_ranks() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "[learner]\nranks = 3\n").expect("write");
+        let plan = Plan::resolve(&args(Some(p)), KeelDefault::OnPath).expect("plan");
+        assert_eq!((plan.trainer.cpus, plan.trainer.gpus), (3.0, 3.0));
+        assert_eq!(
+            (plan.generator.cpus, plan.generator.gpus),
+            (2.0, 0.5),
+            "generators are not learner ranks"
+        );
+        let alone = Plan::resolve(&args(None), KeelDefault::OnPath).expect("plan");
+        assert_eq!((alone.trainer.cpus, alone.trainer.gpus), (1.0, 1.0));
     }
 
     #[test]
