@@ -19,6 +19,9 @@
 //! - DDP-5 (shards meet on rank 0 only): at a checkpoint every rank's optimizer shard goes to
 //!   rank 0, which writes them all; another rank holds its own shard and at most one other at a
 //!   time, so no rank but 0 ever holds the whole optimizer state.
+//! - DDP-7 (one report): a step's statistics are every rank's parts folded as one rank folds
+//!   its micro-batches (token-weighted means, summed losses, extremes), so `loss`, `entropy`,
+//!   `clip_frac`... with N ranks are the one-rank values, not rank 0's share.
 //! - DDP-6 (reduce dtype): gradients are summed in [`ReduceDtype`] (f32 by default; bf16 halves
 //!   the bytes); the optimizer's master weights and moments stay f32 either way, and every rank
 //!   ends the reduce with the same (rounded) sum, so the ranks' weights stay equal.
@@ -268,6 +271,14 @@ impl DataParallel {
             }
         }
         Ok(())
+    }
+
+    /// Every rank's `values` (the same length on every rank), in rank order.
+    pub fn all_gather_values(&mut self, values: &[f64]) -> Result<Vec<Vec<f64>>, LearnerError> {
+        let all = self.group()?.all_gather(&Tensor::f_from_slice(values)?)?;
+        all.iter()
+            .map(|t| Vec::<f64>::try_from(t).map_err(LearnerError::from))
+            .collect()
     }
 
     /// The largest of every rank's `value` (each rank's peak memory).

@@ -39,9 +39,23 @@ impl Job {
     }
 }
 
-/// A rank's weights, checkpoint files and bytes of gradient buckets all-reduced (DDP-6) at
-/// the end of a run.
-type RankEnd = (Vec<(String, Vec<f32>)>, Vec<(String, Vec<u8>)>, u64);
+/// A rank's weights, checkpoint files, bytes of gradient buckets all-reduced (DDP-6) and last
+/// step's statistics at the end of a run.
+type RankEnd = (
+    Vec<(String, Vec<f32>)>,
+    Vec<(String, Vec<u8>)>,
+    u64,
+    crate::StepMetrics,
+);
+
+/// Which learner call a run makes.
+#[derive(Clone, Copy, PartialEq)]
+enum Call {
+    /// `train_step` (RL).
+    Rl,
+    /// `sft_step` at lr 3e-3 (the RL jobs' rate).
+    Sft,
+}
 
 /// Runs `steps` updates of `job` on `ranks` ranks (threads), each rank first restoring
 /// `resume` when given; returns every rank's weights and checkpoint files.
@@ -50,6 +64,17 @@ fn run_ranks(
     ranks: usize,
     steps: usize,
     resume: Option<Vec<(String, Vec<u8>)>>,
+) -> Vec<RankEnd> {
+    run_calls(job, ranks, steps, resume, Call::Rl)
+}
+
+/// [`run_ranks`] making `call` at every step.
+fn run_calls(
+    job: &Job,
+    ranks: usize,
+    steps: usize,
+    resume: Option<Vec<(String, Vec<u8>)>>,
+    call: Call,
 ) -> Vec<RankEnd> {
     let port = free_port();
     let handles: Vec<_> = (0..ranks)
@@ -68,11 +93,15 @@ fn run_ranks(
                 if let Some(files) = &resume {
                     l.restore(files).expect("restore");
                 }
+                let mut last = crate::StepMetrics::default();
                 for _ in 0..steps {
-                    l.train_step(&batch).expect("train step");
+                    last = match call {
+                        Call::Rl => l.train_step(&batch).expect("train step"),
+                        Call::Sft => l.sft_step(&batch, 3e-3).expect("sft step"),
+                    };
                 }
                 let files = l.state_files().expect("state files");
-                (weights(&l), files, l.reduced_bytes())
+                (weights(&l), files, l.reduced_bytes(), last)
             })
         })
         .collect();
@@ -182,7 +211,7 @@ fn dp1_two_and_three_ranks_update_as_one_rank() {
         let one = run_ranks(&job, 1, 3, None);
         for ranks in [2, 3] {
             let many = run_ranks(&job, ranks, 3, None);
-            for (rank, (w, _, _)) in many.iter().enumerate() {
+            for (rank, (w, ..)) in many.iter().enumerate() {
                 assert_eq!(
                     w, &many[0].0,
                     "{name}: rank {rank} holds other weights than rank 0 (DDP-2)"
@@ -194,12 +223,62 @@ fn dp1_two_and_three_ranks_update_as_one_rank() {
                 rel <= DP1_TOLERANCE,
                 "{name}, {ranks} ranks: weights {rel:e} off one rank's"
             );
+            assert_same_report(&many[0].3, &one[0].3, &format!("{name}, {ranks} ranks"));
             let again = run_ranks(&job, ranks, 3, None);
             assert_eq!(
                 again[0].0, many[0].0,
                 "{name}: {ranks} ranks are not bit-reproducible"
             );
         }
+    }
+}
+
+/// DDP-7: rank 0 reports what one rank reports (losses, entropy, clip and KL statistics), up
+/// to float rounding; times and memory aside, and `explained_var`, a ratio of variances that
+/// folds over ranks as over micro-batches (the mean of the parts').
+fn assert_same_report(many: &crate::StepMetrics, one: &crate::StepMetrics, what: &str) {
+    use crate::step_metrics::STATS;
+    let skip = [
+        "step_seconds",
+        "tokens_per_s",
+        "peak_rss_mib",
+        "grad_norm",
+        "explained_var",
+    ];
+    for s in STATS.iter().filter(|s| !skip.contains(&s.name)) {
+        let (a, b) = (many.get(s.stat), one.get(s.stat));
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+            "{what}: {} is {a} with ranks, {b} alone",
+            s.name
+        );
+    }
+    assert!(
+        one.loss != 0.0,
+        "{what}: the one-rank loss is 0, nothing compared"
+    );
+}
+
+/// SFT with ranks (DDP-1, DDP-7): each rank trains its share of the demonstrations under the
+/// whole batch's token count; the update and the report are one rank's.
+#[test]
+fn dp_sft_steps_on_ranks_are_one_ranks() {
+    let (_, job) = jobs().remove(0);
+    let one = run_calls(&job, 1, 3, None, Call::Sft);
+    for ranks in [2, 3] {
+        let many = run_calls(&job, ranks, 3, None, Call::Sft);
+        assert_eq!(many[1].0, many[0].0, "SFT: the ranks' weights differ");
+        let rel = max_relative(&many[0].0, &one[0].0);
+        eprintln!("SFT, {ranks} ranks: {rel:e} off one rank");
+        assert!(
+            rel <= DP1_TOLERANCE,
+            "SFT, {ranks} ranks: weights {rel:e} off one rank's"
+        );
+        assert_same_report(&many[0].3, &one[0].3, &format!("SFT, {ranks} ranks"));
+        assert!(
+            many[0].2 > 0,
+            "SFT on {ranks} ranks reduced no gradient bytes"
+        );
     }
 }
 
@@ -221,7 +300,7 @@ fn op7_each_rank_keeps_a_share_of_the_optimizer_state() {
         let run = run_ranks(&job, ranks, 1, None);
         let shards = optimizer_sizes(&run[0].1);
         assert_eq!(shards.len(), ranks, "{shards:?}");
-        for (rank, (_, files, _)) in run.iter().enumerate().skip(1) {
+        for (rank, (_, files, ..)) in run.iter().enumerate().skip(1) {
             assert!(
                 optimizer_sizes(files).is_empty(),
                 "DDP-5: rank {rank} of {ranks} gathered optimizer shards"

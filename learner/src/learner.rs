@@ -69,7 +69,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tch::{Kind, Tensor};
 
-use crate::algo::aggregation::{masked_mean, masked_mean_value, turn_records, AggDenominators};
+use crate::algo::aggregation::{
+    agg_loss, masked_mean_value, turn_records, AggDenominators, AggMode,
+};
 use crate::algo::dapo::informative_groups;
 use crate::algo::kl::KlController;
 use crate::algo::presets::{PolicyLossKind, PresetConfig};
@@ -80,7 +82,7 @@ use crate::algo::value::{
 use crate::batch_tensors::TrainBatch;
 use crate::data_parallel::{row_shares, DataParallel, SharedGroup};
 use crate::error::LearnerError;
-use crate::hf::{HfModel, TrainPass};
+use crate::hf::HfModel;
 use crate::learner_config::LearnerConfig;
 use crate::logprobs::{token_entropy, token_logprobs};
 use crate::lr_schedule::LrPlan;
@@ -751,7 +753,7 @@ impl Learner {
             }));
         }
         let grad_norm = self.clip_and_step()?;
-        let mut actor_out = StepMetrics::combine_micro(parts);
+        let mut actor_out = self.across_ranks(StepMetrics::combine_micro(parts))?;
         actor_out.critic_steps = out.critic_steps;
         if out.critic_steps > 0.0 && actor_out.value_loss == 0.0 {
             actor_out.value_loss = out.value_loss;
@@ -766,18 +768,39 @@ impl Learner {
 
     /// This rank's rows of the mini-batch `rows` (DDP-1); all of them without ranks.
     fn rank_rows(&self, tg: &Targets, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
+        self.share_of(&tg.mask, rows)
+    }
+
+    /// This rank's rows of `rows` of `mask` `[B, T]`, balanced by loss tokens (DDP-1); all of
+    /// them without ranks.
+    fn share_of(&self, mask: &Tensor, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
         let Some(dp) = &self.ranks else {
             return Ok(rows.to_vec());
         };
-        let idx = Tensor::f_from_slice(rows)?.f_to_device(self.model.device())?;
-        let tokens = tg
-            .mask
+        let idx = Tensor::f_from_slice(rows)?.f_to_device(mask.device())?;
+        let tokens = mask
             .f_index_select(0, &idx)?
+            .f_gt(0.0)?
             .f_sum_dim_intlist(1, false, Kind::Int64)?
             .f_to_device(tch::Device::Cpu)?;
         let tokens = Vec::<i64>::try_from(&tokens)?;
         let mut shares = row_shares(rows, &tokens, dp.ranks());
         Ok(std::mem::take(&mut shares[dp.rank()]))
+    }
+
+    /// Every rank's statistics of one step folded as micro-batches fold (DDP-7): a
+    /// collective with ranks; `mine` alone.
+    fn across_ranks(&mut self, mine: StepMetrics) -> Result<StepMetrics, LearnerError> {
+        let Some(dp) = self.ranks.as_mut() else {
+            return Ok(mine);
+        };
+        let parts = dp
+            .all_gather_values(&mine.values())?
+            .iter()
+            .map(|v| StepMetrics::from_values(v))
+            .filter(|m| m.tokens > 0)
+            .collect();
+        Ok(StepMetrics::combine_micro(parts))
     }
 
     /// Row chunks of `rows` holding at most `learner.max_tokens_per_microbatch` padded tokens
@@ -872,12 +895,6 @@ impl Learner {
         Ok(out)
     }
 
-    /// Backward, clip, and step unless the gradient norm is non-finite (LR-2).
-    fn backward_and_step(&mut self, pass: TrainPass, loss: &Tensor) -> Result<f64, LearnerError> {
-        pass.backward(loss, &self.model)?;
-        self.clip_and_step()
-    }
-
     /// Clips the accumulated gradients and steps, unless their norm is non-finite (LR-2): then
     /// they are zeroed and nothing moves.
     fn clip_and_step(&mut self) -> Result<f64, LearnerError> {
@@ -913,10 +930,52 @@ impl Learner {
         }
         self.check_batch(batch)?;
         let dev = self.model.device();
-        let tokens = batch.tokens.f_to_device(dev)?;
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
+        // DDP-1: each rank its share of the rows, under the whole batch's token count.
+        let global = AggDenominators::of(&mask, None);
+        let all: Vec<i64> = (0..batch.tokens.size()[0]).collect();
+        let mine = self.share_of(&mask, &all)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
+        let part = match mine.is_empty() {
+            true => Ok(StepMetrics::default()),
+            false => self.sft_backward(batch, &mask, &mine, &global),
+        };
+        let failed_somewhere = match self.ranks.as_mut() {
+            Some(dp) => dp.reduce_grads(&self.opt, part.is_err())?,
+            None => part.is_err(),
+        };
+        if failed_somewhere {
+            self.opt.zero_grad();
+            return Err(part.err().unwrap_or_else(|| LearnerError::NonFinite {
+                what: "loss on another learner rank".into(),
+            }));
+        }
+        let grad_norm = self.clip_and_step()?;
+        let mut out = self.across_ranks(part?)?;
+        self.sft_steps += 1;
+        let step_seconds = start.elapsed().as_secs_f64();
+        out.grad_norm = grad_norm;
+        out.tokens = batch.n_tokens;
+        out.tokens_per_s = batch.n_tokens as f64 / step_seconds.max(1e-9);
+        out.step_seconds = step_seconds;
+        out.peak_rss_mib = self.peak_rss_mib()?;
+        Ok(out)
+    }
+
+    /// SFT's forward and backward on `rows` of `batch`: token-mean cross-entropy under the
+    /// whole batch's denominators `global`; its loss (this share's part) and entropy.
+    fn sft_backward(
+        &mut self,
+        batch: &TrainBatch,
+        mask: &Tensor,
+        rows: &[i64],
+        global: &AggDenominators,
+    ) -> Result<StepMetrics, LearnerError> {
+        let dev = self.model.device();
+        let idx = Tensor::f_from_slice(rows)?.f_to_device(dev)?;
+        let tokens = batch.tokens.f_to_device(dev)?.f_index_select(0, &idx)?;
+        let mask = mask.f_index_select(0, &idx)?;
         seed_lora_dropout(
             &self.model,
             self.seed,
@@ -926,7 +985,8 @@ impl Learner {
             .model
             .train_pass(&tokens, self.cfg.activation_checkpointing)?;
         let logits = self.model.logits(&pass.hidden)?;
-        let loss = masked_mean(&token_logprobs(&logits, &tokens), &mask).f_neg()?;
+        let logp = token_logprobs(&logits, &tokens);
+        let loss = agg_loss(&logp, &mask, AggMode::TokenMean, global).f_neg()?;
         let loss_value = loss.f_double_value(&[])?;
         if !loss_value.is_finite() {
             return Err(LearnerError::NonFinite {
@@ -934,17 +994,11 @@ impl Learner {
             });
         }
         let entropy = tch::no_grad(|| masked_mean_value(&token_entropy(&logits.detach()), &mask));
-        let grad_norm = self.backward_and_step(pass, &loss)?;
-        self.sft_steps += 1;
-        let step_seconds = start.elapsed().as_secs_f64();
+        pass.backward(&loss, &self.model)?;
         Ok(StepMetrics {
             loss: loss_value,
             entropy,
-            grad_norm,
-            tokens: batch.n_tokens,
-            tokens_per_s: batch.n_tokens as f64 / step_seconds.max(1e-9),
-            step_seconds,
-            peak_rss_mib: self.peak_rss_mib()?,
+            tokens: f64::try_from(mask.f_gt(0.0)?.f_sum(Kind::Double)?)? as usize,
             ..StepMetrics::default()
         })
     }

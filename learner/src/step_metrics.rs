@@ -341,6 +341,20 @@ impl StepMetrics {
         STATS.iter().map(|s| (s.name, self.get(s.stat)))
     }
 
+    /// Every statistic's value in table order: what learner ranks exchange (DDP-7).
+    pub(crate) fn values(&self) -> Vec<f64> {
+        STATS.iter().map(|s| self.get(s.stat)).collect()
+    }
+
+    /// The statistics of [`StepMetrics::values`]; missing values are 0.
+    pub(crate) fn from_values(values: &[f64]) -> StepMetrics {
+        let mut m = StepMetrics::default();
+        for (s, &v) in STATS.iter().zip(values) {
+            m.set(s.stat, v);
+        }
+        m
+    }
+
     /// One mini-batch's statistics from its micro-batches' (MB-1): losses add up, rates and
     /// means are weighted by each part's share of `tokens`, extremes fold, token counts add.
     pub(crate) fn combine_micro(parts: Vec<StepMetrics>) -> StepMetrics {
