@@ -453,6 +453,20 @@ algo = "{algo}"
     }
 }
 
+/// Copies the directory `from` (a local run root) to `to`, recursively.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir").flatten() {
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
 /// The stderr log of a `keel train` process on `root` (next to it).
 pub fn train_log(root: &std::path::Path) -> PathBuf {
     root.with_extension("log")

@@ -32,19 +32,6 @@ fn trained_root(dir: &Path) -> std::path::PathBuf {
     root
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir").flatten() {
-        let path = entry.path();
-        let target = to.join(entry.file_name());
-        if path.is_dir() {
-            copy_dir(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).expect("copy");
-        }
-    }
-}
-
 /// (head id, ids oldest first) of a root.
 fn ids(root: &Path) -> (String, Vec<String>) {
     let lineage = keel_integration::head_lineage(root);
@@ -82,7 +69,7 @@ fn ckpt_commands_survey_a_root_with_a_damaged_head_or_manifest() {
 
     // The head names a checkpoint whose manifest is gone.
     let root = dir.path().join("missing");
-    copy_dir(&clean, &root);
+    keel_integration::copy_dir(&clean, &root);
     std::fs::remove_file(root.join(format!("checkpoints/{head}/MANIFEST.json"))).expect("rm");
     for cmd in [["ckpt", "list"], ["ckpt", "lineage"]] {
         let (ok, text) = keel(&cmd, &root);
@@ -106,7 +93,7 @@ fn ckpt_commands_survey_a_root_with_a_damaged_head_or_manifest() {
 
     // The head object itself is garbage.
     let root = dir.path().join("garbled-head");
-    copy_dir(&clean, &root);
+    keel_integration::copy_dir(&clean, &root);
     std::fs::write(newest_head_file(&root), b"\x00not a head").expect("garble");
     let (ok, text) = keel(&["ckpt", "list"], &root);
     assert!(ok, "{text}");
@@ -115,7 +102,7 @@ fn ckpt_commands_survey_a_root_with_a_damaged_head_or_manifest() {
 
     // A manifest that is not the head's is garbage: the others are listed.
     let root = dir.path().join("garbled-manifest");
-    copy_dir(&clean, &root);
+    keel_integration::copy_dir(&clean, &root);
     std::fs::write(
         root.join(format!("checkpoints/{previous}/MANIFEST.json")),
         b"{",

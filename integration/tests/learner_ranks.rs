@@ -67,22 +67,38 @@ fn assert_same_update(one: &[u8], two: &[u8], what: &str) {
         "{what}"
     );
     for ((name, a), (_, b)) in one.iter().zip(&two) {
-        let worst = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() / x.abs().max(1e-3))
-            .fold(0f32, f32::max);
-        assert!(worst <= 1e-4, "{what} {name}: relative difference {worst}");
+        let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let norm: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum();
+        let rel = (diff / norm.max(1e-30)).sqrt();
+        eprintln!("{what} {name}: {rel:e}");
+        assert!(rel <= 1e-5, "{what} {name}: ‖two − one‖ / ‖one‖ = {rel:e}");
     }
+}
+
+/// Continues a copy of the run root `base` as `name` with `run` (a resume, here on another
+/// number of ranks); answers the head checkpoint's step and weights. Every copy's next batch
+/// is sampled from the same weights, so the update is compared on the same batch. Later
+/// batches could differ: N ranks round differently from one (sharded SFT: within 1e-5,
+/// unit-tested), and weights one rounding apart may draw another token (measured: Dr. MAS's
+/// main model 4e-4 apart after two RL steps, 1e-8 after one).
+fn continued(dir: &Path, base: &Path, run: &MethodRun, name: &str) -> (u64, Vec<u8>) {
+    keel_integration::copy_dir(base, &dir.join(name));
+    train(dir, run, name)
 }
 
 #[test]
 fn two_learner_ranks_train_the_policy_one_learner_trains() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (step1, one) = train(dir.path(), &ranked_run(1, 2), "one");
-    let (step2, two) = train(dir.path(), &ranked_run(2, 2), "two");
-    assert_eq!((step1, step2), (2, 2));
-    // DDP-1: the same gradients up to the order of a sum (measured: identical on this model).
+    let (_, sft) = train(dir.path(), &ranked_run(1, 1), "base");
+    let base = dir.path().join("base");
+    let (step1, one) = continued(dir.path(), &base, &ranked_run(1, 3), "one");
+    let (step2, two) = continued(dir.path(), &base, &ranked_run(2, 3), "two");
+    assert_eq!((step1, step2), (3, 3));
+    assert!(
+        one != sft,
+        "two RL steps moved no weight: nothing is compared"
+    );
+    // DDP-1: the same gradients up to the order of a sum (measured: at most 7e-9 relative).
     assert_same_update(&one, &two, "the policy");
     // Every step reports the largest peak memory of the ranks' processes (RSS-1).
     let peaks: Vec<f64> = keel_integration::events::train_events(&dir.path().join("two"))
@@ -92,9 +108,11 @@ fn two_learner_ranks_train_the_policy_one_learner_trains() {
             _ => None,
         })
         .collect();
-    assert_eq!(peaks.len(), 2, "{peaks:?}");
+    assert!(peaks.len() >= 2, "{peaks:?}");
     assert!(
-        peaks.iter().all(|p| p.is_finite() && *p > 50.0),
+        peaks[peaks.len() - 2..]
+            .iter()
+            .all(|p| p.is_finite() && *p > 50.0),
         "{peaks:?}"
     );
 }
@@ -104,10 +122,10 @@ fn two_learner_ranks_train_the_policy_one_learner_trains() {
 #[test]
 fn dr_mas_agent_models_train_on_two_ranks_as_on_one() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let run = |ranks: usize| {
+    let run = |ranks: usize, steps: u64| {
         MethodRun {
-        steps: 2,
-        checkpoint_every: 2,
+        steps,
+        checkpoint_every: steps,
         env: "solver-verifier",
         difficulty: 2,
         context_len: 128,
@@ -120,18 +138,28 @@ fn dr_mas_agent_models_train_on_two_ranks_as_on_one() {
     }
     };
     let rt = test_rt();
+    let models = |root: &Path| {
+        [
+            head_file(&rt, root, "model.safetensors").1,
+            head_file(&rt, root, "agent-model-1.model.safetensors").1,
+        ]
+    };
+    train(dir.path(), &run(1, 1), "base");
+    let base = dir.path().join("base");
+    let start = models(&base);
     let mut ends = Vec::new();
     for (ranks, name) in [(1, "one"), (2, "two")] {
-        let (step, _) = train(dir.path(), &run(ranks), name);
+        let (step, _) = continued(dir.path(), &base, &run(ranks, 2), name);
         assert_eq!(step, 2, "{name}");
-        let root = dir.path().join(name);
-        ends.push([
-            head_file(&rt, &root, "model.safetensors").1,
-            head_file(&rt, &root, "agent-model-1.model.safetensors").1,
-        ]);
+        ends.push(models(&dir.path().join(name)));
     }
-    assert_same_update(&ends[0][0], &ends[1][0], "Dr. MAS's main model");
-    assert_same_update(&ends[0][1], &ends[1][1], "Dr. MAS's agent-1 model");
+    for (k, what) in ["Dr. MAS's main model", "Dr. MAS's agent-1 model"]
+        .iter()
+        .enumerate()
+    {
+        assert!(ends[0][k] != start[k], "{what}: RL moved no weight");
+        assert_same_update(&ends[0][k], &ends[1][k], what);
+    }
 }
 
 /// Pids of the live processes whose parent is `parent` and whose command line has `needle`.

@@ -9,11 +9,16 @@ use crate::learner_tests::{cfg, rl_batch, tiny};
 
 use super::*;
 
-/// Every parameter of `l`'s policy by name, flattened.
+/// Every parameter of `l`'s policy and of its separate critic (`critic.`…) by name, flattened.
 fn weights(l: &Learner) -> Vec<(String, Vec<f32>)> {
+    let critic = l
+        .critic_model()
+        .map(|c| c.named_parameters())
+        .unwrap_or_default();
     l.model()
         .named_parameters()
         .into_iter()
+        .chain(critic.into_iter().map(|(n, t)| (format!("critic.{n}"), t)))
         .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).expect("f32")))
         .collect()
 }
@@ -122,7 +127,11 @@ fn max_relative(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
             .map(|(x, y)| f64::from(x - y).powi(2))
             .sum();
         let norm: f64 = vb.iter().map(|y| f64::from(*y).powi(2)).sum();
-        worst = worst.max((diff / norm.max(1e-30)).sqrt());
+        let rel = (diff / norm.max(1e-30)).sqrt();
+        if rel > 1e-6 {
+            eprintln!("  {na}: {rel:e}");
+        }
+        worst = worst.max(rel);
     }
     worst
 }
@@ -201,9 +210,11 @@ fn jobs() -> Vec<(&'static str, Job)> {
 
 /// How far N ranks' weights may be from one rank's after 3 updates (relative, per tensor):
 /// the ranks sum their rows' gradients in another order than one rank does, and AdamW's
-/// normalisation magnifies that rounding on components whose gradient is near zero. Measured:
-/// 0 to 1.7e-6 over these jobs and seeds; ranks that skip the gradient sum end 0.55 apart.
-const DP1_TOLERANCE: f64 = 5e-6;
+/// normalisation magnifies that rounding on components whose gradient is near zero, the more
+/// the larger the learning rate. Measured: 0 to 1.8e-6 for the policies at lr 3e-3, 7.4e-6 for
+/// SAO's separate critic (5x the rate) on 3 ranks; ranks that skip the gradient sum end 0.55
+/// apart.
+const DP1_TOLERANCE: f64 = 1e-5;
 
 #[test]
 fn dp1_two_and_three_ranks_update_as_one_rank() {
@@ -261,12 +272,13 @@ fn assert_same_report(many: &crate::StepMetrics, one: &crate::StepMetrics, what:
 
 /// SFT with ranks (DDP-1, DDP-7): each rank trains its share of the demonstrations under the
 /// whole batch's token count; the update and the report are one rank's.
+const SFT_STEPS: usize = 30;
 #[test]
 fn dp_sft_steps_on_ranks_are_one_ranks() {
     let (_, job) = jobs().remove(0);
-    let one = run_calls(&job, 1, 3, None, Call::Sft);
+    let one = run_calls(&job, 1, SFT_STEPS, None, Call::Sft);
     for ranks in [2, 3] {
-        let many = run_calls(&job, ranks, 3, None, Call::Sft);
+        let many = run_calls(&job, ranks, SFT_STEPS, None, Call::Sft);
         assert_eq!(many[1].0, many[0].0, "SFT: the ranks' weights differ");
         let rel = max_relative(&many[0].0, &one[0].0);
         eprintln!("SFT, {ranks} ranks: {rel:e} off one rank");

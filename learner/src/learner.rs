@@ -630,7 +630,10 @@ impl Learner {
     }
 
     /// Value-only optimizer steps on the critic's trainable groups (critic schedule): on the
-    /// separate critic with its own optimizer, or on the policy's value head.
+    /// separate critic with its own optimizer, or on the policy's value head. With ranks each
+    /// rank trains its share of the rows under the whole mini-batch's denominators and the
+    /// critic's gradients are summed (DDP-1); the separate critic's optimizer is whole on every
+    /// rank, the policy's (a shared head) sharded.
     fn critic_steps(
         &mut self,
         c: &CriticSchedule,
@@ -643,40 +646,39 @@ impl Learner {
         let mut m = StepMetrics::default();
         let den = AggDenominators::of(mask, self.preset.loss_scale_factor);
         let lr = self.current_lr() * c.lr_ratio;
-        let (agg, max_norm) = (self.preset.agg, self.cfg.max_grad_norm);
-        let checkpoint = self.cfg.activation_checkpointing;
-        let shared = self.critic.is_none();
-        let (model, opt) = match self.critic.as_mut() {
-            Some(vm) => (&vm.model, &mut vm.opt),
-            None => (&self.model, &mut self.opt),
+        let all: Vec<i64> = (0..mask.size()[0]).collect();
+        let mine = self.share_of(mask, &all)?;
+        let rows = match mine.is_empty() {
+            true => None,
+            false => {
+                let idx = Tensor::f_from_slice(&mine)?.f_to_device(mask.device())?;
+                let pick = |t: &Tensor| t.f_index_select(0, &idx);
+                Some([pick(tokens)?, pick(mask)?, pick(old_v)?, pick(returns)?])
+            }
         };
-        // Value-only steps that train no trunk parameter (a shared critic's head) backpropagate
-        // into the head alone; clipping and stepping see only what moves (OP-5).
-        let head_only = !model
-            .named_parameters()
-            .iter()
-            .any(|(n, _)| !n.starts_with("score.") && c.is_trainable(n));
         for _ in 0..k {
+            let opt = self.value_optimizer();
             opt.set_lr(lr);
             opt.zero_grad();
-            seed_lora_dropout(model, self.seed, opt.steps().wrapping_mul(1 << 20));
-            let pass = model.train_pass(tokens, checkpoint)?;
-            let hidden = if head_only {
-                pass.hidden.detach()
-            } else {
-                pass.hidden.shallow_clone()
+            let part = match &rows {
+                Some(rows) => self.critic_backward(c, rows, &den),
+                None => Ok(StepMetrics::default()),
             };
-            let values = align_values(&model.values(&hidden)?.ok_or_else(|| {
-                LearnerError::config("model.value_head", "must be true for a critic preset")
-            })?)?;
-            let vl = value_loss(&values, old_v, returns, mask, c.value_clip, agg, &den);
-            let v = vl.f_double_value(&[])?;
-            if !v.is_finite() {
-                return Err(LearnerError::NonFinite {
-                    what: "value loss".into(),
-                });
+            let failed_somewhere = match self.ranks.as_mut() {
+                Some(dp) => {
+                    let opt = self.critic.as_ref().map_or(&self.opt, |vm| &vm.opt);
+                    dp.reduce_grads(opt, part.is_err())?
+                }
+                None => part.is_err(),
+            };
+            if failed_somewhere {
+                self.value_optimizer().zero_grad();
+                return Err(part.err().unwrap_or_else(|| LearnerError::NonFinite {
+                    what: "value loss on another learner rank".into(),
+                }));
             }
-            pass.backward(&vl, model)?;
+            let max_norm = self.cfg.max_grad_norm;
+            let opt = self.value_optimizer();
             let grad_norm = opt.clip_grad_norm_where(max_norm, |name| c.is_trainable(name));
             if !grad_norm.is_finite() {
                 opt.zero_grad();
@@ -685,18 +687,77 @@ impl Learner {
                 });
             }
             opt.step_where(|name| c.is_trainable(name));
-            if let (true, Some(dp)) = (shared, self.ranks.as_mut()) {
-                dp.broadcast_weights(opt)?; // DDP-2: the policy's own optimizer is sharded
+            if let (None, Some(dp)) = (&self.critic, self.ranks.as_mut()) {
+                dp.broadcast_weights(&self.opt)?; // DDP-2: the policy's own optimizer is sharded
             }
             self.step += 1;
-            m.value_loss = v;
-            m.loss = v;
+            m = self.across_ranks(part?)?;
+            m.loss = m.value_loss;
             m.grad_norm = grad_norm;
-            m.explained_var = explained_variance(&values, returns, mask);
-            m.vf_clipfrac = value_clip_frac(&values, old_v, returns, mask, c.value_clip);
-            m.critic_steps += 1.0;
+            m.critic_steps = 1.0;
         }
+        m.critic_steps = k as f64;
+        m.tokens = 0;
         Ok(m)
+    }
+
+    /// The optimizer of the value model: the separate critic's, or the policy's.
+    fn value_optimizer(&mut self) -> &mut AdamW {
+        match self.critic.as_mut() {
+            Some(vm) => &mut vm.opt,
+            None => &mut self.opt,
+        }
+    }
+
+    /// One value-only forward and backward on `[tokens, mask, old values, returns]` of some
+    /// rows under the mini-batch's denominators `den`; its statistics (this share's).
+    fn critic_backward(
+        &self,
+        c: &CriticSchedule,
+        [tokens, mask, old_v, returns]: &[Tensor; 4],
+        den: &AggDenominators,
+    ) -> Result<StepMetrics, LearnerError> {
+        let model = self.critic.as_ref().map_or(&self.model, |vm| &vm.model);
+        let opt = self.critic.as_ref().map_or(&self.opt, |vm| &vm.opt);
+        // Value-only steps that train no trunk parameter (a shared critic's head) backpropagate
+        // into the head alone; clipping and stepping see only what moves (OP-5).
+        let head_only = !model
+            .named_parameters()
+            .iter()
+            .any(|(n, _)| !n.starts_with("score.") && c.is_trainable(n));
+        seed_lora_dropout(model, self.seed, opt.steps().wrapping_mul(1 << 20));
+        let pass = model.train_pass(tokens, self.cfg.activation_checkpointing)?;
+        let hidden = if head_only {
+            pass.hidden.detach()
+        } else {
+            pass.hidden.shallow_clone()
+        };
+        let values = align_values(&model.values(&hidden)?.ok_or_else(|| {
+            LearnerError::config("model.value_head", "must be true for a critic preset")
+        })?)?;
+        let vl = value_loss(
+            &values,
+            old_v,
+            returns,
+            mask,
+            c.value_clip,
+            self.preset.agg,
+            den,
+        );
+        let v = vl.f_double_value(&[])?;
+        if !v.is_finite() {
+            return Err(LearnerError::NonFinite {
+                what: "value loss".into(),
+            });
+        }
+        pass.backward(&vl, model)?;
+        Ok(StepMetrics {
+            value_loss: v,
+            explained_var: explained_variance(&values, returns, mask),
+            vf_clipfrac: value_clip_frac(&values, old_v, returns, mask, c.value_clip),
+            tokens: f64::try_from(mask.f_gt(0.0)?.f_sum(Kind::Double)?)? as usize,
+            ..StepMetrics::default()
+        })
     }
 
     fn minibatch_step(
