@@ -392,7 +392,16 @@ pub(crate) mod test_support {
     use super::Rendezvous;
 
     /// A port free at the time of the call (the rendezvous binds it a moment later).
+    ///
+    /// Tests run several ranks as threads of one process, each with a group of its own. c10d's
+    /// flight recorder is one per process and is not safe under concurrent enqueues from
+    /// several groups (a crash in its map insert, seen here about once in six runs), so it is
+    /// off in tests; a keel process has one group, used by one thread at a time (CG-3). The
+    /// test's own thread calls this before any group exists, so no other thread reads the
+    /// variable meanwhile.
     pub(crate) fn free_port() -> u16 {
+        static NO_FLIGHT_RECORDER: std::sync::Once = std::sync::Once::new();
+        NO_FLIGHT_RECORDER.call_once(|| std::env::set_var("TORCH_FR_BUFFER_SIZE", "0"));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
         listener.local_addr().expect("local address").port()
     }

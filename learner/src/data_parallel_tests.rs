@@ -81,12 +81,12 @@ fn run_calls(
     resume: Option<Vec<(String, Vec<u8>)>>,
     call: Call,
 ) -> Vec<RankEnd> {
+    tch::set_num_threads(1); // one torch thread per rank, for the whole process
     let port = free_port();
     let handles: Vec<_> = (0..ranks)
         .map(|rank| {
             let (job, resume) = (job.clone(), resume.clone());
             std::thread::spawn(move || {
-                tch::set_num_threads(1);
                 let mut l = job.learner();
                 let batch = rl_batch(l.model());
                 if ranks > 1 {
