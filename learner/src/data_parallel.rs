@@ -19,12 +19,12 @@
 //! - DDP-5 (shards meet on rank 0 only): at a checkpoint every rank's optimizer shard goes to
 //!   rank 0, which writes them all; another rank holds its own shard and at most one other at a
 //!   time, so no rank but 0 ever holds the whole optimizer state.
-//! - DDP-7 (one report): a step's statistics are every rank's parts folded as one rank folds
-//!   its micro-batches (token-weighted means, summed losses, extremes), so `loss`, `entropy`,
-//!   `clip_frac`... with N ranks are the one-rank values, not rank 0's share.
 //! - DDP-6 (reduce dtype): gradients are summed in [`ReduceDtype`] (f32 by default; bf16 halves
 //!   the bytes); the optimizer's master weights and moments stay f32 either way, and every rank
 //!   ends the reduce with the same (rounded) sum, so the ranks' weights stay equal.
+//! - DDP-7 (one report): a step's statistics are every rank's parts folded as one rank folds
+//!   its micro-batches (token-weighted means, summed losses, extremes), so `loss`, `entropy`,
+//!   `clip_frac`... with N ranks are the one-rank values, not rank 0's share.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -283,9 +283,8 @@ impl DataParallel {
 
     /// The largest of every rank's `value` (each rank's peak memory).
     pub fn max_over_ranks(&mut self, value: f64) -> Result<f64, LearnerError> {
-        let mut group = self.group()?;
-        let all = group.all_gather(&Tensor::from_slice(&[value]))?;
-        Ok(all.iter().map(|t| t.double_value(&[0])).fold(0.0, f64::max))
+        let all = self.all_gather_values(&[value])?;
+        Ok(all.iter().map(|v| v[0]).fold(0.0, f64::max))
     }
 
     /// Every rank's `bytes` in rank order on rank 0, nothing on the others (the optimizer's

@@ -170,6 +170,12 @@ fn state_file<'a>(files: &'a [(String, Vec<u8>)], name: &str) -> Result<&'a [u8]
         .ok_or_else(|| LearnerError::mismatch(name, "missing from the learner checkpoint"))
 }
 
+/// The loss tokens of `mask` (its entries above 0): what a part of a step weighs in the
+/// folded report (DDP-7).
+fn loss_tokens(mask: &Tensor) -> Result<usize, LearnerError> {
+    Ok(f64::try_from(mask.f_gt(0.0)?.f_sum(Kind::Double)?)? as usize)
+}
+
 /// Mean, std, min and max of `x` over mask-1 entries.
 fn masked_stats(x: &Tensor, mask: &Tensor) -> (f64, f64, f64, f64) {
     tch::no_grad(|| {
@@ -646,8 +652,14 @@ impl Learner {
         let mut m = StepMetrics::default();
         let den = AggDenominators::of(mask, self.preset.loss_scale_factor);
         let lr = self.current_lr() * c.lr_ratio;
-        let all: Vec<i64> = (0..mask.size()[0]).collect();
-        let mine = self.share_of(mask, &all)?;
+        let model = self.critic.as_ref().map_or(&self.model, |vm| &vm.model);
+        // Value-only steps that train no trunk parameter (a shared critic's head) backpropagate
+        // into the head alone; clipping and stepping see only what moves (OP-5).
+        let head_only = !model
+            .named_parameters()
+            .iter()
+            .any(|(n, _)| !n.starts_with("score.") && c.is_trainable(n));
+        let mine = self.share_of(mask)?;
         let rows = match mine.is_empty() {
             true => None,
             false => {
@@ -661,22 +673,10 @@ impl Learner {
             opt.set_lr(lr);
             opt.zero_grad();
             let part = match &rows {
-                Some(rows) => self.critic_backward(c, rows, &den),
+                Some(rows) => self.critic_backward(c, rows, &den, head_only),
                 None => Ok(StepMetrics::default()),
             };
-            let failed_somewhere = match self.ranks.as_mut() {
-                Some(dp) => {
-                    let opt = self.critic.as_ref().map_or(&self.opt, |vm| &vm.opt);
-                    dp.reduce_grads(opt, part.is_err())?
-                }
-                None => part.is_err(),
-            };
-            if failed_somewhere {
-                self.value_optimizer().zero_grad();
-                return Err(part.err().unwrap_or_else(|| LearnerError::NonFinite {
-                    what: "value loss on another learner rank".into(),
-                }));
-            }
+            let part = self.sum_grads(true, part, "value loss")?;
             let max_norm = self.cfg.max_grad_norm;
             let opt = self.value_optimizer();
             let grad_norm = opt.clip_grad_norm_where(max_norm, |name| c.is_trainable(name));
@@ -691,10 +691,9 @@ impl Learner {
                 dp.broadcast_weights(&self.opt)?; // DDP-2: the policy's own optimizer is sharded
             }
             self.step += 1;
-            m = self.across_ranks(part?)?;
+            m = self.across_ranks(part)?;
             m.loss = m.value_loss;
             m.grad_norm = grad_norm;
-            m.critic_steps = 1.0;
         }
         m.critic_steps = k as f64;
         m.tokens = 0;
@@ -710,21 +709,17 @@ impl Learner {
     }
 
     /// One value-only forward and backward on `[tokens, mask, old values, returns]` of some
-    /// rows under the mini-batch's denominators `den`; its statistics (this share's).
+    /// rows under the mini-batch's denominators `den` (into the value head alone with
+    /// `head_only`); its statistics (this share's).
     fn critic_backward(
         &self,
         c: &CriticSchedule,
         [tokens, mask, old_v, returns]: &[Tensor; 4],
         den: &AggDenominators,
+        head_only: bool,
     ) -> Result<StepMetrics, LearnerError> {
         let model = self.critic.as_ref().map_or(&self.model, |vm| &vm.model);
         let opt = self.critic.as_ref().map_or(&self.opt, |vm| &vm.opt);
-        // Value-only steps that train no trunk parameter (a shared critic's head) backpropagate
-        // into the head alone; clipping and stepping see only what moves (OP-5).
-        let head_only = !model
-            .named_parameters()
-            .iter()
-            .any(|(n, _)| !n.starts_with("score.") && c.is_trainable(n));
         seed_lora_dropout(model, self.seed, opt.steps().wrapping_mul(1 << 20));
         let pass = model.train_pass(tokens, self.cfg.activation_checkpointing)?;
         let hidden = if head_only {
@@ -755,7 +750,7 @@ impl Learner {
             value_loss: v,
             explained_var: explained_variance(&values, returns, mask),
             vf_clipfrac: value_clip_frac(&values, old_v, returns, mask, c.value_clip),
-            tokens: f64::try_from(mask.f_gt(0.0)?.f_sum(Kind::Double)?)? as usize,
+            tokens: loss_tokens(mask)?,
             ..StepMetrics::default()
         })
     }
@@ -792,27 +787,12 @@ impl Learner {
         };
         self.opt.set_lr(self.current_lr());
         self.opt.zero_grad();
-        let mut parts = Vec::with_capacity(micro.len());
-        let mut failure = None;
-        for m in micro.iter().filter(|m| !m.is_empty()) {
-            match self.actor_micro_backward(tg, m, global.as_ref()) {
-                Ok(part) => parts.push(part),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        let failed_somewhere = match self.ranks.as_mut() {
-            Some(dp) => dp.reduce_grads(&self.opt, failure.is_some())?,
-            None => failure.is_some(),
-        };
-        if failed_somewhere {
-            self.opt.zero_grad();
-            return Err(failure.unwrap_or_else(|| LearnerError::NonFinite {
-                what: "loss on another learner rank".into(),
-            }));
-        }
+        let parts = micro
+            .iter()
+            .filter(|m| !m.is_empty())
+            .map(|m| self.actor_micro_backward(tg, m, global.as_ref()))
+            .collect::<Result<Vec<_>, _>>();
+        let parts = self.sum_grads(false, parts, "loss")?;
         let grad_norm = self.clip_and_step()?;
         let mut actor_out = self.across_ranks(StepMetrics::combine_micro(parts))?;
         actor_out.critic_steps = out.critic_steps;
@@ -829,12 +809,18 @@ impl Learner {
 
     /// This rank's rows of the mini-batch `rows` (DDP-1); all of them without ranks.
     fn rank_rows(&self, tg: &Targets, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
-        self.share_of(&tg.mask, rows)
+        self.share_of_rows(&tg.mask, rows)
+    }
+
+    /// This rank's rows of the whole of `mask` `[B, T]` (DDP-1).
+    fn share_of(&self, mask: &Tensor) -> Result<Vec<i64>, LearnerError> {
+        let all: Vec<i64> = (0..mask.size()[0]).collect();
+        self.share_of_rows(mask, &all)
     }
 
     /// This rank's rows of `rows` of `mask` `[B, T]`, balanced by loss tokens (DDP-1); all of
     /// them without ranks.
-    fn share_of(&self, mask: &Tensor, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
+    fn share_of_rows(&self, mask: &Tensor, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
         let Some(dp) = &self.ranks else {
             return Ok(rows.to_vec());
         };
@@ -847,6 +833,36 @@ impl Learner {
         let tokens = Vec::<i64>::try_from(&tokens)?;
         let mut shares = row_shares(rows, &tokens, dp.ranks());
         Ok(std::mem::take(&mut shares[dp.rank()]))
+    }
+
+    /// DDP-3: sums the step's gradients of the policy's optimizer (of the value model's with
+    /// `value_model`) over the ranks. When this rank's `part` or another rank's failed, every
+    /// rank drops its gradients and fails: with this rank's error, or with `what` failed on
+    /// another rank.
+    fn sum_grads<T>(
+        &mut self,
+        value_model: bool,
+        part: Result<T, LearnerError>,
+        what: &str,
+    ) -> Result<T, LearnerError> {
+        let opt = match (value_model, &self.critic) {
+            (true, Some(vm)) => &vm.opt,
+            _ => &self.opt,
+        };
+        let failed_somewhere = match self.ranks.as_mut() {
+            Some(dp) => dp.reduce_grads(opt, part.is_err())?,
+            None => part.is_err(),
+        };
+        if !failed_somewhere {
+            return part;
+        }
+        match value_model {
+            true => self.value_optimizer().zero_grad(),
+            false => self.opt.zero_grad(),
+        }
+        Err(part.err().unwrap_or_else(|| LearnerError::NonFinite {
+            what: format!("{what} on another learner rank"),
+        }))
     }
 
     /// Every rank's statistics of one step folded as micro-batches fold (DDP-7): a
@@ -994,26 +1010,16 @@ impl Learner {
         let mask = batch.loss_mask.f_to_device(dev)?.f_to_kind(Kind::Float)?;
         // DDP-1: each rank its share of the rows, under the whole batch's token count.
         let global = AggDenominators::of(&mask, None);
-        let all: Vec<i64> = (0..batch.tokens.size()[0]).collect();
-        let mine = self.share_of(&mask, &all)?;
+        let mine = self.share_of(&mask)?;
         self.opt.set_lr(lr);
         self.opt.zero_grad();
         let part = match mine.is_empty() {
             true => Ok(StepMetrics::default()),
             false => self.sft_backward(batch, &mask, &mine, &global),
         };
-        let failed_somewhere = match self.ranks.as_mut() {
-            Some(dp) => dp.reduce_grads(&self.opt, part.is_err())?,
-            None => part.is_err(),
-        };
-        if failed_somewhere {
-            self.opt.zero_grad();
-            return Err(part.err().unwrap_or_else(|| LearnerError::NonFinite {
-                what: "loss on another learner rank".into(),
-            }));
-        }
+        let part = self.sum_grads(false, part, "loss")?;
         let grad_norm = self.clip_and_step()?;
-        let mut out = self.across_ranks(part?)?;
+        let mut out = self.across_ranks(part)?;
         self.sft_steps += 1;
         let step_seconds = start.elapsed().as_secs_f64();
         out.grad_norm = grad_norm;
@@ -1059,7 +1065,7 @@ impl Learner {
         Ok(StepMetrics {
             loss: loss_value,
             entropy,
-            tokens: f64::try_from(mask.f_gt(0.0)?.f_sum(Kind::Double)?)? as usize,
+            tokens: loss_tokens(&mask)?,
             ..StepMetrics::default()
         })
     }

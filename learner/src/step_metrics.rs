@@ -343,7 +343,7 @@ impl StepMetrics {
 
     /// Every statistic's value in table order: what learner ranks exchange (DDP-7).
     pub(crate) fn values(&self) -> Vec<f64> {
-        STATS.iter().map(|s| self.get(s.stat)).collect()
+        self.named().map(|(_, v)| v).collect()
     }
 
     /// The statistics of [`StepMetrics::values`]; missing values are 0.

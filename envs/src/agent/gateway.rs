@@ -151,7 +151,9 @@ fn lock(m: &Episodes) -> std::sync::MutexGuard<'_, HashMap<String, SyncSender<Ev
 }
 
 impl Gateway {
-    /// Binds `bind` and starts serving (GTW-1): [`Gateway::bind`] then [`Gateway::serve`].
+    /// Binds `bind` and starts serving (GTW-1): [`Gateway::bind`] then [`Gateway::serve`], for
+    /// tests that have no journal to take up first.
+    #[cfg(test)]
     pub fn start(bind: &str, limits: CallLimits) -> Result<Gateway, EnvError> {
         let gateway = Gateway::bind(bind, limits)?;
         gateway.serve()?;

@@ -7,20 +7,21 @@ use super::gateway::{CallLimits, Event, Gateway, Served};
 use super::openai::{Answer, TokenLogprob};
 use super::Sampling;
 
-fn gateway() -> Gateway {
-    Gateway::start(
-        "127.0.0.1:0",
-        CallLimits {
-            max_request_bytes: 4096,
-            sampling: Sampling {
-                temperature: 1.0,
-                max_turn_tokens: 16,
-                model: "policy".into(),
-            },
-            pool_key: None,
+/// The tests' limits: 4 KiB bodies, temperature 1, no pool key.
+fn limits() -> CallLimits {
+    CallLimits {
+        max_request_bytes: 4096,
+        sampling: Sampling {
+            temperature: 1.0,
+            max_turn_tokens: 16,
+            model: "policy".into(),
         },
-    )
-    .expect("gateway")
+        pool_key: None,
+    }
+}
+
+fn gateway() -> Gateway {
+    Gateway::start("127.0.0.1:0", limits()).expect("gateway")
 }
 
 fn client() -> ureq::Agent {
@@ -176,19 +177,7 @@ fn gtw_a_call_whose_episode_ends_unanswered_gets_410() {
 #[test]
 fn gtw6_a_call_sent_before_the_gateway_serves_waits_for_its_key() {
     use std::io::{Read, Write};
-    let gw = Gateway::bind(
-        "127.0.0.1:0",
-        CallLimits {
-            max_request_bytes: 4096,
-            sampling: Sampling {
-                temperature: 1.0,
-                max_turn_tokens: 16,
-                model: "policy".into(),
-            },
-            pool_key: None,
-        },
-    )
-    .expect("bind");
+    let gw = Gateway::bind("127.0.0.1:0", limits()).expect("bind");
     let key = "keel-taken-up-from-the-journal";
     let addr = gw
         .base_url()
