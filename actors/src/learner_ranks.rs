@@ -16,6 +16,9 @@
 //! - LK-5 (the dead are named): when a ranked run started by `keel train` fails, its error names
 //!   every follower that exited and how (status or signal), not only the rank whose collective
 //!   noticed; followers write their stdout to the trainer's stderr.
+//! - LK-6 (one GPU per rank): on CUDA, rank 0 learns on the run's device and rank R on GPU
+//!   `LOCAL_RANK` (as torchrun sets it), else GPU R, and the group adds NCCL on it (CG-4); a
+//!   rank whose GPU does not exist, or a build without NCCL, is refused before the rendezvous.
 
 use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
@@ -80,8 +83,13 @@ pub enum RankCommand {
 }
 
 /// Where this process's rank meets the others: the config, overridden by a launcher's
-/// torchrun-style environment (`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`).
-pub fn rendezvous(cfg: &TrainConfig, rank: usize) -> Result<Rendezvous, ActorError> {
+/// torchrun-style environment (`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`); NCCL on `device`
+/// when it is a GPU (LK-6).
+pub fn rendezvous(
+    cfg: &TrainConfig,
+    rank: usize,
+    device: tch::Device,
+) -> Result<Rendezvous, ActorError> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let host = env("MASTER_ADDR").unwrap_or_else(|| cfg.distributed.learner_addr.clone());
     let port = match env("MASTER_PORT") {
@@ -104,17 +112,43 @@ pub fn rendezvous(cfg: &TrainConfig, rank: usize) -> Result<Rendezvous, ActorErr
         rank,
         world,
         timeout: Duration::from_secs(cfg.distributed.collective_timeout_s),
+        cuda_device: match device {
+            tch::Device::Cuda(d) => Some(d),
+            _ => None,
+        },
     })
 }
 
-/// Learner ranks run on CPU: the shim binds Gloo, not yet NCCL (whose tensors live on GPUs).
+/// Learner ranks run on CPU over Gloo, or on GPUs over NCCL when this build has it (LK-6).
 pub fn check_device(device: tch::Device) -> Result<(), ActorError> {
     match device {
         tch::Device::Cpu => Ok(()),
+        tch::Device::Cuda(_) if keel_learner::collective::nccl_compiled() => Ok(()),
         other => Err(ActorError::Internal(format!(
-            "learner.ranks > 1 runs on CPU (c10d's Gloo; NCCL is not bound yet), but the learner is on {other:?}: set run.device = \"cpu\" or learner.ranks = 1"
+            "learner.ranks > 1 on {other:?} needs NCCL, which this keel was built without (a libtorch without CUDA, or without the headers scripts/setup.sh installs): set run.device = \"cpu\" or learner.ranks = 1"
         ))),
     }
+}
+
+/// The device of follower rank `rank` on a run whose device is `device` (LK-6): CPU stays CPU;
+/// on CUDA, GPU `LOCAL_RANK` when a launcher set it, else GPU `rank`, which must exist.
+pub fn follower_device(device: tch::Device, rank: usize) -> Result<tch::Device, ActorError> {
+    if device == tch::Device::Cpu {
+        return Ok(device);
+    }
+    let local = match std::env::var("LOCAL_RANK").ok().filter(|v| !v.is_empty()) {
+        Some(v) => v
+            .parse::<usize>()
+            .map_err(|_| ActorError::Internal(format!("LOCAL_RANK={v:?} is not a rank number")))?,
+        None => rank,
+    };
+    let gpus = tch::Cuda::device_count().max(0) as usize;
+    if local >= gpus {
+        return Err(ActorError::Internal(format!(
+            "learner rank {rank} needs GPU {local} (NCCL: one GPU per rank), but this machine has {gpus}: lower learner.ranks or start the rank where its GPU is"
+        )));
+    }
+    Ok(tch::Device::Cuda(local))
 }
 
 /// Whether a launcher started the ranks (`WORLD_SIZE` set): then `keel train` starts none.
@@ -211,12 +245,12 @@ pub fn run_learner_rank(
                 cfg.learner.ranks
             )));
         }
-        let device = Process::torch(&cfg)?;
+        let device = follower_device(Process::torch(&cfg)?, rank)?;
         check_device(device)?;
         let model = process.run_actors(ModelSetup::prepare(&cfg, &io, device))?;
         let mut actor = LearnerActor::new(store, io.clone());
         actor.init(init_message(&cfg, &model, device)?)?;
-        let at = rendezvous(&cfg, rank)?;
+        let at = rendezvous(&cfg, rank, device)?;
         tracing::info!(rank, ranks = at.world, host = %at.host, port = at.port, "learner rank: joining rank 0");
         let group = join(&at, &cfg.config_hash())?;
         actor.join_ranks(group)?;
@@ -383,5 +417,32 @@ impl Drop for Followers {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// LK-6: CPU ranks stay on the CPU; a CUDA rank whose GPU this machine lacks is refused
+    /// with the count, before any rendezvous.
+    #[test]
+    fn lk6_a_rank_gets_its_own_gpu_or_a_reason() {
+        assert_eq!(
+            follower_device(tch::Device::Cpu, 3).expect("cpu"),
+            tch::Device::Cpu
+        );
+        let err = follower_device(tch::Device::Cuda(0), 1000)
+            .expect_err("GPU 1000 exists nowhere")
+            .to_string();
+        assert!(
+            err.contains("learner rank 1000 needs GPU 1000") && err.contains("this machine has"),
+            "{err}"
+        );
+        assert!(check_device(tch::Device::Cpu).is_ok());
+        assert!(
+            check_device(tch::Device::Cuda(0)).is_ok(),
+            "this build has NCCL, so GPU ranks are allowed"
+        );
     }
 }

@@ -1,26 +1,72 @@
 // keel's binding of PyTorch's own collectives (c10d) for the learner ranks.
 //
-// A C ABI over TCPStore (rendezvous) and ProcessGroupGloo (CPU collectives), compiled against
-// the headers of the same libtorch wheel tch links (learner/build.rs). Every entry point
-// catches C++ exceptions and returns them as a message: nothing throws across the ABI.
-// Tensors cross as tch's handle (`at::Tensor*`, torch-sys's `tensor` typedef).
+// A C ABI over TCPStore (rendezvous), ProcessGroupGloo (CPU collectives) and, when
+// learner/build.rs found a CUDA libtorch with NCCL's and CUDA's headers (KEEL_C10D_NCCL),
+// ProcessGroupNCCL (GPU collectives), compiled against the headers of the same libtorch wheel
+// tch links. A group always has Gloo; with a CUDA device it also has NCCL, and each collective
+// runs on the backend of its tensor's device (CPU: Gloo, CUDA: NCCL), as PyTorch's own
+// multi-backend process groups do. Every entry point catches C++ exceptions and returns them
+// as a message: nothing throws across the ABI. Tensors cross as tch's handle (`at::Tensor*`,
+// torch-sys's `tensor` typedef).
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef KEEL_C10D_NCCL
+#include <cstdlib>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace {
 
 struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
+  // Null without a CUDA device.
+  c10::intrusive_ptr<c10d::Backend> nccl;
   std::chrono::milliseconds timeout;
+
+  // The backend of `tensor`'s device.
+  c10d::Backend& on(const at::Tensor& tensor) const {
+    if (!tensor.is_cuda()) {
+      return *backend;
+    }
+    if (!nccl) {
+      throw std::invalid_argument("a CUDA tensor in a group without NCCL (joined without a CUDA device)");
+    }
+    return *nccl;
+  }
 };
+
+// NCCL on `device` over `store`, connected now so a missing GPU or a failed NCCL init fails the
+// join, not the first collective. Blocking wait makes `Work::wait(timeout)` throw on a timeout
+// instead of the watchdog aborting the process.
+c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                            int rank, int world, int device,
+                                            std::chrono::milliseconds timeout) {
+#ifdef KEEL_C10D_NCCL
+  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, options);
+  at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+  nccl->setBoundDeviceId(cuda);
+  nccl->eagerConnectSingleDevice(cuda);
+  return nccl;
+#else
+  (void)store, (void)rank, (void)world, (void)device, (void)timeout;
+  throw std::runtime_error(
+      "NCCL is not compiled into this keel: it was built against a libtorch without CUDA, or "
+      "without NCCL's and CUDA's headers (learner/build.rs; scripts/setup.sh installs them)");
+#endif
+}
 
 char* copy_message(const std::string& message) {
   char* out = static_cast<char*>(std::malloc(message.size() + 1));
@@ -35,6 +81,9 @@ int guarded(char** error, F&& body) {
   try {
     body();
     return 0;
+  } catch (const c10::Error& e) {
+    // c10's what() appends a C++ backtrace; the message alone is what a user needs.
+    *error = copy_message(e.what_without_backtrace());
   } catch (const std::exception& e) {
     *error = copy_message(e.what());
   } catch (...) {
@@ -53,9 +102,19 @@ extern "C" {
 
 void keel_c10d_free_message(char* message) { std::free(message); }
 
-// Rendezvous at host:port (rank 0 serves the TCPStore) and build a Gloo group of `world` ranks.
-int keel_c10d_gloo_new(const char* host, uint16_t port, int rank, int world,
-                       int64_t timeout_ms, Group** out, char** error) {
+// 1 when NCCL is compiled in (KEEL_C10D_NCCL), else 0.
+int keel_c10d_has_nccl() {
+#ifdef KEEL_C10D_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// Rendezvous at host:port (rank 0 serves the TCPStore) and build a Gloo group of `world` ranks,
+// and an NCCL one on CUDA device `cuda_device` unless it is negative.
+int keel_c10d_group_new(const char* host, uint16_t port, int rank, int world,
+                        int64_t timeout_ms, int cuda_device, Group** out, char** error) {
   return guarded(error, [&] {
     std::chrono::milliseconds timeout(timeout_ms);
     c10d::TCPStoreOptions options;
@@ -67,17 +126,33 @@ int keel_c10d_gloo_new(const char* host, uint16_t port, int rank, int world,
     auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(host), options);
     c10::intrusive_ptr<c10d::Store> store =
         c10::make_intrusive<c10d::PrefixStore>("keel", tcp);
+    auto gloo_store = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(timeout);
     gloo_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(std::string(host)));
     gloo_options->threads = 2;
     auto backend =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
-    *out = new Group{store, backend, timeout};
+        c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, world, gloo_options);
+    c10::intrusive_ptr<c10d::Backend> nccl;
+    if (cuda_device >= 0) {
+      auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+      nccl = make_nccl(nccl_store, rank, world, cuda_device, timeout);
+    }
+    *out = new Group{store, backend, nccl, timeout};
   });
 }
 
-void keel_c10d_free(Group* group) { delete group; }
+// Frees the group; NCCL's communicators are aborted first (never waiting on a dead peer, as a
+// graceful shutdown could), so that its destructor does not wait either.
+void keel_c10d_free(Group* group) {
+  if (group != nullptr && group->nccl) {
+    try {
+      group->nccl->abort();
+    } catch (...) {
+    }
+  }
+  delete group;
+}
 
 // Sum `tensor` over the ranks, in place.
 int keel_c10d_all_reduce_sum(Group* group, at::Tensor* tensor, char** error) {
@@ -86,7 +161,7 @@ int keel_c10d_all_reduce_sum(Group* group, at::Tensor* tensor, char** error) {
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
     options.timeout = group->timeout;
-    finish(group->timeout, group->backend->allreduce(tensors, options));
+    finish(group->timeout, group->on(*tensor).allreduce(tensors, options));
   });
 }
 
@@ -101,7 +176,7 @@ int keel_c10d_broadcast(Group* group, at::Tensor* tensor, int root, int64_t time
     options.rootTensor = 0;
     options.timeout =
         timeout_ms > 0 ? std::chrono::milliseconds(timeout_ms) : group->timeout;
-    finish(options.timeout, group->backend->broadcast(tensors, options));
+    finish(options.timeout, group->on(*tensor).broadcast(tensors, options));
   });
 }
 
@@ -116,7 +191,7 @@ int keel_c10d_all_gather(Group* group, at::Tensor* input, at::Tensor** outputs, 
     }
     c10d::AllgatherOptions options;
     options.timeout = group->timeout;
-    finish(group->timeout, group->backend->allgather(gathered, inputs, options));
+    finish(group->timeout, group->on(*input).allgather(gathered, inputs, options));
   });
 }
 

@@ -1,6 +1,7 @@
-//! Collectives between learner ranks: PyTorch's own c10d — `TCPStore` for the rendezvous and
-//! `ProcessGroupGloo` for CPU collectives — reached through the C shim in `csrc/` (see
-//! `csrc/README.md` for why a shim: tch binds no c10d, and c10d is C++).
+//! Collectives between learner ranks: PyTorch's own c10d — `TCPStore` for the rendezvous,
+//! `ProcessGroupGloo` for CPU collectives and `ProcessGroupNCCL` for GPU ones — reached through
+//! the C shim in `csrc/` (see `csrc/README.md` for why a shim: tch binds no c10d, and c10d is
+//! C++).
 //!
 //! Invariants:
 //! - CG-1 (no hang): every call either completes on every rank or fails on each rank within the
@@ -9,8 +10,12 @@
 //! - CG-2 (one job per group): [`RankGroup::join`] publishes this rank's identity (the config
 //!   hash and model, as the caller renders them) and refuses to start when any rank's differs
 //!   from rank 0's, naming that rank and both identities.
-//! - CG-3: tensors handed to a collective are contiguous CPU tensors of the same shape and kind
-//!   on every rank; the group is used by one thread at a time (`&mut self`).
+//! - CG-3: tensors handed to a collective are contiguous and of the same shape and kind on every
+//!   rank; the group is used by one thread at a time (`&mut self`).
+//! - CG-4 (two backends): a group always has Gloo; joined with a CUDA device it also has NCCL
+//!   on that device. A collective runs on its tensor's device's backend: CPU tensors (commands,
+//!   flags, statistics, checkpoint shards) over Gloo, CUDA tensors (gradients, weights) over
+//!   NCCL; a tensor on another device is refused.
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::ptr::NonNull;
@@ -28,12 +33,14 @@ type TensorHandle = *mut torch_sys::C_tensor;
 
 extern "C" {
     fn keel_c10d_free_message(message: *mut c_char);
-    fn keel_c10d_gloo_new(
+    fn keel_c10d_has_nccl() -> c_int;
+    fn keel_c10d_group_new(
         host: *const c_char,
         port: u16,
         rank: c_int,
         world: c_int,
         timeout_ms: i64,
+        cuda_device: c_int,
         out: *mut *mut RawGroup,
         error: *mut *mut c_char,
     ) -> c_int;
@@ -131,14 +138,23 @@ pub struct Rendezvous {
     pub world: usize,
     /// The rendezvous and collective timeout (CG-1).
     pub timeout: Duration,
+    /// The CUDA device this rank's NCCL runs on; None: Gloo alone (CG-4).
+    pub cuda_device: Option<usize>,
 }
 
-/// One rank's membership of a Gloo process group.
+/// Whether this build's shim has NCCL (learner/build.rs found a CUDA libtorch and its headers).
+pub fn nccl_compiled() -> bool {
+    // SAFETY: a constant query without arguments.
+    unsafe { keel_c10d_has_nccl() != 0 }
+}
+
+/// One rank's membership of a c10d process group (Gloo, and NCCL on a CUDA device, CG-4).
 pub struct RankGroup {
     raw: NonNull<RawGroup>,
     rank: usize,
     world: usize,
     timeout: Duration,
+    cuda_device: Option<usize>,
 }
 
 // SAFETY: the shim's group is a heap object with no thread affinity; `&mut self` on every call
@@ -159,20 +175,10 @@ fn take_message(message: *mut c_char) -> String {
     text
 }
 
-fn cpu_contiguous(t: &Tensor, what: &str) -> Result<(), CollectiveError> {
-    if t.device() != Device::Cpu || !t.is_contiguous() {
-        return Err(CollectiveError::Invalid(format!(
-            "{what} must be a contiguous CPU tensor (Gloo), got {:?} contiguous={}",
-            t.device(),
-            t.is_contiguous()
-        )));
-    }
-    Ok(())
-}
-
 impl RankGroup {
-    /// Meets the other ranks (rank 0 serves the store at `host:port`), builds the Gloo group and
-    /// checks every rank's `identity` against rank 0's (CG-2).
+    /// Meets the other ranks (rank 0 serves the store at `host:port`), builds the Gloo group (and
+    /// NCCL on `at.cuda_device`, CG-4) and checks every rank's `identity` against rank 0's
+    /// (CG-2).
     pub fn join(at: &Rendezvous, identity: &str) -> Result<Self, CollectiveError> {
         if at.world == 0 || at.rank >= at.world {
             return Err(CollectiveError::Invalid(format!(
@@ -186,12 +192,13 @@ impl RankGroup {
         let mut error = std::ptr::null_mut();
         // SAFETY: valid pointers; the shim writes `raw` on success and `error` on failure.
         let rc = unsafe {
-            keel_c10d_gloo_new(
+            keel_c10d_group_new(
                 host.as_ptr(),
                 at.port,
                 at.rank as c_int,
                 at.world as c_int,
                 at.timeout.as_millis() as i64,
+                at.cuda_device.map_or(-1, |d| d as c_int),
                 &mut raw,
                 &mut error,
             )
@@ -212,6 +219,7 @@ impl RankGroup {
             rank: at.rank,
             world: at.world,
             timeout: at.timeout,
+            cuda_device: at.cuda_device,
         };
         group.check_identity(identity)?;
         Ok(group)
@@ -225,6 +233,27 @@ impl RankGroup {
     /// The number of ranks.
     pub fn world(&self) -> usize {
         self.world
+    }
+
+    /// CG-3, CG-4: `t` is contiguous and on a device this group has a backend for.
+    fn check_tensor(&self, t: &Tensor, what: &str) -> Result<(), CollectiveError> {
+        let served = match t.device() {
+            Device::Cpu => true,
+            Device::Cuda(d) => self.cuda_device == Some(d),
+            _ => false,
+        };
+        if !served || !t.is_contiguous() {
+            let nccl = match self.cuda_device {
+                Some(d) => format!("CPU (Gloo) or cuda:{d} (NCCL)"),
+                None => "CPU (Gloo; the group has no NCCL)".to_string(),
+            };
+            return Err(CollectiveError::Invalid(format!(
+                "{what} must be a contiguous tensor on {nccl}, got {:?} contiguous={}",
+                t.device(),
+                t.is_contiguous()
+            )));
+        }
+        Ok(())
     }
 
     fn failed(
@@ -306,7 +335,7 @@ impl RankGroup {
 
     /// Sums `tensor` over the ranks, in place.
     pub fn all_reduce_sum(&mut self, tensor: &mut Tensor) -> Result<(), CollectiveError> {
-        cpu_contiguous(tensor, "all_reduce's tensor")?;
+        self.check_tensor(tensor, "all_reduce's tensor")?;
         let mut error = std::ptr::null_mut();
         // SAFETY: the group is live and the tensor handle valid for the call.
         let rc =
@@ -328,7 +357,7 @@ impl RankGroup {
         root: usize,
         timeout: Duration,
     ) -> Result<(), CollectiveError> {
-        cpu_contiguous(tensor, "broadcast's tensor")?;
+        self.check_tensor(tensor, "broadcast's tensor")?;
         if root >= self.world {
             return Err(CollectiveError::Invalid(format!(
                 "broadcast root {root} is outside a world of {}",
@@ -351,7 +380,7 @@ impl RankGroup {
 
     /// Every rank's `input`, in rank order (each shaped and typed as `input`).
     pub fn all_gather(&mut self, input: &Tensor) -> Result<Vec<Tensor>, CollectiveError> {
-        cpu_contiguous(input, "all_gather's tensor")?;
+        self.check_tensor(input, "all_gather's tensor")?;
         let mut input = input.shallow_clone();
         let mut outputs: Vec<Tensor> = (0..self.world).map(|_| input.empty_like()).collect();
         let mut handles: Vec<TensorHandle> = outputs.iter_mut().map(|t| t.as_mut_ptr()).collect();
@@ -381,7 +410,7 @@ impl RankGroup {
 
 impl Drop for RankGroup {
     fn drop(&mut self) {
-        // SAFETY: created by keel_c10d_gloo_new, freed once.
+        // SAFETY: created by keel_c10d_group_new, freed once.
         unsafe { keel_c10d_free(self.raw.as_ptr()) };
     }
 }
@@ -414,6 +443,7 @@ pub(crate) mod test_support {
             rank,
             world,
             timeout: std::time::Duration::from_secs(timeout_s),
+            cuda_device: None,
         }
     }
 }

@@ -137,3 +137,39 @@ fn cl1_a_hung_peer_fails_the_collective_at_the_timeout() {
     release.send(()).expect("release");
     hung.join().expect("hung rank thread");
 }
+
+/// CG-4: this build has NCCL (scripts/setup.sh installs the headers learner/build.rs needs), and
+/// a rank joined with a CUDA device builds libtorch's ProcessGroupNCCL on it: with a GPU, a
+/// one-rank group sums a CUDA tensor over NCCL and a CPU one over Gloo; without a GPU the join
+/// fails with c10d's reason, naming the rendezvous, instead of crashing.
+#[test]
+fn cg4_a_cuda_rank_gets_nccl_and_without_a_gpu_a_reason() {
+    assert!(
+        nccl_compiled(),
+        "keel-learner was built without NCCL (see the build's warning)"
+    );
+    let mut at = rendezvous(free_port(), 0, 1, 20);
+    at.cuda_device = Some(0);
+    let joined = RankGroup::join(&at, "job");
+    if tch::Cuda::is_available() {
+        let mut group = joined.expect("an NCCL group on cuda:0");
+        let mut gpu = Tensor::ones([4], (Kind::Float, tch::Device::Cuda(0)));
+        group.all_reduce_sum(&mut gpu).expect("NCCL all_reduce");
+        let mut cpu = Tensor::ones([4], (Kind::Float, tch::Device::Cpu));
+        group.all_reduce_sum(&mut cpu).expect("Gloo all_reduce");
+        assert_eq!(
+            Vec::<f32>::try_from(&gpu.to_device(tch::Device::Cpu)).expect("f32"),
+            vec![1.0; 4]
+        );
+        return;
+    }
+    let err = match joined {
+        Ok(_) => panic!("an NCCL group joined on a machine without a GPU"),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("{err}");
+    assert!(
+        err.contains("rendezvous at 127.0.0.1") && err.to_lowercase().contains("gpu"),
+        "{err}"
+    );
+}

@@ -103,7 +103,6 @@ pub type SharedGroup = Arc<Mutex<RankGroup>>;
 /// One learner rank's part in a data-parallel group.
 pub struct DataParallel {
     group: SharedGroup,
-    owners: Vec<usize>,
     rank: usize,
     ranks: usize,
     /// Seconds spent in the gradient reduce and the weight broadcast, packing included.
@@ -115,29 +114,29 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
-    /// Joins `opt` to `group`: assigns owners and frees the state this rank does not own;
-    /// gradients will travel as `reduce`.
-    pub fn new(
-        group: SharedGroup,
-        opt: &mut AdamW,
-        reduce: ReduceDtype,
-    ) -> Result<Self, LearnerError> {
+    /// This process's part in `group`; gradients will travel as `reduce`. Every optimizer the
+    /// ranks train is then [`Self::shard`]ed.
+    pub fn new(group: SharedGroup, reduce: ReduceDtype) -> Result<Self, LearnerError> {
         let (rank, ranks) = {
             let g = lock(&group)?;
             (g.rank(), g.world())
         };
-        let sizes: Vec<i64> = opt.parameters().map(|(_, p, _)| p.numel() as i64).collect();
-        let owners = owners(&sizes, ranks);
-        opt.shard(|i, _| owners[i] == rank, (rank, ranks));
         Ok(DataParallel {
             group,
-            owners,
             rank,
             ranks,
             collective_seconds: 0.0,
             reduce,
             reduced_bytes: 0,
         })
+    }
+
+    /// Assigns `opt`'s parameters to owners (DDP-2) and frees the state this rank does not own
+    /// (OP-7). The owners depend on the parameter sizes and the number of ranks only, so every
+    /// rank computes the same map.
+    pub fn shard(&self, opt: &mut AdamW) {
+        let sizes: Vec<i64> = opt.parameters().map(|(_, p, _)| p.numel() as i64).collect();
+        opt.shard(&owners(&sizes, self.ranks), (self.rank, self.ranks));
     }
 
     /// Bytes of gradient buckets this rank has all-reduced so far (DDP-6).
@@ -235,8 +234,8 @@ impl DataParallel {
         scatter_back(&sum, grads)
     }
 
-    /// Broadcasts every parameter from its owner after a step (DDP-2), one flat buffer per
-    /// owner.
+    /// Broadcasts every parameter of the sharded `opt` from its owner after a step (DDP-2), one
+    /// flat buffer per owner.
     pub fn broadcast_weights(&mut self, opt: &AdamW) -> Result<(), LearnerError> {
         let start = Instant::now();
         let result = self.broadcast_weights_untimed(opt);
@@ -245,17 +244,12 @@ impl DataParallel {
     }
 
     fn broadcast_weights_untimed(&mut self, opt: &AdamW) -> Result<(), LearnerError> {
-        let params: Vec<Tensor> = opt
-            .parameters()
-            .map(|(_, p, _)| p.shallow_clone())
-            .collect();
         let mut group = self.group()?;
         for owner in 0..self.ranks {
-            let mine: Vec<Tensor> = params
-                .iter()
-                .zip(&self.owners)
-                .filter(|(_, &o)| o == owner)
-                .map(|(p, _)| p.shallow_clone())
+            let mine: Vec<Tensor> = opt
+                .parameters()
+                .filter(|&(_, _, o)| o == owner)
+                .map(|(_, p, _)| p.shallow_clone())
                 .collect();
             if mine.is_empty() {
                 continue;

@@ -55,12 +55,14 @@
 //! - LR-8 (masks): no gradient reaches a position whose loss mask is 0 — observation tokens
 //!   and padding — whatever the preset.
 //! - LR-9 (ranks): after `join_ranks` every call that updates or checkpoints is a collective:
-//!   every rank makes the same calls with the same batches in the same order. An actor update
-//!   trains this rank's token-balanced share of each mini-batch (DDP-1); SFT, value-only critic
-//!   steps and targets run whole on every rank; the optimizer is sharded (OP-7) and
-//!   `state_files` holds this run's shards of all ranks, so a checkpoint resumes on any number.
+//!   every rank makes the same calls with the same batches in the same order. An actor update,
+//!   an SFT step and a value-only critic step train this rank's token-balanced share of the
+//!   rows (DDP-1); targets run whole on every rank; the policy's optimizer and a separate
+//!   critic's are sharded (OP-7) and `state_files` holds the shards of all ranks (OF-1), so a
+//!   checkpoint resumes on any number (OF-2).
 
 mod actor_loss;
+pub(crate) mod optimizer_files;
 
 use std::time::Instant;
 
@@ -90,7 +92,8 @@ use crate::model::{scale_logits, LoraBase, ModelSpec};
 use crate::optimizer::{AdamW, AdamWConfig};
 use crate::step_metrics::StepMetrics;
 use crate::targets::{align_values, compute, Targets};
-use crate::value_model::{ValueModel, CRITIC_FILE, CRITIC_OPTIMIZER_FILE};
+use crate::value_model::{ValueModel, CRITIC_FILE};
+use optimizer_files::{CRITIC, POLICY};
 
 /// The counters and configs stored in `learner.json`.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -123,7 +126,6 @@ struct LearnerState {
 
 const STATE_FORMAT: &str = "keel.learner.v2";
 const REFERENCE_FILE: &str = "reference.safetensors";
-const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Policy + optimizer + counters (+ the reference policy and KL controller when the preset
 /// needs them).
@@ -279,11 +281,12 @@ impl Learner {
     /// Makes this learner one of `group.world()` data-parallel ranks (LR-9): from now on every
     /// rank must make the same calls with the same batches, in the same order.
     pub fn join_ranks(&mut self, group: SharedGroup) -> Result<(), LearnerError> {
-        self.ranks = Some(DataParallel::new(
-            group,
-            &mut self.opt,
-            self.cfg.reduce_dtype,
-        )?);
+        let dp = DataParallel::new(group, self.cfg.reduce_dtype)?;
+        dp.shard(&mut self.opt);
+        if let Some(critic) = self.critic.as_mut() {
+            dp.shard(&mut critic.opt);
+        }
+        self.ranks = Some(dp);
         Ok(())
     }
 
@@ -310,9 +313,10 @@ impl Learner {
         self.ranks.as_ref().map_or(0, DataParallel::reduced_bytes)
     }
 
-    /// Bytes of the optimizer state this learner holds (its shard with ranks, OP-7).
+    /// Bytes of the optimizer state this learner holds: the policy's and a separate critic's,
+    /// once it exists (their shards with ranks, OP-7).
     pub fn optimizer_state_bytes(&self) -> usize {
-        self.opt.state_bytes()
+        self.opt.state_bytes() + self.critic.as_ref().map_or(0, |c| c.opt.state_bytes())
     }
 
     /// This learner's (rank, ranks); (0, 1) alone.
@@ -353,8 +357,17 @@ impl Learner {
                 ),
             ));
         }
-        self.critic = Some(ValueModel::new(model, &self.model, self.critic_adamw())?);
+        let critic = ValueModel::new(model, &self.model, self.critic_adamw())?;
+        self.critic = Some(self.on_ranks(critic));
         Ok(())
+    }
+
+    /// `critic` with its optimizer sharded over this learner's ranks (DDP-2), unchanged alone.
+    fn on_ranks(&self, mut critic: ValueModel) -> ValueModel {
+        if let Some(dp) = &self.ranks {
+            dp.shard(&mut critic.opt);
+        }
+        critic
     }
 
     /// The separate critic's model, once it exists (CR-1).
@@ -570,7 +583,8 @@ impl Learner {
             });
         }
         if self.separate_critic() && self.critic.is_none() {
-            self.critic = Some(ValueModel::from_policy(&self.model, self.critic_adamw())?);
+            let critic = ValueModel::from_policy(&self.model, self.critic_adamw())?;
+            self.critic = Some(self.on_ranks(critic));
         }
         let beta = self.kl_ctl.map(|c| c.beta()).unwrap_or(0.0);
         let tg = compute(
@@ -638,8 +652,9 @@ impl Learner {
     /// Value-only optimizer steps on the critic's trainable groups (critic schedule): on the
     /// separate critic with its own optimizer, or on the policy's value head. With ranks each
     /// rank trains its share of the rows under the whole mini-batch's denominators and the
-    /// critic's gradients are summed (DDP-1); the separate critic's optimizer is whole on every
-    /// rank, the policy's (a shared head) sharded.
+    /// critic's gradients are summed (DDP-1); the value model's optimizer (a separate critic's,
+    /// or the policy's for a shared head) is sharded, and each parameter is broadcast from its
+    /// owner after each step (DDP-2).
     fn critic_steps(
         &mut self,
         c: &CriticSchedule,
@@ -687,8 +702,9 @@ impl Learner {
                 });
             }
             opt.step_where(|name| c.is_trainable(name));
-            if let (None, Some(dp)) = (&self.critic, self.ranks.as_mut()) {
-                dp.broadcast_weights(&self.opt)?; // DDP-2: the policy's own optimizer is sharded
+            if let Some(dp) = self.ranks.as_mut() {
+                let opt = self.critic.as_ref().map_or(&self.opt, |vm| &vm.opt);
+                dp.broadcast_weights(opt)?; // DDP-2: each parameter from its owner
             }
             self.step += 1;
             m = self.across_ranks(part)?;
@@ -1099,7 +1115,11 @@ impl Learner {
             "model.safetensors".to_string(),
             self.model.to_safetensors()?,
         )];
-        files.extend(self.optimizer_files()?);
+        files.extend(optimizer_files::write(
+            optimizer_files::POLICY,
+            &self.opt,
+            self.ranks.as_mut(),
+        )?);
         files.push((
             "learner.json".to_string(),
             serde_json::to_vec_pretty(&state)?,
@@ -1108,25 +1128,14 @@ impl Learner {
             files.push((REFERENCE_FILE.to_string(), r.to_safetensors()?));
         }
         if let Some(c) = &self.critic {
-            files.extend(c.state_files()?);
+            files.push((CRITIC_FILE.to_string(), c.model.to_safetensors()?));
+            files.extend(optimizer_files::write(
+                optimizer_files::CRITIC,
+                &c.opt,
+                self.ranks.as_mut(),
+            )?);
         }
         Ok(files)
-    }
-
-    /// The optimizer's state files: one, or with ranks one shard per rank, gathered on rank 0
-    /// only (DDP-5; the other ranks' files hold no optimizer state).
-    fn optimizer_files(&mut self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
-        let mine = self.opt.to_safetensors()?;
-        let Some(dp) = self.ranks.as_mut() else {
-            return Ok(vec![(OPTIMIZER_FILE.to_string(), mine)]);
-        };
-        let n = dp.ranks();
-        Ok(dp
-            .gather_to_root(&mine)?
-            .into_iter()
-            .enumerate()
-            .map(|(r, bytes)| (format!("optimizer.rank-{r}-of-{n}.safetensors"), bytes))
-            .collect())
     }
 
     /// The checkpoint's separate critic (VM-3), when it has one and the running preset trains
@@ -1139,15 +1148,23 @@ impl Learner {
         let Some(recorded) = state.critic.as_ref().filter(|_| self.separate_critic()) else {
             return Ok(None);
         };
-        let get = |name: &str| state_file(files, name);
         let like = self.critic_model().unwrap_or(&self.model);
+        let ranks = self.ranks.as_ref();
+        let optimizer = |opt: &mut AdamW| {
+            if let Some(dp) = ranks {
+                dp.shard(opt);
+            }
+            let (state, steps) = optimizer_files::read(CRITIC, opt, ranks.is_some(), files)?;
+            opt.commit_state(&state, steps)
+        };
+        let weights = state_file(files, CRITIC_FILE)?;
         ValueModel::restored(
             like,
             &self.model,
             recorded,
-            get(CRITIC_FILE)?,
-            get(CRITIC_OPTIMIZER_FILE)?,
+            weights,
             self.critic_adamw(),
+            optimizer,
         )
         .map(Some)
     }
@@ -1216,35 +1233,13 @@ impl Learner {
         Ok(())
     }
 
-    /// The checkpoint's optimizer state for this rank: from `optimizer.safetensors`, or from the
-    /// shards of a run with any number of ranks (OP-7: resharding is picking by name).
+    /// The checkpoint's optimizer state for this rank (OF-2).
     fn decode_optimizer(
         &self,
         files: &[(String, Vec<u8>)],
     ) -> Result<(Vec<Tensor>, u64), LearnerError> {
-        if self.ranks.is_none() {
-            if let Ok(bytes) = state_file(files, OPTIMIZER_FILE) {
-                return self.opt.decode_state(bytes);
-            }
-        }
-        let parts: Vec<&[u8]> = files
-            .iter()
-            .filter(|(n, _)| n == OPTIMIZER_FILE || is_optimizer_shard(n))
-            .map(|(_, b)| b.as_slice())
-            .collect();
-        if parts.is_empty() {
-            return Err(LearnerError::mismatch(
-                OPTIMIZER_FILE,
-                "missing from the checkpoint, and so are optimizer.rank-R-of-N shards",
-            ));
-        }
-        self.opt.decode_shards(&parts)
+        optimizer_files::read(POLICY, &self.opt, self.ranks.is_some(), files)
     }
-}
-
-/// Whether `name` is one rank's optimizer state file (`optimizer.rank-R-of-N.safetensors`).
-pub fn is_optimizer_shard(name: &str) -> bool {
-    name.starts_with("optimizer.rank-") && name.ends_with(".safetensors")
 }
 
 /// A model identity (`ModelSpec::identity`) in a few words: architecture, depth, width, vocab,

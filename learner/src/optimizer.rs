@@ -87,6 +87,8 @@ struct ParamState {
     decay: bool,
     /// This rank keeps and steps this parameter's state (OP-7; always true without ranks).
     owned: bool,
+    /// The rank that owns this parameter's state (OP-7; 0 without ranks).
+    owner: usize,
 }
 
 impl ParamState {
@@ -148,6 +150,7 @@ impl AdamW {
                         name,
                         param,
                         owned: true,
+                        owner: 0,
                     }
                 })
                 .collect()
@@ -265,18 +268,20 @@ impl AdamW {
         });
     }
 
-    /// The parameters in state order (OP-3) with whether this rank owns them (OP-7).
-    pub(crate) fn parameters(&self) -> impl Iterator<Item = (&str, &Tensor, bool)> {
+    /// The parameters in state order (OP-3) with the rank that owns each (OP-7; 0 unsharded).
+    pub(crate) fn parameters(&self) -> impl Iterator<Item = (&str, &Tensor, usize)> {
         self.params
             .iter()
-            .map(|p| (p.name.as_str(), &p.param, p.owned))
+            .map(|p| (p.name.as_str(), &p.param, p.owner))
     }
 
-    /// Keeps the state of the parameters `owns` selects (by index in state order and name) and
-    /// frees the rest (OP-7). `place` = (rank, ranks), recorded in the state file's metadata.
-    pub(crate) fn shard(&mut self, owns: impl Fn(usize, &str) -> bool, place: (usize, usize)) {
-        for (i, p) in self.params.iter_mut().enumerate() {
-            p.owned = owns(i, &p.name);
+    /// Gives parameter `i` (state order) to rank `owners[i]`, keeps the state of those rank
+    /// `place.0` owns and frees the rest (OP-7). `place` = (rank, ranks), recorded in the state
+    /// file's metadata.
+    pub(crate) fn shard(&mut self, owners: &[usize], place: (usize, usize)) {
+        for (p, &owner) in self.params.iter_mut().zip(owners) {
+            p.owner = owner;
+            p.owned = owner == place.0;
             if !p.owned {
                 let empty = Tensor::zeros([0], (tch::Kind::Float, tch::Device::Cpu));
                 p.exp_avg = empty.shallow_clone();

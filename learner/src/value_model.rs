@@ -8,9 +8,10 @@
 //!   policy by name and starts `score` at zero (HM-3), so at creation it predicts 0 everywhere.
 //! - VM-2 (vocabulary): a critic reads the policy's token ids, so its `vocab_size` is at least
 //!   the policy's; a critic without a value head, or with an LM head, is refused.
-//! - VM-3 (state): [`ValueModel::state_files`] writes `critic.safetensors` (HF names, F32) and
-//!   `critic_optimizer.safetensors`; [`ValueModel::restored`] builds a new critic from them and
-//!   checks everything before returning, so a failed restore changes nothing.
+//! - VM-3 (state): a checkpoint holds the critic's weights as `critic.safetensors` (HF names,
+//!   F32) and its optimizer as `critic_optimizer` files (one, or one shard per learner rank,
+//!   OF-1); [`ValueModel::restored`] builds a new critic from them and checks everything before
+//!   returning, so a failed restore changes nothing.
 
 use serde_json::Value;
 use tch::Tensor;
@@ -22,8 +23,6 @@ use crate::optimizer::{AdamW, AdamWConfig};
 
 /// The critic's weights in a learner checkpoint.
 pub(crate) const CRITIC_FILE: &str = "critic.safetensors";
-/// The critic's AdamW state in a learner checkpoint.
-pub(crate) const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
 /// A value model and its optimizer.
 pub(crate) struct ValueModel {
@@ -88,27 +87,17 @@ impl ValueModel {
         ModelSpec::identity(&self.model)
     }
 
-    /// Weights and optimizer state (VM-3).
-    pub(crate) fn state_files(&self) -> Result<Vec<(String, Vec<u8>)>, LearnerError> {
-        Ok(vec![
-            (CRITIC_FILE.to_string(), self.model.to_safetensors()?),
-            (
-                CRITIC_OPTIMIZER_FILE.to_string(),
-                self.opt.to_safetensors()?,
-            ),
-        ])
-    }
-
     /// A critic of `like`'s architecture (the running critic's, or the policy's when none
-    /// exists yet) restored from `weights` and `optimizer`, whose identity must be `recorded`
-    /// (VM-3). Nothing outside the new value is touched.
+    /// exists yet) restored from `weights`, whose identity must be `recorded`, and whose new
+    /// optimizer `optimizer` shards and restores (VM-3). Nothing outside the new value is
+    /// touched.
     pub(crate) fn restored(
         like: &HfModel,
         policy: &HfModel,
         recorded: &Value,
         weights: &[u8],
-        optimizer: &[u8],
         opt: AdamWConfig,
+        optimizer: impl FnOnce(&mut AdamW) -> Result<(), LearnerError>,
     ) -> Result<Self, LearnerError> {
         let mut critic = Self::new(Self::blank_of(like)?, policy, opt)?;
         let running = critic.identity();
@@ -119,7 +108,7 @@ impl ValueModel {
             ));
         }
         critic.model.load_safetensors(weights)?;
-        critic.opt.load_safetensors(optimizer)?;
+        optimizer(&mut critic.opt)?;
         Ok(critic)
     }
 }

@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! keel-bench-learner-ranks [--ranks 1,2,4] [--hidden 512] [--layers 4] [--vocab 16384]
-//!   [--batch 16] [--seq 128] [--steps 3] [--threads 1] [--reduce f32|bf16]
+//!   [--batch 16] [--seq 128] [--steps 3] [--threads 1] [--reduce f32|bf16] [--device cpu|cuda]
+//!   [--join-alone 0|1]
 //! ```
 //! For each N, N child processes of this binary build the same random Llama-shaped model (f32,
-//! CPU, `--threads` torch threads each), join one group and run `--steps` GRPO updates on the
+//! `--threads` torch threads each; on CPU over Gloo, or with `--device cuda` rank R on GPU R over
+//! NCCL, CG-4), join one group and run `--steps` GRPO updates on the
 //! same global batch (random tokens, groups of 4 with rewards 0/1); each trains its
 //! token-balanced share of the rows (DDP-1), gradients are all-reduced in buckets and the
 //! sharded AdamW's owners broadcast the stepped weights (DDP-2, OP-7). The first update is a
@@ -15,7 +17,10 @@
 //! per N, learner tokens/s (global loss tokens over the slowest rank's time), the scaling
 //! efficiency against N = 1 measured in the same run, the collectives' share of step time and
 //! memory per rank. `--reduce bf16` sums the gradients in bf16 (`learner.reduce_dtype`, DDP-6);
-//! the gradient MiB each rank all-reduced per step is printed with the rest.
+//! the gradient MiB each rank all-reduced per step is printed with the rest. Each N's weights are
+//! compared with N = 1's after the same updates (‖w_N − w_1‖/‖w_1‖ over all parameters, rank
+//! 0's written to a temporary file). `--join-alone 1` makes N = 1 join a one-rank group too (a smoke test of the
+//! group on a machine with one GPU; its collectives then count in the baseline).
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -33,18 +38,27 @@ use tch::{Device, Kind};
 mod bench_common;
 use bench_common::{flags, llama_config, num, peak_mib, Res};
 
+/// Rank `rank`'s device: the CPU, or with `--device cuda` GPU `rank`.
+fn device(f: &HashMap<String, String>, rank: usize) -> Res<Device> {
+    match f.get("device").map_or("cpu", String::as_str) {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(rank)),
+        other => Err(format!("--device {other}: expected cpu or cuda").into()),
+    }
+}
+
 /// The model every rank builds (same seed: the same weights on every rank).
-fn model(f: &HashMap<String, String>) -> Res<HfModel> {
+fn model(f: &HashMap<String, String>, device: Device) -> Res<HfModel> {
     let cfg = llama_config(f, 4)?;
     Ok(HfModel::random(
         cfg,
-        LoadOptions::policy(Device::Cpu, Kind::Float),
+        LoadOptions::policy(device, Kind::Float),
         1,
     )?)
 }
 
 /// The global batch: random prompts and responses, groups of 4 with rewards 0/1.
-fn batch(f: &HashMap<String, String>) -> Res<TrainBatch> {
+fn batch(f: &HashMap<String, String>, device: Device) -> Res<TrainBatch> {
     let (rows, seq, vocab) = (
         num(f, "batch", 16)?,
         num(f, "seq", 128)?,
@@ -60,7 +74,7 @@ fn batch(f: &HashMap<String, String>) -> Res<TrainBatch> {
             (toks, mask)
         })
         .collect();
-    let mut batch = TrainBatch::from_sequences(&seqs, Device::Cpu)?;
+    let mut batch = TrainBatch::from_sequences(&seqs, device)?;
     batch.group_ids = (0..rows as u64).map(|i| i / 4).collect();
     batch.task_ids = batch.group_ids.clone();
     batch.final_rewards = (0..rows).map(|i| (i % 2) as f32).collect();
@@ -82,15 +96,20 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
         ..LearnerConfig::for_preset(keel_learner::Preset::Grpo)
     };
     debug_assert_eq!(cfg.algo, Algo::Grpo);
-    let mut learner = Learner::new(model(f)?, cfg, 1)?;
-    let batch = batch(f)?;
-    if world > 1 {
+    let device = device(f, rank)?;
+    let mut learner = Learner::new(model(f, device)?, cfg, 1)?;
+    let batch = batch(f, device)?;
+    if world > 1 || num(f, "join-alone", 0)? == 1 {
         let at = Rendezvous {
             host: "127.0.0.1".into(),
             port: port as u16,
             rank,
             world,
             timeout: Duration::from_secs(300),
+            cuda_device: match device {
+                Device::Cuda(d) => Some(d),
+                _ => None,
+            },
         };
         let group = RankGroup::join(&at, "keel-bench-learner-ranks")?;
         learner.join_ranks(Arc::new(Mutex::new(group)))?;
@@ -103,8 +122,22 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
     for _ in 0..steps {
         learner.train_step(&batch)?;
     }
+    if let Device::Cuda(d) = device {
+        tch::Cuda::synchronize(d as i64);
+    }
     let seconds = start.elapsed().as_secs_f64();
     let peak = peak_mib()?;
+    if let (0, Some(path)) = (rank, f.get("weights-out")) {
+        let flat: Vec<tch::Tensor> = learner
+            .model()
+            .named_parameters()
+            .into_iter()
+            .map(|(_, t)| t.detach().to_device(Device::Cpu).flatten(0, -1))
+            .collect();
+        let weights = Vec::<f32>::try_from(&tch::Tensor::cat(&flat, 0))?;
+        let bytes: Vec<u8> = weights.iter().flat_map(|w| w.to_le_bytes()).collect();
+        std::fs::write(path, bytes)?;
+    }
     println!(
         "{}",
         serde_json::json!({
@@ -121,8 +154,23 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
     Ok(())
 }
 
+/// ‖a − b‖ / ‖b‖ (infinite when the lengths differ).
+fn relative_distance(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
 /// One measurement of `world` ranks: every child's report.
-fn measure(world: usize, passed: &[String]) -> Res<Vec<serde_json::Value>> {
+/// Rank 0 writes its final weights to `weights_file`.
+fn measure(
+    world: usize,
+    passed: &[String],
+    weights_file: &std::path::Path,
+) -> Res<Vec<serde_json::Value>> {
     let exe = std::env::current_exe()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -134,6 +182,8 @@ fn measure(world: usize, passed: &[String]) -> Res<Vec<serde_json::Value>> {
                 .args(passed)
                 .args(["--child", "1", "--rank", &rank.to_string()])
                 .args(["--world", &world.to_string(), "--port", &port])
+                .arg("--weights-out")
+                .arg(weights_file)
                 .stdout(Stdio::piped())
                 .spawn()
         })
@@ -167,10 +217,16 @@ fn main() -> Res<()> {
         .flatten()
         .cloned()
         .collect();
-    println!("ranks | learner tokens/s | scaling efficiency | collectives / step time | peak RSS per rank | optimizer state per rank | gradients reduced per step");
+    println!("ranks | learner tokens/s | scaling efficiency | collectives / step time | peak RSS per rank | optimizer state per rank | gradients reduced per step | weights vs 1 rank");
     let mut base = None;
+    let mut base_weights: Option<Vec<f32>> = None;
+    let weights_dir = std::env::temp_dir();
     for world in ranks {
-        let reports = measure(world, &passed)?;
+        let weights_file = weights_dir.join(format!(
+            "keel-bench-ranks-{}-{world}.f32",
+            std::process::id()
+        ));
+        let reports = measure(world, &passed, &weights_file)?;
         let field = |k: &'static str| {
             reports
                 .iter()
@@ -182,8 +238,15 @@ fn main() -> Res<()> {
         let tps = tokens / slowest.max(1e-9);
         let base_tps = *base.get_or_insert(tps / world as f64);
         let share = field("collective_seconds") / slowest.max(1e-9);
+        let weights: Vec<f32> = std::fs::read(&weights_file)?
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        std::fs::remove_file(&weights_file)?;
+        let one = base_weights.get_or_insert_with(|| weights.clone());
+        let off = relative_distance(&weights, one);
         println!(
-            "{world} | {tps:.0} | {:.2} | {:.1}% | {:.0} MiB | {:.1} MiB | {:.1} MiB",
+            "{world} | {tps:.0} | {:.2} | {:.1}% | {:.0} MiB | {:.1} MiB | {:.1} MiB | {off:.1e}",
             tps / (base_tps * world as f64),
             100.0 * share,
             field("peak_mib"),
