@@ -13,15 +13,20 @@ use keel_integration::{
 
 /// The tiny GRPO run with `ranks` learner ranks meeting on a free loopback port.
 fn ranked_run(ranks: usize, steps: u64) -> MethodRun {
+    ranked("grpo", ranks, steps)
+}
+
+/// The tiny run of `algo` with `ranks` learner ranks meeting on a free loopback port.
+fn ranked(algo: &'static str, ranks: usize, steps: u64) -> MethodRun {
     MethodRun {
         steps,
         checkpoint_every: steps,
-        learner: format!("ranks = {ranks}"),
+        learner: format!("ranks = {ranks}\n"),
         extra: format!(
             "[distributed]\nlearner_port = {}\ncollective_timeout_s = 120\n",
             free_port()
         ),
-        ..MethodRun::new("grpo")
+        ..MethodRun::new(algo)
     }
 }
 
@@ -159,6 +164,46 @@ fn dr_mas_agent_models_train_on_two_ranks_as_on_one() {
     {
         assert!(ends[0][k] != start[k], "{what}: RL moved no weight");
         assert_same_update(&ends[0][k], &ends[1][k], what);
+    }
+}
+
+/// SAO's separate critic on 2 ranks (OP-7, OF-1): its AdamW is sharded like the policy's, so
+/// the checkpoint holds one `critic_optimizer` shard per rank, each well under the one-rank
+/// file, and the policy and the critic both take the one-rank update.
+#[test]
+fn sao_shards_its_separate_critics_optimizer_on_two_ranks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |ranks: usize, steps: u64| {
+        let mut run = ranked("sao", ranks, steps);
+        run.learner.push_str("critic_warmup = 1\n");
+        run
+    };
+    let rt = test_rt();
+    let file = |name: &str, f: &str| head_file(&rt, &dir.path().join(name), f).1;
+    train(dir.path(), &run(1, 1), "base");
+    let base = dir.path().join("base");
+    for (ranks, name) in [(1, "one"), (2, "two")] {
+        let (step, _) = continued(dir.path(), &base, &run(ranks, 2), name);
+        assert_eq!(step, 2, "{name}");
+    }
+    for f in ["model.safetensors", "critic.safetensors"] {
+        assert!(
+            file("one", f) != file("base", f),
+            "SAO's step 2 moved no weight of {f}"
+        );
+        assert_same_update(&file("one", f), &file("two", f), f);
+    }
+    let whole = file("one", "critic_optimizer.safetensors").len();
+    for rank in 0..2 {
+        let shard = file(
+            "two",
+            &format!("critic_optimizer.rank-{rank}-of-2.safetensors"),
+        )
+        .len();
+        assert!(
+            4 * shard < 3 * whole,
+            "critic optimizer shard {rank}: {shard} bytes of one rank's {whole}"
+        );
     }
 }
 
