@@ -31,7 +31,7 @@ use crate::algo::drmas::drmas_advantages;
 use crate::algo::gae::{masked_whiten, try_gae};
 use crate::algo::gigpo::{gigpo_advantages, similarity_groups, StepRecord};
 use crate::algo::grpo::{episode_advantages, GRPO_EPS};
-use crate::algo::kl::kl_in_reward;
+use crate::algo::kl::{kl_in_reward, KlEstimator};
 use crate::algo::presets::{AdvantageKind, PresetConfig, RatioBase};
 use crate::algo::rollout_correction::{correct, mismatch, CorrectionStats};
 use crate::algo::rtpo::{branch_turn_mask, sibling_advantages};
@@ -226,114 +226,16 @@ pub(crate) fn compute(
         Some(r) => Some(frozen_logp(r, &tokens, temperature)?.f_mul(&mask)?),
         None => None,
     };
-    let (is_weights, correction) = match (p.ratio_base, &p.rollout_correction) {
-        (RatioBase::Behaviour, _) => (None, None),
-        (RatioBase::Recompute, None) => {
-            let stats = CorrectionStats {
-                mismatch: mismatch(&old_logp, &behaviour_logp, &mask),
-                ..CorrectionStats::default()
-            };
-            (None, Some(stats))
-        }
-        (RatioBase::Recompute, Some(cfg)) => {
-            let c = correct(&old_logp, &behaviour_logp, &mask, cfg);
-            mask = c.mask;
-            (c.weights, Some(c.stats))
-        }
-    };
+    let (is_weights, correction) = rollout_correction(p, &old_logp, &behaviour_logp, &mut mask);
     if let Some(agents) = agent_filter {
         mask = agent_turn_mask(batch, agents, &mask)?;
     }
-    let sc = scores(batch, p);
-    let mut critic = None;
-    let mut kl_reward_mean = None;
-    let mut advantages = match p.advantage {
-        AdvantageKind::Grpo => broadcast(
-            &episode_advantages(
-                &sc,
-                &batch.group_ids,
-                &batch.episodes,
-                p.normalize_std,
-                GRPO_EPS,
-            ),
-            &mask,
-        )?,
-        AdvantageKind::DrMas => {
-            // Layout P records: one per agent turn, score = R − penalty of that turn.
-            let (mut scores, mut uids, mut agents) = (Vec::new(), Vec::new(), Vec::new());
-            for i in 0..batch.len() {
-                for t in &batch.turns[i] {
-                    scores.push(
-                        f64::from(batch.final_rewards[i])
-                            + invalid_action_penalty(t.invalid, p.invalid_action_penalty),
-                    );
-                    uids.push(batch.group_ids[i]);
-                    agents.push(t.agent);
-                }
-            }
-            let adv = drmas_advantages(&scores, &uids, &agents, p.normalize_std, GRPO_EPS);
-            per_turn(batch, &adv, &mask)?
-        }
-        AdvantageKind::Rtpo => {
-            let spans: Vec<Option<(usize, usize)>> = batch
-                .turns
-                .iter()
-                .zip(&batch.trained_turns)
-                .map(|(s, k)| s.get(k.unwrap_or(0)).map(|t| (t.start, t.end)))
-                .collect();
-            mask = branch_turn_mask(&mask, &spans);
-            broadcast(&sibling_advantages(&sc, &batch.group_ids, GRPO_EPS), &mask)?
-        }
-        AdvantageKind::Gigpo {
-            omega,
-            step_gamma,
-            norm,
-            similarity,
-        } => {
-            let recs = gigpo_records(batch, p, similarity)?;
-            per_turn(
-                batch,
-                &gigpo_advantages(&recs, step_gamma, omega, norm, GRPO_EPS),
-                &mask,
-            )?
-        }
-        AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
-            let critic_model = value_model.ok_or_else(|| {
-                LearnerError::config("model.value_head", "must be true for a critic preset")
-            })?;
-            let values = tch::no_grad(|| critic_model.forward_values(&tokens))?;
-            let values = align_values(&values.f_detach()?)?;
-            let t = mask.size()[1];
-            let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;
-            let last = mask.f_mul(&positions)?.f_argmax(1, true)?;
-            let b = batch.len() as i64;
-            let r = Tensor::f_from_slice(&sc)?
-                .f_to_kind(Kind::Float)?
-                .f_to_device(dev)?
-                .f_reshape([b, 1])?;
-            let mut rewards = mask.f_zeros_like()?.f_scatter(1, &last, &r)?.f_mul(&mask)?;
-            if let (Some(k), Some(rl)) = (p.kl_reward, ref_logp.as_ref()) {
-                let (shaped, kl) =
-                    kl_in_reward(&rewards, &old_logp, rl, &mask, kl_beta, k.estimator);
-                rewards = shaped;
-                kl_reward_mean = Some(kl);
-            }
-            let (adv, returns) = match p.advantage {
-                AdvantageKind::SaoGae { alpha } => {
-                    let lams: Vec<f64> = response_spans(&mask)
-                        .into_iter()
-                        .map(|l| length_adaptive_lambda(l, alpha))
-                        .collect();
-                    let (adv, _) = try_gae(&rewards, &values, &mask, p.gamma, &lams)?;
-                    let (_, returns) = try_gae(&rewards, &values, &mask, p.gamma, &[1.0])?;
-                    (adv, returns)
-                }
-                _ => try_gae(&rewards, &values, &mask, p.gamma, &[p.lam])?,
-            };
-            critic = Some((values, returns));
-            adv
-        }
+    let kl = match (p.kl_reward, ref_logp.as_ref()) {
+        (Some(k), Some(rl)) => Some((k.estimator, &old_logp, rl, kl_beta)),
+        _ => None,
     };
+    let (mut advantages, critic) =
+        preset_advantages(batch, p, value_model, &tokens, &mut mask, kl)?;
     if p.whiten {
         advantages = masked_whiten(&advantages, &mask);
     }
@@ -348,22 +250,194 @@ pub(crate) fn compute(
         correction,
         turn_ids: batch.turn_ids.f_to_device(dev)?,
         max_turns: batch.max_turns,
-        anchor_rows: Tensor::f_from_slice(
-            &batch
-                .anchors
-                .iter()
-                .map(|&a| f32::from(u8::from(a)))
-                .collect::<Vec<_>>(),
-        )?
-        .f_to_device(dev)?,
-        policy_share: if batch.anchors.is_empty() {
-            1.0
-        } else {
-            batch.anchors.iter().filter(|&&a| !a).count() as f64 / batch.anchors.len() as f64
-        },
-        critic,
+        anchor_rows: anchor_rows(batch, dev)?,
+        policy_share: policy_share(batch),
+        kl_reward_mean: critic.as_ref().and_then(|c| c.kl_reward_mean),
+        critic: critic.map(|c| (c.values, c.returns)),
+    })
+}
+
+/// The preset's advantages over `mask`'s tokens, and a critic preset's values and returns
+/// (GAE, with the KL-in-reward term `kl` when on); RTPO keeps only each row's trained turn in
+/// `mask`.
+fn preset_advantages(
+    batch: &TrainBatch,
+    p: &PresetConfig,
+    value_model: Option<&HfModel>,
+    tokens: &Tensor,
+    mask: &mut Tensor,
+    kl: Option<(KlEstimator, &Tensor, &Tensor, f64)>,
+) -> Result<(Tensor, Option<CriticTargets>), LearnerError> {
+    let sc = scores(batch, p);
+    let advantages = match p.advantage {
+        AdvantageKind::Grpo => {
+            let adv = episode_advantages(
+                &sc,
+                &batch.group_ids,
+                &batch.episodes,
+                p.normalize_std,
+                GRPO_EPS,
+            );
+            broadcast(&adv, mask)?
+        }
+        AdvantageKind::DrMas => drmas_turn_advantages(batch, p, mask)?,
+        AdvantageKind::Rtpo => {
+            *mask = branch_turn_mask(mask, &trained_turn_spans(batch));
+            broadcast(&sibling_advantages(&sc, &batch.group_ids, GRPO_EPS), mask)?
+        }
+        AdvantageKind::Gigpo {
+            omega,
+            step_gamma,
+            norm,
+            similarity,
+        } => {
+            let recs = gigpo_records(batch, p, similarity)?;
+            let adv = gigpo_advantages(&recs, step_gamma, omega, norm, GRPO_EPS);
+            per_turn(batch, &adv, mask)?
+        }
+        AdvantageKind::Gae | AdvantageKind::SaoGae { .. } => {
+            let critic_model = value_model.ok_or_else(|| {
+                LearnerError::config("model.value_head", "must be true for a critic preset")
+            })?;
+            let gae = critic_advantages(critic_model, tokens, mask, &sc, p, kl)?;
+            return Ok((gae.advantages.shallow_clone(), Some(gae)));
+        }
+    };
+    Ok((advantages, None))
+}
+
+/// With a recomputed π_old: the rollout correction's IS weights and statistics (which may drop
+/// tokens from `mask`), or the engine/trainer mismatch alone without a correction; nothing with
+/// the behaviour policy as π_old.
+fn rollout_correction(
+    p: &PresetConfig,
+    old_logp: &Tensor,
+    behaviour_logp: &Tensor,
+    mask: &mut Tensor,
+) -> (Option<Tensor>, Option<CorrectionStats>) {
+    match (p.ratio_base, &p.rollout_correction) {
+        (RatioBase::Behaviour, _) => (None, None),
+        (RatioBase::Recompute, None) => {
+            let stats = CorrectionStats {
+                mismatch: mismatch(old_logp, behaviour_logp, mask),
+                ..CorrectionStats::default()
+            };
+            (None, Some(stats))
+        }
+        (RatioBase::Recompute, Some(cfg)) => {
+            let c = correct(old_logp, behaviour_logp, mask, cfg);
+            *mask = c.mask;
+            (c.weights, Some(c.stats))
+        }
+    }
+}
+
+/// Dr. MAS's advantages (layout P records): one record per agent turn, scored R − that turn's
+/// invalid-action penalty, normalised within (group, agent); spread over each turn's tokens.
+fn drmas_turn_advantages(
+    batch: &TrainBatch,
+    p: &PresetConfig,
+    mask: &Tensor,
+) -> Result<Tensor, LearnerError> {
+    let (mut scores, mut uids, mut agents) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..batch.len() {
+        for t in &batch.turns[i] {
+            scores.push(
+                f64::from(batch.final_rewards[i])
+                    + invalid_action_penalty(t.invalid, p.invalid_action_penalty),
+            );
+            uids.push(batch.group_ids[i]);
+            agents.push(t.agent);
+        }
+    }
+    let adv = drmas_advantages(&scores, &uids, &agents, p.normalize_std, GRPO_EPS);
+    per_turn(batch, &adv, mask)
+}
+
+/// RTPO: each row's trained turn (the branch point) as its token span; None where the row has
+/// no such turn.
+fn trained_turn_spans(batch: &TrainBatch) -> Vec<Option<(usize, usize)>> {
+    batch
+        .turns
+        .iter()
+        .zip(&batch.trained_turns)
+        .map(|(s, k)| s.get(k.unwrap_or(0)).map(|t| (t.start, t.end)))
+        .collect()
+}
+
+/// What GAE gives a critic preset: advantages, the critic's values and returns, and the KL
+/// subtracted in the reward when that is on.
+struct CriticTargets {
+    advantages: Tensor,
+    values: Tensor,
+    returns: Tensor,
+    kl_reward_mean: Option<f64>,
+}
+
+/// GAE over the critic's values: the outcome score on each row's last loss token, minus the
+/// KL-in-reward term when `kl` = (estimator, old log-probs, reference log-probs, β) is given;
+/// SAO-GAE uses a length-adaptive λ for the advantages and λ = 1 for the returns.
+fn critic_advantages(
+    critic_model: &HfModel,
+    tokens: &Tensor,
+    mask: &Tensor,
+    scores: &[f64],
+    p: &PresetConfig,
+    kl: Option<(KlEstimator, &Tensor, &Tensor, f64)>,
+) -> Result<CriticTargets, LearnerError> {
+    let dev = mask.device();
+    let values = tch::no_grad(|| critic_model.forward_values(tokens))?;
+    let values = align_values(&values.f_detach()?)?;
+    let t = mask.size()[1];
+    let positions = Tensor::f_arange(t, (Kind::Float, dev))?.f_add_scalar(1.0)?;
+    let last = mask.f_mul(&positions)?.f_argmax(1, true)?;
+    let r = Tensor::f_from_slice(scores)?
+        .f_to_kind(Kind::Float)?
+        .f_to_device(dev)?
+        .f_reshape([scores.len() as i64, 1])?;
+    let mut rewards = mask.f_zeros_like()?.f_scatter(1, &last, &r)?.f_mul(mask)?;
+    let mut kl_reward_mean = None;
+    if let Some((estimator, old_logp, ref_logp, beta)) = kl {
+        let (shaped, kl) = kl_in_reward(&rewards, old_logp, ref_logp, mask, beta, estimator);
+        rewards = shaped;
+        kl_reward_mean = Some(kl);
+    }
+    let (advantages, returns) = match p.advantage {
+        AdvantageKind::SaoGae { alpha } => {
+            let lams: Vec<f64> = response_spans(mask)
+                .into_iter()
+                .map(|l| length_adaptive_lambda(l, alpha))
+                .collect();
+            let (adv, _) = try_gae(&rewards, &values, mask, p.gamma, &lams)?;
+            let (_, returns) = try_gae(&rewards, &values, mask, p.gamma, &[1.0])?;
+            (adv, returns)
+        }
+        _ => try_gae(&rewards, &values, mask, p.gamma, &[p.lam])?,
+    };
+    Ok(CriticTargets {
+        advantages,
+        values,
+        returns,
         kl_reward_mean,
     })
+}
+
+/// 1 for each anchor (reference-sampled, ARMOR) row, 0 for the others, on `dev`.
+fn anchor_rows(batch: &TrainBatch, dev: Device) -> Result<Tensor, LearnerError> {
+    let rows: Vec<f32> = batch
+        .anchors
+        .iter()
+        .map(|&a| f32::from(u8::from(a)))
+        .collect();
+    Ok(Tensor::f_from_slice(&rows)?.f_to_device(dev)?)
+}
+
+/// The share of rows the policy sampled (not anchors); 1 without anchors.
+fn policy_share(batch: &TrainBatch) -> f64 {
+    if batch.anchors.is_empty() {
+        return 1.0;
+    }
+    batch.anchors.iter().filter(|&&a| !a).count() as f64 / batch.anchors.len() as f64
 }
 
 #[cfg(test)]
