@@ -22,7 +22,7 @@ use crate::algo::presets::{
     RatioBase,
 };
 use crate::algo::rollout_correction::{IsLevel, RejectLevel, RolloutCorrection};
-use crate::algo::value::CriticModel;
+use crate::algo::value::{CriticModel, CriticSchedule};
 use crate::data_parallel::ReduceDtype;
 use crate::error::LearnerError;
 use crate::lr_schedule::LrSchedule;
@@ -296,6 +296,19 @@ impl LearnerConfig {
     /// The preset's components and hyper-parameters with the overrides applied (LC-2).
     pub fn resolve(&self) -> PresetConfig {
         let mut p = self.algo.config();
+        self.override_policy_loss(&mut p);
+        self.override_advantages(&mut p);
+        if let Some(c) = p.critic.as_mut() {
+            self.override_critic(c);
+        }
+        self.override_regularisers(&mut p);
+        self.override_sampling(&mut p);
+        p
+    }
+
+    /// The policy loss, its clip, ratio base, rollout correction, aggregation and optimizer
+    /// overrides.
+    fn override_policy_loss(&self, p: &mut PresetConfig) {
         if let Some(v) = self.weight_decay {
             p.weight_decay = v;
         }
@@ -304,11 +317,6 @@ impl LearnerConfig {
         }
         if let PolicyLossKind::Armor(a) = &mut p.policy_loss {
             *a = self.armor;
-        }
-        if let (AdvantageKind::Gigpo { similarity, .. }, Some(v)) =
-            (&mut p.advantage, self.gigpo_similarity)
-        {
-            *similarity = Some(v);
         }
         if let Some(v) = self.clip_low {
             p.clip.low = v;
@@ -353,6 +361,16 @@ impl LearnerConfig {
         if let Some(v) = self.seq_mask_delta {
             p.seq_mask_delta = Some(v);
         }
+    }
+
+    /// The advantage estimator's overrides (GAE's γ, λ, whitening; GRPO's std; GiGPO's
+    /// similarity).
+    fn override_advantages(&self, p: &mut PresetConfig) {
+        if let (AdvantageKind::Gigpo { similarity, .. }, Some(v)) =
+            (&mut p.advantage, self.gigpo_similarity)
+        {
+            *similarity = Some(v);
+        }
         if let Some(v) = self.gamma {
             p.gamma = v;
         }
@@ -365,31 +383,37 @@ impl LearnerConfig {
         if let Some(v) = self.grpo_normalize_std {
             p.normalize_std = v;
         }
-        if let Some(c) = p.critic.as_mut() {
-            if let Some(v) = self.value_coef {
-                c.value_coef = v;
-            }
-            if let Some(v) = self.value_clip {
-                c.value_clip = if v == 0.0 { None } else { Some(v) };
-            }
-            if let Some(v) = self.critic_steps {
-                c.steps_per_actor_step = v;
-            }
-            if let Some(v) = self.critic_model {
-                c.model = v;
-            }
-            // A shared critic's value-only steps train the head alone unless told otherwise; a
-            // separate critic trains all of itself (empty).
-            c.trainable = match (&self.critic_trainable, c.model) {
-                (Some(v), _) => v.clone(),
-                (None, CriticModel::Separate) => vec![],
-                (None, CriticModel::Shared) if c.steps_per_actor_step > 0 => vec!["score".into()],
-                (None, CriticModel::Shared) => c.trainable.clone(),
-            };
-            if let Some(v) = self.critic_warmup {
-                c.warmup_updates = v;
-            }
+    }
+
+    /// The critic's overrides.
+    fn override_critic(&self, c: &mut CriticSchedule) {
+        if let Some(v) = self.value_coef {
+            c.value_coef = v;
         }
+        if let Some(v) = self.value_clip {
+            c.value_clip = if v == 0.0 { None } else { Some(v) };
+        }
+        if let Some(v) = self.critic_steps {
+            c.steps_per_actor_step = v;
+        }
+        if let Some(v) = self.critic_model {
+            c.model = v;
+        }
+        // A shared critic's value-only steps train the head alone unless told otherwise; a
+        // separate critic trains all of itself (empty).
+        c.trainable = match (&self.critic_trainable, c.model) {
+            (Some(v), _) => v.clone(),
+            (None, CriticModel::Separate) => vec![],
+            (None, CriticModel::Shared) if c.steps_per_actor_step > 0 => vec!["score".into()],
+            (None, CriticModel::Shared) => c.trainable.clone(),
+        };
+        if let Some(v) = self.critic_warmup {
+            c.warmup_updates = v;
+        }
+    }
+
+    /// The entropy bonus, the KL loss and the KL-in-reward overrides.
+    fn override_regularisers(&self, p: &mut PresetConfig) {
         if let Some(v) = self.entropy_coef {
             p.entropy_coef = v;
         }
@@ -426,6 +450,10 @@ impl LearnerConfig {
             }
             (None, _) => {}
         }
+    }
+
+    /// The invalid-action penalty and dynamic sampling overrides.
+    fn override_sampling(&self, p: &mut PresetConfig) {
         if let Some(v) = self.invalid_action_penalty {
             p.invalid_action_penalty = v;
         }
@@ -442,7 +470,6 @@ impl LearnerConfig {
                 d.cold_start_updates = c;
             }
         }
-        p
     }
 
     /// The IS threshold and the rollout correction (RCO-*) apply where a loss uses them.
@@ -510,6 +537,15 @@ impl LearnerConfig {
 
     /// Checks every field against its documented range, on the resolved values (LC-1).
     pub fn validate(&self) -> Result<(), LearnerError> {
+        self.validate_schedule()?;
+        let p = self.resolve();
+        self.validate_loss(&p)?;
+        self.validate_regularisers(&p)
+    }
+
+    /// The optimizer's schedule and the batch's split: rates, counts and the combinations
+    /// that are refused.
+    fn validate_schedule(&self) -> Result<(), LearnerError> {
         let inf = f64::INFINITY;
         in_range("learner.lr", self.lr, 0.0, true, 1.0, false)?;
         in_range(
@@ -555,7 +591,13 @@ impl LearnerConfig {
                 "must be >= 1, got 0",
             ));
         }
-        let p = self.resolve();
+        Ok(())
+    }
+
+    /// The resolved policy loss: decay, clips, loss scale, rollout correction, sequence mask,
+    /// γ and λ.
+    fn validate_loss(&self, p: &PresetConfig) -> Result<(), LearnerError> {
+        let inf = f64::INFINITY;
         in_range(
             "learner.weight_decay",
             p.weight_decay,
@@ -572,12 +614,19 @@ impl LearnerConfig {
         if let Some(h) = p.loss_scale_factor {
             in_range("learner.loss_scale_factor", h, 0.0, true, inf, true)?;
         }
-        self.validate_rollout_correction(&p)?;
+        self.validate_rollout_correction(p)?;
         if let Some(d) = p.seq_mask_delta {
             in_range("learner.seq_mask_delta", d, 0.0, true, inf, true)?;
         }
         in_range("learner.gamma", p.gamma, 0.0, false, 1.0, false)?;
         in_range("learner.lam", p.lam, 0.0, false, 1.0, false)?;
+        Ok(())
+    }
+
+    /// The resolved regularisers and critic: entropy, penalties, KL terms, value loss, ARMOR
+    /// and GiGPO's similarity.
+    fn validate_regularisers(&self, p: &PresetConfig) -> Result<(), LearnerError> {
+        let inf = f64::INFINITY;
         in_range(
             "learner.entropy_coef",
             p.entropy_coef,
