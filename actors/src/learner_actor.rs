@@ -525,6 +525,43 @@ impl LearnerActor {
         let get_seconds = fetch.elapsed().as_secs_f64();
         let get_bytes = buf.archive_len() as u64;
         let version = self.learner()?.policy_version();
+        let injection = self.inject_faults(version)?;
+        let batch = buf.archived();
+        let books = BatchBooks::of(batch, version, msg.bound)?;
+        let device = self.learner()?.model().device();
+        let mut tensors = TrainBatch::from_archived(batch, device)?;
+        let poisoned = match injection.nan_logprobs {
+            true => Some(self.faults.poisoned_model()),
+            false => None,
+        };
+        let lr = self.learner()?.config().lr;
+        let (metrics, refused_models) = self.step_every_model(&mut tensors, version, poisoned)?;
+        let weights = self.published()?;
+        let n_episodes = books.episodes.max(1) as f64;
+        Ok(Trained {
+            version: weights.version,
+            metrics,
+            weights,
+            batch_seq: books.batch_seq,
+            success_rate: books.successes as f64 / n_episodes,
+            invalid_rate: books.invalid as f64 / books.turns.max(1) as f64,
+            episode_turns: books.turns as f64 / n_episodes,
+            response_length: books.model_tokens as f64 / n_episodes,
+            segments_per_episode: batch.trajectories.len() as f64 / n_episodes,
+            turn_lags: books.turn_lags,
+            task_ids: books.task_ids,
+            trajectory_lags: books.trajectory_lags,
+            token_lags: books.token_lags,
+            get_seconds,
+            get_bytes,
+            lr,
+            refused_models,
+        })
+    }
+
+    /// FI-2: the faults planned before update `version + 1` (a panic, a blown-up learning
+    /// rate); the NaN log-probs are the caller's to apply.
+    fn inject_faults(&mut self, version: u64) -> Result<crate::faults::Injection, ActorError> {
         let injection = self.faults.before_update(version);
         if injection.panic {
             // FI-2: a testing aid standing for a bug in the loss code.
@@ -537,86 +574,41 @@ impl LearnerActor {
             tracing::warn!(lr, version, "fault injection: learning rate blown up");
             self.set_lr(lr)?;
         }
-        let batch = buf.archived();
-        let learner = self.learner()?;
-        let batch_seq = batch.batch_seq.to_native();
-        let mut turn_lags = Vec::new();
-        let mut task_ids = Vec::new();
-        let mut trajectory_lags = Vec::new();
-        let mut token_lags = Vec::new();
-        let mut model_tokens = 0usize;
-        let (mut successes, mut turns, mut invalid) = (0usize, 0usize, 0usize);
-        let mut episodes = 0usize;
-        for traj in batch.trajectories.iter() {
-            task_ids.push(traj.task_id.to_native());
-            // RB-4: an episode is counted at its first segment.
-            if traj.trajectory_id == traj.episode_id {
-                episodes += 1;
-                successes += usize::from(traj.final_reward.to_native() >= 1.0);
-            }
-            let oldest = traj
-                .turns
-                .iter()
-                .map(|t| t.policy_version.to_native())
-                .min()
-                .unwrap_or(version);
-            trajectory_lags.push(version.saturating_sub(oldest));
-            for turn in traj.turns.iter() {
-                let sampled = turn.policy_version.to_native();
-                if sampled > version {
-                    return Err(ActorError::Resume(format!(
-                        "batch {batch_seq} was sampled by policy version {sampled}, newer than the learner's {version}"
-                    )));
-                }
-                let lag = version - sampled;
-                if lag > msg.bound {
-                    return Err(ActorError::Stale {
-                        batch_seq,
-                        lag,
-                        bound: msg.bound,
-                    });
-                }
-                turn_lags.push(lag);
-                let n = turn.end.to_native().saturating_sub(turn.start.to_native());
-                token_lags.push((lag, n));
-                model_tokens += n as usize;
-                turns += 1;
-                invalid += usize::from(turn.invalid_action);
-            }
-        }
-        task_ids.sort_unstable();
-        task_ids.dedup();
-        let n_episodes = episodes.max(1);
-        let device = learner.model().device();
-        let mut tensors = TrainBatch::from_archived(batch, device)?;
+        Ok(injection)
+    }
+
+    /// One update of every model on `tensors` (LA-4): the main model's statistics folded with
+    /// the others' (SM-4), and the agent models whose update was refused as non-finite. A
+    /// refused update of the main model is refused for every model (LA-5). FI-2: the model
+    /// `poisoned` names gets NaN behaviour log-probs, every other the batch's.
+    fn step_every_model(
+        &mut self,
+        tensors: &mut TrainBatch,
+        version: u64,
+        poisoned: Option<usize>,
+    ) -> Result<(StepMetrics, Vec<(usize, String)>), ActorError> {
         let clean_logp = tensors.behaviour_logp.shallow_clone();
-        let poisoned = match injection.nan_logprobs {
-            true => {
-                let model = self.faults.poisoned_model();
+        let nan = match poisoned {
+            Some(model) => {
                 tracing::warn!(version, model, "fault injection: NaN behaviour log-probs");
-                let nan = clean_logp
-                    .f_full_like(f64::NAN)
-                    .map_err(keel_learner::LearnerError::from)?;
-                Some((model, nan))
+                Some(
+                    clean_logp
+                        .f_full_like(f64::NAN)
+                        .map_err(keel_learner::LearnerError::from)?,
+                )
             }
-            false => None,
+            None => None,
         };
-        // FI-2: the poisoned model is given NaN behaviour log-probs, every other the batch's.
-        let logp_for = |k: usize| match &poisoned {
-            Some((model, nan)) if *model == k => nan.shallow_clone(),
+        let logp_for = |k: usize| match (&nan, poisoned) {
+            (Some(nan), Some(model)) if model == k => nan.shallow_clone(),
             _ => clean_logp.shallow_clone(),
         };
         tensors.behaviour_logp = logp_for(0);
-        let learner = self.learner()?;
-        let lr = learner.config().lr;
-        // LA-5: a refused update of the main model is refused for every model.
-        let mut metrics = learner.train_step(&tensors)?;
+        let mut metrics = self.learner()?.train_step(tensors)?;
         let mut refused_models = Vec::new();
         for (k, other) in self.learners.iter_mut().enumerate().skip(1) {
-            // LA-4: every agent model steps on every batch (on its agents' turns only).
             tensors.behaviour_logp = logp_for(k);
-            match other.train_step(&tensors) {
-                // SM-4: the step's statistics fold over the models as the table says.
+            match other.train_step(tensors) {
                 Ok(m) => metrics.merge_model(&m),
                 Err(keel_learner::LearnerError::NonFinite { what }) => {
                     // LA-5, LR-6: its weights stay, its version moves with the others'.
@@ -627,26 +619,86 @@ impl LearnerActor {
                 Err(e) => return Err(e.into()),
             }
         }
-        let weights = self.published()?;
-        Ok(Trained {
-            version: weights.version,
-            metrics,
-            weights,
-            turn_lags,
+        Ok((metrics, refused_models))
+    }
+}
+
+/// What a batch says about itself before training on it: its turns' and trajectories' lags
+/// behind the learner's version, its tasks, and its episodes' successes, turns and tokens.
+struct BatchBooks {
+    batch_seq: u64,
+    turn_lags: Vec<u64>,
+    task_ids: Vec<u64>,
+    trajectory_lags: Vec<u64>,
+    token_lags: Vec<(u64, u32)>,
+    model_tokens: usize,
+    successes: usize,
+    turns: usize,
+    invalid: usize,
+    episodes: usize,
+}
+
+impl BatchBooks {
+    /// The books of `batch` for a learner at `version`; a turn sampled by a newer policy, or
+    /// lagging more than `bound` versions, is refused.
+    fn of(
+        batch: &keel_store::ArchivedRolloutBatch,
+        version: u64,
+        bound: u64,
+    ) -> Result<Self, ActorError> {
+        let batch_seq = batch.batch_seq.to_native();
+        let mut books = BatchBooks {
             batch_seq,
-            task_ids,
-            success_rate: successes as f64 / n_episodes as f64,
-            invalid_rate: invalid as f64 / turns.max(1) as f64,
-            trajectory_lags,
-            token_lags,
-            episode_turns: turns as f64 / n_episodes as f64,
-            response_length: model_tokens as f64 / n_episodes as f64,
-            segments_per_episode: batch.trajectories.len() as f64 / n_episodes as f64,
-            get_seconds,
-            get_bytes,
-            lr,
-            refused_models,
-        })
+            turn_lags: Vec::new(),
+            task_ids: Vec::new(),
+            trajectory_lags: Vec::new(),
+            token_lags: Vec::new(),
+            model_tokens: 0,
+            successes: 0,
+            turns: 0,
+            invalid: 0,
+            episodes: 0,
+        };
+        for traj in batch.trajectories.iter() {
+            books.task_ids.push(traj.task_id.to_native());
+            // RB-4: an episode is counted at its first segment.
+            if traj.trajectory_id == traj.episode_id {
+                books.episodes += 1;
+                books.successes += usize::from(traj.final_reward.to_native() >= 1.0);
+            }
+            let oldest = traj
+                .turns
+                .iter()
+                .map(|t| t.policy_version.to_native())
+                .min()
+                .unwrap_or(version);
+            books.trajectory_lags.push(version.saturating_sub(oldest));
+            for turn in traj.turns.iter() {
+                let sampled = turn.policy_version.to_native();
+                if sampled > version {
+                    return Err(ActorError::Resume(format!(
+                        "batch {batch_seq} was sampled by policy version {sampled}, newer than the learner's {version}"
+                    )));
+                }
+                let lag = version - sampled;
+                if lag > bound {
+                    return Err(ActorError::Stale {
+                        batch_seq,
+                        lag,
+                        bound,
+                    });
+                }
+                books.turn_lags.push(lag);
+                let n = turn.end.to_native().saturating_sub(turn.start.to_native());
+                books.token_lags.push((lag, n));
+                books.model_tokens += n as usize;
+                books.turns += 1;
+                books.invalid += usize::from(turn.invalid_action);
+            }
+        }
+        books.task_ids.sort_unstable();
+        books.task_ids.dedup();
+        Ok(books)
     }
 }
 
