@@ -188,6 +188,83 @@ fn linear(
     Ok(Linear::plain(w, b))
 }
 
+/// Decoder layer `l` of `cfg`, its parameters from `param` (HF names).
+fn build_layer(cfg: &HfConfig, l: usize, param: &mut Param<'_>) -> Result<Layer, HfError> {
+    let (h, i) = (cfg.hidden_size as i64, cfg.intermediate_size as i64);
+    let d = cfg.head_dim as i64;
+    let (q_out, kv_out) = (
+        cfg.num_attention_heads as i64 * d,
+        cfg.num_key_value_heads as i64 * d,
+    );
+    let p = format!("model.layers.{l}");
+    let q = linear(
+        param,
+        &format!("{p}.self_attn.q_proj"),
+        q_out,
+        h,
+        cfg.qkv_bias,
+    )?;
+    let k = linear(
+        param,
+        &format!("{p}.self_attn.k_proj"),
+        kv_out,
+        h,
+        cfg.qkv_bias,
+    )?;
+    let vv = linear(
+        param,
+        &format!("{p}.self_attn.v_proj"),
+        kv_out,
+        h,
+        cfg.qkv_bias,
+    )?;
+    let o = linear(
+        param,
+        &format!("{p}.self_attn.o_proj"),
+        h,
+        q_out,
+        cfg.o_bias,
+    )?;
+    let gate = linear(param, &format!("{p}.mlp.gate_proj"), i, h, cfg.mlp_bias)?;
+    let up = linear(param, &format!("{p}.mlp.up_proj"), i, h, cfg.mlp_bias)?;
+    let down = linear(param, &format!("{p}.mlp.down_proj"), h, i, cfg.mlp_bias)?;
+    let (q_norm, k_norm) = if cfg.qk_norm {
+        (
+            Some(param(
+                &format!("{p}.self_attn.q_norm.weight"),
+                &[d],
+                Init::Ones,
+            )?),
+            Some(param(
+                &format!("{p}.self_attn.k_norm.weight"),
+                &[d],
+                Init::Ones,
+            )?),
+        )
+    } else {
+        (None, None)
+    };
+    let in_norm = param(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones)?;
+    let post_norm = param(
+        &format!("{p}.post_attention_layernorm.weight"),
+        &[h],
+        Init::Ones,
+    )?;
+    Ok(Layer {
+        in_norm,
+        q,
+        k,
+        v: vv,
+        o,
+        q_norm,
+        k_norm,
+        post_norm,
+        gate,
+        up,
+        down,
+    })
+}
+
 /// Adds `t` under the dotted HF `name` (HM-1); `trainable` sets `requires_grad`, otherwise the
 /// tensor's flag is left as it is (a shared base stays frozen).
 fn add_var(vs: &nn::VarStore, name: &str, t: Tensor, trainable: bool) -> Tensor {
@@ -248,98 +325,10 @@ impl HfModel {
                 .f_to_kind(opts.kind)?;
             Ok(add_var(&vs, name, t, trainable))
         };
-        let (h, i, v) = (
-            cfg.hidden_size as i64,
-            cfg.intermediate_size as i64,
-            cfg.vocab_size as i64,
-        );
-        let d = cfg.head_dim as i64;
-        let (q_out, kv_out) = (
-            cfg.num_attention_heads as i64 * d,
-            cfg.num_key_value_heads as i64 * d,
-        );
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for l in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            let q = linear(
-                &mut param,
-                &format!("{p}.self_attn.q_proj"),
-                q_out,
-                h,
-                cfg.qkv_bias,
-            )?;
-            let k = linear(
-                &mut param,
-                &format!("{p}.self_attn.k_proj"),
-                kv_out,
-                h,
-                cfg.qkv_bias,
-            )?;
-            let vv = linear(
-                &mut param,
-                &format!("{p}.self_attn.v_proj"),
-                kv_out,
-                h,
-                cfg.qkv_bias,
-            )?;
-            let o = linear(
-                &mut param,
-                &format!("{p}.self_attn.o_proj"),
-                h,
-                q_out,
-                cfg.o_bias,
-            )?;
-            let gate = linear(
-                &mut param,
-                &format!("{p}.mlp.gate_proj"),
-                i,
-                h,
-                cfg.mlp_bias,
-            )?;
-            let up = linear(&mut param, &format!("{p}.mlp.up_proj"), i, h, cfg.mlp_bias)?;
-            let down = linear(
-                &mut param,
-                &format!("{p}.mlp.down_proj"),
-                h,
-                i,
-                cfg.mlp_bias,
-            )?;
-            let (q_norm, k_norm) = if cfg.qk_norm {
-                (
-                    Some(param(
-                        &format!("{p}.self_attn.q_norm.weight"),
-                        &[d],
-                        Init::Ones,
-                    )?),
-                    Some(param(
-                        &format!("{p}.self_attn.k_norm.weight"),
-                        &[d],
-                        Init::Ones,
-                    )?),
-                )
-            } else {
-                (None, None)
-            };
-            let in_norm = param(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones)?;
-            let post_norm = param(
-                &format!("{p}.post_attention_layernorm.weight"),
-                &[h],
-                Init::Ones,
-            )?;
-            layers.push(Layer {
-                in_norm,
-                q,
-                k,
-                v: vv,
-                o,
-                q_norm,
-                k_norm,
-                post_norm,
-                gate,
-                up,
-                down,
-            });
-        }
+        let (h, v) = (cfg.hidden_size as i64, cfg.vocab_size as i64);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| build_layer(&cfg, l, &mut param))
+            .collect::<Result<Vec<_>, _>>()?;
         let embed = param("model.embed_tokens.weight", &[v, h], Init::Normal)?;
         let norm = param("model.norm.weight", &[h], Init::Ones)?;
         let lm_head = match (opts.lm_head, cfg.tie_word_embeddings) {
