@@ -363,41 +363,7 @@ impl TrainBatch {
             ));
         }
         for (i, r) in rows.iter().enumerate() {
-            if r.tokens.is_empty() {
-                return Err(LearnerError::input(format!("trajectory {i} has no tokens")));
-            }
-            if r.mask.len() != r.tokens.len() || r.logp.len() != r.tokens.len() {
-                return Err(LearnerError::input(format!(
-                    "trajectory {i}: {} tokens but {} loss-mask entries and {} behaviour log-probs",
-                    r.tokens.len(),
-                    r.mask.len(),
-                    r.logp.len()
-                )));
-            }
-            if let Some(t) = r.mask.iter().position(|&m| m > 1) {
-                return Err(LearnerError::input(format!(
-                    "trajectory {i}: loss_mask[{t}] = {} (must be 0 or 1)",
-                    r.mask[t]
-                )));
-            }
-            if r.mask[0] != 0 {
-                return Err(LearnerError::input(format!(
-                    "trajectory {i}: loss_mask[0] is 1, but the first token has no prediction to train (it must be a prompt token)"
-                )));
-            }
-            if !r.reward.is_finite() {
-                return Err(LearnerError::input(format!(
-                    "trajectory {i}: final reward is {}",
-                    r.reward
-                )));
-            }
-            if let Some(t) = (0..r.tokens.len()).find(|&t| r.mask[t] == 1 && !r.logp[t].is_finite())
-            {
-                return Err(LearnerError::input(format!(
-                    "trajectory {i}: behaviour log-prob at token {t} is {}",
-                    r.logp[t]
-                )));
-            }
+            check_row(i, r)?;
         }
         let turns = rows
             .iter()
@@ -411,16 +377,7 @@ impl TrainBatch {
                 "{b} trajectories padded to {t} tokens are more than {MAX_PADDED_ELEMENTS} elements; split the batch"
             )));
         }
-        let mut turn_ids = vec![0i64; b * t];
-        for (i, spans) in turns.iter().enumerate() {
-            let mut k = 0usize;
-            for j in 0..rows[i].tokens.len() {
-                while k + 1 < spans.len() && spans[k + 1].start <= j {
-                    k += 1;
-                }
-                turn_ids[i * t + j] = k as i64;
-            }
-        }
+        let turn_ids = turn_ids(&rows, &turns, t);
         let max_turns = turns.iter().map(|s| s.len()).max().unwrap_or(1).max(1) as i64;
         let mut tokens = vec![0i64; b * t];
         let mut mask = vec![0f32; b * t];
@@ -461,6 +418,62 @@ impl TrainBatch {
             anchor_states: rows.into_iter().map(|r| r.anchor_states).collect(),
         })
     }
+}
+
+/// BT-2, BT-3: row `i` has tokens, one mask entry and one log-prob per token, a 0/1 mask that
+/// does not train the first token, a finite reward and a finite log-prob on every loss token.
+fn check_row(i: usize, r: &Row) -> Result<(), LearnerError> {
+    if r.tokens.is_empty() {
+        return Err(LearnerError::input(format!("trajectory {i} has no tokens")));
+    }
+    if r.mask.len() != r.tokens.len() || r.logp.len() != r.tokens.len() {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: {} tokens but {} loss-mask entries and {} behaviour log-probs",
+            r.tokens.len(),
+            r.mask.len(),
+            r.logp.len()
+        )));
+    }
+    if let Some(t) = r.mask.iter().position(|&m| m > 1) {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: loss_mask[{t}] = {} (must be 0 or 1)",
+            r.mask[t]
+        )));
+    }
+    if r.mask[0] != 0 {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: loss_mask[0] is 1, but the first token has no prediction to train (it must be a prompt token)"
+        )));
+    }
+    if !r.reward.is_finite() {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: final reward is {}",
+            r.reward
+        )));
+    }
+    if let Some(t) = (0..r.tokens.len()).find(|&t| r.mask[t] == 1 && !r.logp[t].is_finite()) {
+        return Err(LearnerError::input(format!(
+            "trajectory {i}: behaviour log-prob at token {t} is {}",
+            r.logp[t]
+        )));
+    }
+    Ok(())
+}
+
+/// Each padded position's turn index (`[B × t]`, row-major): the last turn starting at or
+/// before it; 0 on padding.
+fn turn_ids(rows: &[Row], turns: &[Vec<TurnSpan>], t: usize) -> Vec<i64> {
+    let mut turn_ids = vec![0i64; rows.len() * t];
+    for (i, spans) in turns.iter().enumerate() {
+        let mut k = 0usize;
+        for j in 0..rows[i].tokens.len() {
+            while k + 1 < spans.len() && spans[k + 1].start <= j {
+                k += 1;
+            }
+            turn_ids[i * t + j] = k as i64;
+        }
+    }
+    turn_ids
 }
 
 #[cfg(test)]
