@@ -70,6 +70,76 @@ fn json_strings(text: &str, out: &mut BTreeSet<String>) {
     }
 }
 
+/// What branch `branch` (head `head`) keeps by itself (GC-1): its newest healthy
+/// checkpoint and its last `keep_last` checkpoints along the parent chain, each with why.
+fn branch_roots(
+    head: &str,
+    branch: &str,
+    by_id: &HashMap<&str, &CheckpointManifest>,
+    keep_last: usize,
+) -> Vec<(String, String)> {
+    let mut roots = Vec::new();
+    let mut cur = Some(head.to_string());
+    while let Some(id) = cur.take() {
+        let Some(m) = by_id.get(id.as_str()) else {
+            break;
+        };
+        if m.tags.iter().any(|t| t == HEALTHY_TAG) {
+            roots.push((id.clone(), format!("newest healthy of branch {branch}")));
+            break;
+        }
+        cur = m.parent.clone();
+    }
+    let mut cur = Some(head.to_string());
+    let mut n = 0;
+    while let Some(id) = cur.take() {
+        let Some(m) = by_id.get(id.as_str()) else {
+            break;
+        };
+        if n >= keep_last {
+            break;
+        }
+        roots.push((id.clone(), format!("last {keep_last} of branch {branch}")));
+        n += 1;
+        cur = m.parent.clone();
+    }
+    roots
+}
+
+/// Every checkpoint `roots` keep, with the first reason found (GC-1, transitively): a kept
+/// checkpoint keeps its reference anchor and its branch's fork point (the first ancestor
+/// committed on another branch).
+fn kept_closure(
+    mut todo: Vec<(String, String)>,
+    by_id: &HashMap<&str, &CheckpointManifest>,
+) -> BTreeMap<String, String> {
+    let mut keep = BTreeMap::new();
+    while let Some((id, why)) = todo.pop() {
+        if keep.contains_key(&id) {
+            continue;
+        }
+        let Some(m) = by_id.get(id.as_str()) else {
+            continue;
+        };
+        keep.insert(id.clone(), why);
+        if let Some(r) = &m.reference {
+            todo.push((r.clone(), format!("reference anchor of {id}")));
+        }
+        let mut cur = m.parent.clone();
+        while let Some(p) = cur.take() {
+            let Some(pm) = by_id.get(p.as_str()) else {
+                break;
+            };
+            if pm.branch != m.branch {
+                todo.push((p.clone(), format!("fork point of branch {}", m.branch)));
+                break;
+            }
+            cur = pm.parent.clone();
+        }
+    }
+    keep
+}
+
 impl RunStore {
     /// Plans retention (GC-1..GC-5) without changing anything.
     pub async fn plan_gc(
@@ -81,85 +151,48 @@ impl RunStore {
         let by_id: HashMap<&str, &CheckpointManifest> =
             all.iter().map(|m| (m.id.as_str(), m)).collect();
         let mut plan = GcPlan::default();
-        let mut todo: Vec<(String, String)> = Vec::new();
+        let mut roots: Vec<(String, String)> = Vec::new();
         for head in self.list_branches().await? {
-            let mut cur = Some(head.id.clone());
-            while let Some(id) = cur.take() {
-                let Some(m) = by_id.get(id.as_str()) else {
-                    break;
-                };
-                if m.tags.iter().any(|t| t == HEALTHY_TAG) {
-                    todo.push((
-                        id.clone(),
-                        format!("newest healthy of branch {}", head.branch),
-                    ));
-                    break;
-                }
-                cur = m.parent.clone();
-            }
-            let mut cur = Some(head.id.clone());
-            let mut n = 0;
-            while let Some(id) = cur.take() {
-                let Some(m) = by_id.get(id.as_str()) else {
-                    break;
-                };
-                if n >= keep_last {
-                    break;
-                }
-                todo.push((
-                    id.clone(),
-                    format!("last {keep_last} of branch {}", head.branch),
-                ));
-                n += 1;
-                cur = m.parent.clone();
-            }
-            for (gen, rel) in self
+            roots.extend(branch_roots(&head.id, &head.branch, &by_id, keep_last));
+            for (_, rel) in self
                 .head_generations(&head.branch)
                 .await?
                 .into_iter()
                 .rev()
                 .skip(2)
             {
-                let _ = gen;
                 plan.stale_heads.push(rel);
             }
         }
         for m in &all {
             if m.tags.iter().any(|t| t != HEALTHY_TAG) {
-                todo.push((m.id.clone(), format!("tagged {}", m.tags.join(","))));
+                roots.push((m.id.clone(), format!("tagged {}", m.tags.join(","))));
             }
         }
-        while let Some((id, why)) = todo.pop() {
-            if plan.keep.contains_key(&id) {
-                continue;
-            }
-            let Some(m) = by_id.get(id.as_str()) else {
-                continue;
-            };
-            plan.keep.insert(id.clone(), why);
-            if let Some(r) = &m.reference {
-                todo.push((r.clone(), format!("reference anchor of {id}")));
-            }
-            // The fork point: the first ancestor committed on another branch.
-            let mut cur = m.parent.clone();
-            while let Some(p) = cur.take() {
-                let Some(pm) = by_id.get(p.as_str()) else {
-                    break;
-                };
-                if pm.branch != m.branch {
-                    todo.push((p.clone(), format!("fork point of branch {}", m.branch)));
-                    break;
-                }
-                cur = pm.parent.clone();
-            }
-        }
+        plan.keep = kept_closure(roots, &by_id);
         plan.collect = all
             .iter()
             .filter(|m| !plan.keep.contains_key(&m.id))
             .map(|m| m.id.clone())
             .collect();
-
         let committed: BTreeSet<&str> = all.iter().map(|m| m.id.as_str()).collect();
+        let now = chrono::Utc::now();
+        plan.orphans = self.orphan_files(&committed, now, orphan_min_age).await?;
+        plan.stale_state = self
+            .stale_state(&plan.keep, &by_id, now, orphan_min_age)
+            .await?;
+        plan.stale_batches = self.stale_batches(&plan, &by_id).await?;
+        Ok(plan)
+    }
+
+    /// GC-3: the files of checkpoint folders that no committed manifest names and whose newest
+    /// file is at least `min_age` old (a commit in progress is younger).
+    async fn orphan_files(
+        &self,
+        committed: &BTreeSet<&str>,
+        now: chrono::DateTime<chrono::Utc>,
+        min_age: Duration,
+    ) -> Result<Vec<String>, StoreError> {
         let mut dirs: BTreeMap<String, (Vec<String>, chrono::DateTime<chrono::Utc>)> =
             BTreeMap::new();
         for meta in self.list_rel("checkpoints").await? {
@@ -178,17 +211,27 @@ impl RunStore {
             e.0.push(rel.to_string());
             e.1 = e.1.max(meta.last_modified);
         }
-        let now = chrono::Utc::now();
+        let mut orphans = Vec::new();
         for (id, (keys, newest)) in dirs {
             let age = (now - newest).to_std().unwrap_or(Duration::ZERO);
-            if !committed.contains(id.as_str()) && age >= orphan_min_age {
-                plan.orphans.extend(keys);
+            if !committed.contains(id.as_str()) && age >= min_age {
+                orphans.extend(keys);
             }
         }
+        Ok(orphans)
+    }
 
-        // GC-6: method state objects that no kept checkpoint names.
+    /// GC-6: method state objects (the run's and its branches') that no kept checkpoint names
+    /// and that are at least `min_age` old, sorted.
+    async fn stale_state(
+        &self,
+        keep: &BTreeMap<String, String>,
+        by_id: &HashMap<&str, &CheckpointManifest>,
+        now: chrono::DateTime<chrono::Utc>,
+        min_age: Duration,
+    ) -> Result<Vec<String>, StoreError> {
         let mut named = BTreeSet::new();
-        for id in plan.keep.keys() {
+        for id in keep.keys() {
             if let Some(m) = by_id.get(id.as_str()) {
                 for text in m.data.method_state.values() {
                     json_strings(text, &mut named);
@@ -202,6 +245,7 @@ impl RunStore {
                 .into_iter()
                 .filter(|meta| meta.location.as_ref().contains("/state/")),
         );
+        let mut stale = Vec::new();
         for meta in state {
             let Some(rel) = self.rel_key(meta.location.as_ref()) else {
                 continue;
@@ -209,13 +253,12 @@ impl RunStore {
             let age = (now - meta.last_modified)
                 .to_std()
                 .unwrap_or(Duration::ZERO);
-            if !named.contains(rel) && age >= orphan_min_age {
-                plan.stale_state.push(rel.to_string());
+            if !named.contains(rel) && age >= min_age {
+                stale.push(rel.to_string());
             }
         }
-        plan.stale_state.sort();
-        plan.stale_batches = self.stale_batches(&plan, &by_id).await?;
-        Ok(plan)
+        stale.sort();
+        Ok(stale)
     }
 
     /// GC-7: per branch, the batches that no kept checkpoint of the branch may reuse.
