@@ -296,6 +296,57 @@ fn run_report(args: cli::ReportArgs) -> Result<()> {
 
 fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     let mut cfg = load_config(args.config.as_deref())?;
+    apply_train_flags(&mut cfg, &args)?;
+    default_context_to_model(&mut cfg, args.config.as_deref())?;
+    cfg.validate().context("invalid configuration")?;
+    cfg.preflight().context("the model cannot be trained")?;
+    if let Some(line) = generation_defaults(&cfg) {
+        eprintln!("{line}");
+    }
+    let run_root = args
+        .run_root
+        .clone()
+        .unwrap_or_else(|| default_run_root(&cfg, args.config.as_deref()));
+    let store =
+        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
+    let metrics = TrainMetrics::new(&cfg.run.name).context("cannot register metrics")?;
+    let _server = if cfg.metrics.enabled {
+        let server = metrics_server::serve(&cfg.metrics.bind, cfg.metrics.port, metrics.clone())?;
+        eprintln!("metrics: http://{}/metrics", server.addr());
+        Some(server)
+    } else {
+        None
+    };
+    eprintln!("run root: {}", store.root_url());
+    let progress = progress::Progress::new(cfg.run.steps, args.no_progress);
+    let push = (!cfg.metrics.pushgateway_url.is_empty())
+        .then(|| (cfg.metrics.clone(), cfg.run.name.clone()));
+    let branch = start_branch(&args, &store)?;
+    let options = JobOptions {
+        from: args.from.clone(),
+        branch,
+        reference: args.reference.clone(),
+        role,
+        stop: preemption::stop_signal(cfg.run.sigterm_grace_s)?,
+        ..JobOptions::default()
+    };
+    let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
+    progress.finish();
+    if let Some((push_to, run)) = push {
+        push_final_metrics(&push_to, &run, &metrics);
+    }
+    let outcome = result?;
+    print_outcome(&outcome);
+    if let Some(path) = args.summary_json {
+        std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `keel train`'s flags over the config's values (`--algo`, `--env`, `--model`, `--critic`,
+/// `--steps`, `--metrics-port`).
+fn apply_train_flags(cfg: &mut TrainConfig, args: &cli::TrainArgs) -> Result<()> {
     if let Some(name) = &args.algo {
         cfg.learner.algo = keel_learner::Algo::from_name(name).with_context(|| {
             let names: Vec<String> = keel_learner::Algo::ALL.iter().map(|p| p.name()).collect();
@@ -320,34 +371,16 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
     if let Some(port) = args.metrics_port {
         cfg.metrics.port = port;
     }
-    default_context_to_model(&mut cfg, args.config.as_deref())?;
-    cfg.validate().context("invalid configuration")?;
-    cfg.preflight().context("the model cannot be trained")?;
-    if let Some(line) = generation_defaults(&cfg) {
-        eprintln!("{line}");
-    }
-    let run_root = args
-        .run_root
-        .unwrap_or_else(|| default_run_root(&cfg, args.config.as_deref()));
-    let store =
-        RunStore::open(&run_root).with_context(|| format!("cannot open run root {run_root}"))?;
-    let metrics = TrainMetrics::new(&cfg.run.name).context("cannot register metrics")?;
-    let _server = if cfg.metrics.enabled {
-        let server = metrics_server::serve(&cfg.metrics.bind, cfg.metrics.port, metrics.clone())?;
-        eprintln!("metrics: http://{}/metrics", server.addr());
-        Some(server)
-    } else {
-        None
-    };
-    eprintln!("run root: {}", store.root_url());
-    let progress = progress::Progress::new(cfg.run.steps, args.no_progress);
-    let push = (!cfg.metrics.pushgateway_url.is_empty())
-        .then(|| (cfg.metrics.clone(), cfg.run.name.clone()));
-    // GD-6: without --branch/--from, continue where the collapse guard's rewinds led.
-    let branch = match (&args.branch, &args.from) {
+    Ok(())
+}
+
+/// The branch the run continues on: `--branch`, or with neither `--branch` nor `--from` where
+/// the collapse guard's rewinds led (GD-6; None: the default branch).
+fn start_branch(args: &cli::TrainArgs, store: &RunStore) -> Result<Option<String>> {
+    Ok(match (&args.branch, &args.from) {
         (None, None) => {
             let b = keel_actors::process::block_on(keel_actors::guard::follow_rewinds(
-                &store,
+                store,
                 keel_store::DEFAULT_BRANCH,
             ))??;
             (b != keel_store::DEFAULT_BRANCH).then(|| {
@@ -356,29 +389,28 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
             })
         }
         _ => args.branch.clone(),
-    };
-    let options = JobOptions {
-        from: args.from.clone(),
-        branch,
-        reference: args.reference.clone(),
-        role,
-        stop: preemption::stop_signal(cfg.run.sigterm_grace_s)?,
-        ..JobOptions::default()
-    };
-    let result = run_job(cfg, store, metrics.clone(), progress.sink(), options);
-    progress.finish();
-    if let Some((push_to, run)) = push {
-        // Batch jobs: the final values outlive the process (PGW-1), also when the run failed.
-        store_retries::export(&metrics);
-        match pushgateway::push(&push_to, &run, metrics.render()) {
-            Ok(()) => eprintln!(
-                "metrics pushed to {}",
-                keel_envs::redact_url(&pushgateway::group_url(&push_to.pushgateway_url, &run))
-            ),
-            Err(e) => eprintln!("warning: {}", error_chain(&e)),
-        }
+    })
+}
+
+/// Batch jobs: the final values outlive the process (PGW-1), also when the run failed.
+fn push_final_metrics(
+    push_to: &keel_actors::config::MetricsSection,
+    run: &str,
+    metrics: &TrainMetrics,
+) {
+    store_retries::export(metrics);
+    match pushgateway::push(push_to, run, metrics.render()) {
+        Ok(()) => eprintln!(
+            "metrics pushed to {}",
+            keel_envs::redact_url(&pushgateway::group_url(&push_to.pushgateway_url, run))
+        ),
+        Err(e) => eprintln!("warning: {}", error_chain(&e)),
     }
-    let outcome = result?;
+}
+
+/// `keel train`'s closing lines: held-out success before and after RL, the books, and how a
+/// stopped run ends.
+fn print_outcome(outcome: &keel_actors::JobOutcome) {
     let success = |v: f64, none: &str| {
         if v.is_finite() {
             format!("{v:.3}")
@@ -422,11 +454,6 @@ fn train(args: cli::TrainArgs, role: Role) -> Result<()> {
         ),
         (false, _) => {}
     }
-    if let Some(path) = args.summary_json {
-        std::fs::write(&path, serde_json::to_string_pretty(&outcome)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(())
 }
 
 /// What a role process (`keel generator`, `keel learner`) starts from: the config when given,
