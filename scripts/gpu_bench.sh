@@ -15,6 +15,7 @@
 # (see ../shared/setup/NOTES.md, "GPU machines").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 BIN=${KEEL_BENCH_BIN:-target/release/keel-bench-model}
 PY=${PYTHON:-python3}
 
@@ -23,14 +24,10 @@ case "${1:-run}" in
     export LIBTORCH_USE_PYTORCH=1
     cargo build --release -p keel-learner --bin keel-bench-model
     # learner/build.rs links libtorch_cuda with --no-as-needed; without it CUDA is invisible.
-    readelf -d "$BIN" | grep -q torch_cuda || { echo "gpu_bench: $BIN does not link libtorch_cuda" >&2; exit 1; }
-    echo "built $BIN"
+    gpu_built gpu_bench "$BIN"
     ;;
   run)
-    [ -x "$BIN" ] || { echo "gpu_bench: $BIN missing; run 'scripts/gpu_bench.sh build' on the CPU machine and carry it" >&2; exit 1; }
-    TORCH_LIB=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-    NV_LIBS=$("$PY" -c 'import glob, os, torch; d = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib")))))')
-    export LD_LIBRARY_PATH="$TORCH_LIB:$NV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gpu_runtime gpu_bench "$BIN"
     export KEEL_BENCH_PY=learner/tests/python/bench_torch.py
     "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name(0))'
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true

@@ -12,22 +12,19 @@
 # network, so it cannot be installed there from this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 BIN=${KEEL_BIN:-target/release/keel}
 PY=${PYTHON:-python3}
 case "${1:-run}" in
   build)
     export LIBTORCH_USE_PYTORCH=1
     cargo build --release -p keel-ops
-    readelf -d "$BIN" | grep -q torch_cuda || { echo "gpu_engine: $BIN does not link libtorch_cuda" >&2; exit 1; }
-    echo "built $BIN"
+    gpu_built gpu_engine "$BIN"
     ;;
   run)
-    [ -x "$BIN" ] || { echo "gpu_engine: $BIN missing; run 'scripts/gpu_engine.sh build' and carry it" >&2; exit 1; }
+    gpu_runtime gpu_engine "$BIN"
     : "${KEEL_VLLM_PYTHON:?set KEEL_VLLM_PYTHON to the interpreter of a CUDA vLLM 0.32 environment}"
     "$KEEL_VLLM_PYTHON" -c 'import vllm; assert vllm.__version__.startswith("0.32."), vllm.__version__'
-    TORCH_LIB=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-    NV_LIBS=$("$PY" -c 'import glob, os, torch; d = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib")))))')
-    export LD_LIBRARY_PATH="$TORCH_LIB:$NV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     OUT=$(mktemp -d -t keel-gpu-engine-XXXX)
     "$PY" scripts/python/make_qwen2_0p5b.py "$OUT/model"
     for shape in "1 1" "8 4" "32 4"; do

@@ -15,6 +15,7 @@
 # `bash scripts/gpu_learner.sh run` (see ../shared/setup/NOTES.md, "GPU machines").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 BIN=${KEEL_BENCH_BIN:-target/release/keel-bench-learner-ranks}
 PY=${PYTHON:-python3}
 SHAPE=(--hidden 1024 --layers 8 --vocab 32768 --batch 32 --seq 512 --steps 5 --threads 4 --device cuda)
@@ -24,14 +25,10 @@ case "${1:-run}" in
     export LIBTORCH_USE_PYTORCH=1
     cargo build --release -p keel-learner --bin keel-bench-learner-ranks
     # The shim names ProcessGroupNCCL, so the binary must link libtorch_cuda (learner/build.rs).
-    readelf -d "$BIN" | grep -q torch_cuda || { echo "gpu_learner: $BIN does not link libtorch_cuda (built without NCCL?)" >&2; exit 1; }
-    echo "built $BIN"
+    gpu_built gpu_learner "$BIN"
     ;;
   run)
-    [ -x "$BIN" ] || { echo "gpu_learner: $BIN missing; run 'scripts/gpu_learner.sh build' on the CPU machine and carry it" >&2; exit 1; }
-    TORCH_LIB=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-    NV_LIBS=$("$PY" -c 'import glob, os, torch; d = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib")))))')
-    export LD_LIBRARY_PATH="$TORCH_LIB:$NV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gpu_runtime gpu_learner "$BIN"
     GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
     "$PY" -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0))'
     if [ "$GPUS" -ge 2 ]; then

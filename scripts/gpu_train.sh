@@ -16,6 +16,7 @@
 # KEEL_GPU_CHECKPOINTING (default false: learner.activation_checkpointing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 BIN=${KEEL_BIN:-target/release/keel}
 PY=${PYTHON:-python3}
 STEPS=${KEEL_GPU_STEPS:-20}
@@ -27,14 +28,10 @@ case "${1:-run}" in
   build)
     export LIBTORCH_USE_PYTORCH=1
     cargo build --release -p keel-ops
-    readelf -d "$BIN" | grep -q torch_cuda || { echo "gpu_train: $BIN does not link libtorch_cuda" >&2; exit 1; }
-    echo "built $BIN"
+    gpu_built gpu_train "$BIN"
     ;;
   run)
-    [ -x "$BIN" ] || { echo "gpu_train: $BIN missing; run 'scripts/gpu_train.sh build' on the CPU machine and carry it" >&2; exit 1; }
-    TORCH_LIB=$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-    NV_LIBS=$("$PY" -c 'import glob, os, torch; d = os.path.dirname(os.path.dirname(torch.__file__)); print(":".join(sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib")))))')
-    export LD_LIBRARY_PATH="$TORCH_LIB:$NV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    gpu_runtime gpu_train "$BIN"
     WORK=$(mktemp -d)
     "$PY" scripts/python/make_qwen2_0p5b.py "$WORK/model"
     PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

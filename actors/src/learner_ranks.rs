@@ -112,10 +112,7 @@ pub fn rendezvous(
         rank,
         world,
         timeout: Duration::from_secs(cfg.distributed.collective_timeout_s),
-        cuda_device: match device {
-            tch::Device::Cuda(d) => Some(d),
-            _ => None,
-        },
+        cuda_device: keel_learner::collective::nccl_device(device),
     })
 }
 

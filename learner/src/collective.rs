@@ -142,6 +142,14 @@ pub struct Rendezvous {
     pub cuda_device: Option<usize>,
 }
 
+/// The CUDA device index NCCL runs on for a rank on `device` (CG-4); None on the CPU (Gloo alone).
+pub fn nccl_device(device: Device) -> Option<usize> {
+    match device {
+        Device::Cuda(d) => Some(d),
+        _ => None,
+    }
+}
+
 /// Whether this build's shim has NCCL (learner/build.rs found a CUDA libtorch and its headers).
 pub fn nccl_compiled() -> bool {
     // SAFETY: a constant query without arguments.

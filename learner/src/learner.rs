@@ -794,7 +794,7 @@ impl Learner {
         // MB-1: micro-batches of at most `max_tokens_per_microbatch` padded tokens accumulate
         // gradients under the mini-batch's global denominators, then one optimizer step.
         // DDP-1: with ranks, this rank's share of the rows, under the same global denominators.
-        let mine = self.rank_rows(tg, rows)?;
+        let mine = self.share_of_rows(&tg.mask, rows)?;
         let micro = self.micro_batches(&mine, tg.tokens.size()[1]);
         let global = if micro.len() > 1 || self.ranks.is_some() {
             Some(self.minibatch_denominators(tg, rows)?)
@@ -821,11 +821,6 @@ impl Learner {
         actor_out.actor_steps = 1.0;
         self.step += 1;
         Ok(actor_out)
-    }
-
-    /// This rank's rows of the mini-batch `rows` (DDP-1); all of them without ranks.
-    fn rank_rows(&self, tg: &Targets, rows: &[i64]) -> Result<Vec<i64>, LearnerError> {
-        self.share_of_rows(&tg.mask, rows)
     }
 
     /// This rank's rows of the whole of `mask` `[B, T]` (DDP-1).

@@ -299,8 +299,8 @@ fn preset_advantages(
             let critic_model = value_model.ok_or_else(|| {
                 LearnerError::config("model.value_head", "must be true for a critic preset")
             })?;
-            let gae = critic_advantages(critic_model, tokens, mask, &sc, p, kl)?;
-            return Ok((gae.advantages.shallow_clone(), Some(gae)));
+            let (advantages, critic) = critic_advantages(critic_model, tokens, mask, &sc, p, kl)?;
+            return Ok((advantages, Some(critic)));
         }
     };
     Ok((advantages, None))
@@ -365,10 +365,9 @@ fn trained_turn_spans(batch: &TrainBatch) -> Vec<Option<(usize, usize)>> {
         .collect()
 }
 
-/// What GAE gives a critic preset: advantages, the critic's values and returns, and the KL
-/// subtracted in the reward when that is on.
+/// What GAE gives a critic preset besides its advantages: the critic's values and returns, and
+/// the KL subtracted in the reward when that is on.
 struct CriticTargets {
-    advantages: Tensor,
     values: Tensor,
     returns: Tensor,
     kl_reward_mean: Option<f64>,
@@ -384,7 +383,7 @@ fn critic_advantages(
     scores: &[f64],
     p: &PresetConfig,
     kl: Option<(KlEstimator, &Tensor, &Tensor, f64)>,
-) -> Result<CriticTargets, LearnerError> {
+) -> Result<(Tensor, CriticTargets), LearnerError> {
     let dev = mask.device();
     let values = tch::no_grad(|| critic_model.forward_values(tokens))?;
     let values = align_values(&values.f_detach()?)?;
@@ -414,12 +413,14 @@ fn critic_advantages(
         }
         _ => try_gae(&rewards, &values, mask, p.gamma, &[p.lam])?,
     };
-    Ok(CriticTargets {
+    Ok((
         advantages,
-        values,
-        returns,
-        kl_reward_mean,
-    })
+        CriticTargets {
+            values,
+            returns,
+            kl_reward_mean,
+        },
+    ))
 }
 
 /// 1 for each anchor (reference-sampled, ARMOR) row, 0 for the others, on `dev`.

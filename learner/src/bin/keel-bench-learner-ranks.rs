@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keel_learner::batch_tensors::TrainBatch;
-use keel_learner::collective::{RankGroup, Rendezvous};
+use keel_learner::collective::{nccl_device, RankGroup, Rendezvous};
 use keel_learner::data_parallel::ReduceDtype;
 use keel_learner::hf::{HfModel, LoadOptions};
 use keel_learner::{Algo, Learner, LearnerConfig};
@@ -106,10 +106,7 @@ fn child(f: &HashMap<String, String>) -> Res<()> {
             rank,
             world,
             timeout: Duration::from_secs(300),
-            cuda_device: match device {
-                Device::Cuda(d) => Some(d),
-                _ => None,
-            },
+            cuda_device: nccl_device(device),
         };
         let group = RankGroup::join(&at, "keel-bench-learner-ranks")?;
         learner.join_ranks(Arc::new(Mutex::new(group)))?;
